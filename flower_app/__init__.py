@@ -1,0 +1,1 @@
+"""flower_app: Flower strategies for federated submodular maximisation, MaxFL and FedSubAvg."""

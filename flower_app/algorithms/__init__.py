@@ -1,0 +1,1 @@
+"""Algorithm math as plain numpy functions, shared by strategies and the direct engine."""

@@ -1,0 +1,274 @@
+"""FedSM Algorithm 1 (Rafiey, Namani & Charalambides, 2025): the math, with no Flower import.
+
+One communication round t = 1..r (r = k ≤ rank):
+
+1. the server samples K users uniformly without replacement and sends them S;
+2. each sampled user i draws d distinct elements D_i of E \\ S uniformly at random from its
+   own stream ``numpy.random.default_rng([seed, t, i])`` and reports f_i(e | S), e ∈ D_i;
+3. the server sums the reports, scales by |E \\ S| / (dK) — the unbiased estimate
+   F̂(e | S) of F(e | S) = (1/n) Σ_i f_i(e | S), Eq. (3) — and adds
+   argmax_{e : S ∪ {e} ∈ I} F̂(e | S) to S.
+
+The server step (:class:`FedSMServer`) and the users' step (:func:`user_report_sum`) are
+shared by the Flower strategy and by the direct engine (:func:`run_fedsm_direct`), so both
+give the same S for the same seed. Because every user has its own random stream, the sum a
+node reports for its sampled users does not depend on how users are split over nodes.
+
+Choices where the paper is silent (also in the README):
+
+* ``d`` given as a fraction is a fraction of m = |E| (the paper's d = ⌊m/10⌋), capped at
+  |E \\ S| in each round; ``K`` given as a fraction is ⌊K·n⌋, at least 1.
+* The argmax is taken on the unscaled sum (the scale is a positive constant per round),
+  ties to the lowest element index, exactly as in :func:`~flower_app.submodular.greedy.greedy`;
+  with K = n and d = |E \\ S| the algorithm therefore *is* centralized greedy.
+* A user whose gains are all zero (e.g. an already covered researcher) reports only zeros
+  whatever D_i is, so its draw is skipped; this changes no result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flower_app.algorithms.counts import resolve_count
+from flower_app.submodular.matroids import Matroid
+from flower_app.submodular.objectives import MaxRowObjective
+
+__all__ = [
+    "FedSMRound",
+    "FedSMServer",
+    "run_fedsm_direct",
+    "user_report_sum",
+    "user_rng",
+]
+
+#: bytes of one sparse report entry on the wire: int32 element id + float64 value
+ENTRY_BYTES = 12
+#: users processed together when building the membership masks (bounds memory)
+_CHUNK = 2048
+
+
+def user_rng(seed: int, server_round: int, user: int) -> np.random.Generator:
+    """Return user ``user``'s random stream for round ``server_round`` (DESIGN principle 4)."""
+    return np.random.default_rng([int(seed), int(server_round), int(user)])
+
+
+def user_report_sum(
+    objective: MaxRowObjective,
+    users: np.ndarray,
+    selected: Sequence[int],
+    d: int,
+    seed: int,
+    server_round: int,
+    user_ids: np.ndarray | None = None,
+) -> np.ndarray:
+    """Return Σ_{i ∈ users} Σ_{e ∈ D_i} f_i(e | S) e_e: the users' reports, summed.
+
+    Parameters
+    ----------
+    objective : MaxRowObjective
+        Holds the rows of (at least) these users.
+    users : numpy.ndarray
+        Row indices of the sampled users in ``objective``.
+    selected : sequence of int
+        The current set S.
+    d : int
+        Elements each user samples from E \\ S (1 ≤ d ≤ |E \\ S|).
+    seed : int
+        Run seed.
+    server_round : int
+        Communication round t (seeds the streams).
+    user_ids : numpy.ndarray, optional
+        Global user ids of the rows (seed the users' streams); default: ``users`` itself,
+        for an objective that holds all users.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 vector over E of the unscaled report sums (0 outside the sampled D_i).
+    """
+    m = objective.n_elements
+    users = np.asarray(users, dtype=np.int64)
+    ids = users if user_ids is None else np.asarray(user_ids, dtype=np.int64)
+    if ids.shape != users.shape:
+        raise ValueError("user_ids must have one id per row")
+    sel = np.asarray(list(selected), dtype=np.int64)
+    remaining = np.setdiff1d(np.arange(m), sel)
+    n_rem = remaining.size
+    if not 1 <= d <= n_rem:
+        raise ValueError(f"d={d} must lie in 1..|E \\ S| = {n_rem}")
+    out = np.zeros(m)
+    if users.size == 0:
+        return out
+    pos_of = np.full(m, -1, dtype=np.int64)
+    pos_of[remaining] = np.arange(n_rem)
+    current = objective.user_values(sel, users)
+    upos, elem, gain = objective.positive_gain_entries(current, users)
+    active = np.unique(upos)
+    for start in range(0, active.size, _CHUNK):
+        chunk = active[start : start + _CHUNK]
+        draws = np.stack(
+            [user_rng(seed, server_round, ids[a]).choice(n_rem, d, replace=False) for a in chunk]
+        )
+        mask = np.zeros((chunk.size, n_rem), dtype=bool)
+        mask[np.arange(chunk.size)[:, None], draws] = True
+        lo, hi = np.searchsorted(upos, [chunk[0], chunk[-1] + 1])
+        local = np.searchsorted(chunk, upos[lo:hi])
+        hit = mask[local, pos_of[elem[lo:hi]]]
+        out += np.bincount(elem[lo:hi][hit], weights=gain[lo:hi][hit], minlength=m)
+    return out
+
+
+@dataclass
+class FedSMRound:
+    """What one communication round did and cost.
+
+    Attributes
+    ----------
+    server_round : int
+        Round number, from 1.
+    element : int
+        Element added to S.
+    estimate : float
+        F̂(e | S) of the added element.
+    users : int
+        Users sampled (K).
+    d : int
+        Elements each user sampled this round.
+    user_values : int
+        Values reported by users, K·d (the paper's per-round bit complexity unit).
+    """
+
+    server_round: int
+    element: int
+    estimate: float
+    users: int
+    d: int
+    user_values: int
+
+
+@dataclass
+class FedSMServer:
+    """Server state of FedSM Algorithm 1: S, the K/d sizes and the server's generator.
+
+    Parameters
+    ----------
+    n_users : int
+        Number of users n (the clients of the paper).
+    matroid : Matroid
+        The constraint; ``k`` rounds are run (``k`` ≤ rank).
+    k : int
+        Number of rounds r (elements to add).
+    clients_per_round : int or float
+        K as a count (int) or a fraction of n (float in (0, 1]).
+    elements_per_client : int or float
+        d as a count (int) or a fraction of m = |E| (float in (0, 1]).
+    seed : int
+        Seeds the server's ``numpy.random.Generator`` (user sampling) and the users' streams.
+    """
+
+    n_users: int
+    matroid: Matroid
+    k: int
+    clients_per_round: int | float
+    elements_per_client: int | float
+    seed: int = 0
+    selected: list[int] = field(default_factory=list)
+    rounds: list[FedSMRound] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k={self.k!r} must be a positive int")
+        if self.k > self.matroid.rank:
+            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        m = self.matroid.n_elements
+        self.K = resolve_count(self.clients_per_round, self.n_users, "clients-per-round")
+        self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
+        self.rng = np.random.default_rng(self.seed)
+
+    @property
+    def done(self) -> bool:
+        """True once k elements were added."""
+        return len(self.selected) >= self.k
+
+    def round_d(self) -> int:
+        """Return d for the coming round: min(d, |E \\ S|)."""
+        return min(self.d, self.matroid.n_elements - len(self.selected))
+
+    def sample_users(self) -> np.ndarray:
+        """Draw the K users of the coming round (sorted global indices)."""
+        return np.sort(self.rng.choice(self.n_users, size=self.K, replace=False))
+
+    def select(self, report_sum: np.ndarray, users: int) -> FedSMRound:
+        """Add the feasible element with the largest estimated marginal gain.
+
+        Parameters
+        ----------
+        report_sum : numpy.ndarray
+            Unscaled sum of all users' reports, length m.
+        users : int
+            Number of users whose reports are in the sum (K).
+
+        Returns
+        -------
+        FedSMRound
+            The round's record (also appended to ``rounds``).
+        """
+        m = self.matroid.n_elements
+        if report_sum.shape != (m,) or not np.all(np.isfinite(report_sum)):
+            raise ValueError(f"report sum must be a finite vector of length {m}")
+        d = self.round_d()
+        feasible = self.matroid.feasible_mask(self.selected)
+        if not feasible.any():
+            raise RuntimeError("no feasible element left: k exceeds the rank")
+        e = int(np.argmax(np.where(feasible, report_sum, -np.inf)))
+        scale = (m - len(self.selected)) / (d * max(users, 1))
+        record = FedSMRound(
+            server_round=len(self.selected) + 1,
+            element=e,
+            estimate=float(scale * report_sum[e]),
+            users=int(users),
+            d=d,
+            user_values=int(users) * d,
+        )
+        self.selected.append(e)
+        self.rounds.append(record)
+        return record
+
+
+def run_fedsm_direct(
+    objective: MaxRowObjective,
+    server: FedSMServer,
+    on_round: Callable[[FedSMRound, float], None] | None = None,
+) -> list[int]:
+    """Run FedSM Algorithm 1 in one process: the direct engine.
+
+    Parameters
+    ----------
+    objective : MaxRowObjective
+        All users' rows.
+    server : FedSMServer
+        Fresh server state (its ``seed`` also seeds the users).
+    on_round : callable, optional
+        Called after each round with the round record and the true F(S).
+
+    Returns
+    -------
+    list of int
+        The selected set S in order.
+    """
+    current = objective.user_values(server.selected)
+    while not server.done:
+        users = server.sample_users()
+        d = server.round_d()
+        t = len(server.selected) + 1
+        total = user_report_sum(objective, users, server.selected, d, server.seed, t)
+        record = server.select(total, users.size)
+        current = objective.update_current(current, record.element)
+        if on_round is not None:
+            on_round(record, float(current.sum()) / max(objective.n_users, 1))
+    return list(server.selected)

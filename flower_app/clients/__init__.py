@@ -1,0 +1,1 @@
+"""NumPyClient implementations and the Message-API adapter that drives them."""

@@ -1,0 +1,150 @@
+"""SubmodularClient: a node's cohort of users answering FedSM's rounds (a NumPyClient).
+
+The client holds the rows of its cohort only. Its three calls, in NumPyClient terms:
+
+``get_properties(config)``
+    ``{"partition-id", "num-partitions", "first-user", "num-users", "n-users-total",
+    "n-elements"}``: the server's discovery step maps users to nodes with it.
+``fit(parameters=[selected, users], config)``
+    ``selected``: int64 S; ``users``: int64 global ids of the cohort's sampled users;
+    ``config``: ``server-round``, ``d``, ``seed``. Returns the cohort's summed reports, as
+    ``[index int32, value float64]`` (sparse) or ``[value float64 of length m]`` (dense),
+    whichever is smaller; ``num_examples`` = number of sampled users; metrics
+    ``user-values`` (= users × d) and ``positive-entries``.
+``evaluate(parameters=[selected], config)``
+    Returns ``(−mean f_i(S), num_users, {"objective-sum": Σ_i f_i(S)})`` over the cohort.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.client import NumPyClient
+
+from flower_app.algorithms.fedsm import ENTRY_BYTES, user_report_sum
+from flower_app.submodular.objectives import MaxRowObjective
+
+__all__ = ["SubmodularClient", "encode_report"]
+
+Config = dict[str, Any]
+
+
+def encode_report(total: np.ndarray) -> list[np.ndarray]:
+    """Encode a report vector sparsely (ids, values) or densely, whichever is smaller.
+
+    Parameters
+    ----------
+    total : numpy.ndarray
+        float64 vector over E.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``[index int32, value float64]`` or ``[value float64]``.
+    """
+    nz = np.flatnonzero(total)
+    if nz.size * ENTRY_BYTES < total.size * 8:
+        return [nz.astype(np.int32), total[nz].astype(np.float64)]
+    return [total.astype(np.float64)]
+
+
+class SubmodularClient(NumPyClient):
+    """The users of one node, for FedSM (and other set-function algorithms).
+
+    Parameters
+    ----------
+    objective : MaxRowObjective
+        Objective over the cohort's rows only (row j = global user ``first_user + j``).
+    first_user : int
+        Global index of the cohort's first user.
+    n_users_total : int
+        Users in the whole dataset (reported for the server's consistency check).
+    partition_id, num_partitions : int
+        The node's place in the split.
+    """
+
+    def __init__(
+        self,
+        objective: MaxRowObjective,
+        first_user: int,
+        n_users_total: int,
+        partition_id: int,
+        num_partitions: int,
+    ) -> None:
+        self.objective = objective
+        self.first_user = int(first_user)
+        self.n_users_total = int(n_users_total)
+        self.partition_id = int(partition_id)
+        self.num_partitions = int(num_partitions)
+
+    @property
+    def num_users(self) -> int:
+        """Users in this cohort."""
+        return self.objective.n_users
+
+    def get_properties(self, config: Config) -> dict[str, Any]:
+        """Describe the cohort (discovery)."""
+        return {
+            "partition-id": self.partition_id,
+            "num-partitions": self.num_partitions,
+            "first-user": self.first_user,
+            "num-users": self.num_users,
+            "n-users-total": self.n_users_total,
+            "n-elements": self.objective.n_elements,
+        }
+
+    def _selected(self, array: np.ndarray) -> np.ndarray:
+        sel = np.asarray(array).astype(np.int64, copy=False).ravel()
+        m = self.objective.n_elements
+        if sel.size and (sel.min() < 0 or sel.max() >= m or np.unique(sel).size != sel.size):
+            raise ValueError(f"selected set must hold distinct element ids in 0..{m - 1}")
+        return sel
+
+    def fit(self, parameters: list[np.ndarray], config: Config) -> tuple[list, int, dict]:
+        """Report the summed marginal gains of the sampled users (FedSM Alg. 1, lines 6-12).
+
+        Parameters
+        ----------
+        parameters : list of numpy.ndarray
+            ``[selected, users]`` as described in the module docstring.
+        config : dict
+            ``server-round``, ``d``, ``seed``.
+
+        Returns
+        -------
+        tuple
+            ``(encoded report, number of sampled users, metrics)``.
+        """
+        if len(parameters) != 2:
+            raise ValueError("fit expects parameters [selected, users]")
+        selected = self._selected(parameters[0])
+        users = np.asarray(parameters[1]).astype(np.int64, copy=False).ravel()
+        local = users - self.first_user
+        if local.size and (local.min() < 0 or local.max() >= self.num_users):
+            raise ValueError(
+                f"sampled users outside this node's cohort "
+                f"[{self.first_user}, {self.first_user + self.num_users})"
+            )
+        d = int(config["d"])
+        total = user_report_sum(
+            self.objective,
+            local,
+            selected,
+            d,
+            int(config["seed"]),
+            int(config["server-round"]),
+            user_ids=users,
+        )
+        metrics = {
+            "user-values": int(users.size * d),
+            "positive-entries": int(np.count_nonzero(total)),
+        }
+        return encode_report(total), int(users.size), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: Config) -> tuple[float, int, dict]:
+        """Return the cohort's objective Σ_i f_i(S) for S = ``parameters[0]``."""
+        selected = self._selected(parameters[0])
+        total = self.objective.value(selected)
+        mean = total / max(self.num_users, 1)
+        return -mean, self.num_users, {"objective-sum": float(total)}

@@ -1,0 +1,1 @@
+"""Dataset loaders (official formats) and calibrated synthetic stand-ins."""

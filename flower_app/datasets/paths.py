@@ -1,0 +1,346 @@
+"""Where dataset files live, how they are downloaded, and the errors the loaders raise.
+
+Every loader resolves its folder with :func:`resolve_data_dir`: the ``data-dir`` value from the
+run config, else the ``FLOWER_APP_DATA`` environment variable, else
+``~/.cache/flower_app/datasets``. Missing files raise :class:`DatasetNotFoundError`, whose
+message lists the expected files with their absolute paths and where to get them; unreadable
+files raise :class:`DataFormatError` naming the file and the line. Nothing is ever silently
+replaced by synthetic data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "DEFAULT_DATA_DIR",
+    "OFFLINE_ENV",
+    "ChecksumError",
+    "DataFormatError",
+    "DatasetNotFoundError",
+    "download_allowed",
+    "download_file",
+    "file_checksum",
+    "resolve_data_dir",
+]
+
+DATA_DIR_ENV = "FLOWER_APP_DATA"
+"""Environment variable that selects the data folder when ``data-dir`` is empty."""
+
+OFFLINE_ENV = "FLOWER_APP_OFFLINE"
+"""Environment variable: ``"1"`` forbids downloads unless a loader is told ``download=True``."""
+
+DEFAULT_DATA_DIR = "~/.cache/flower_app/datasets"
+"""Data folder used when neither ``data-dir`` nor ``FLOWER_APP_DATA`` is set."""
+
+_MAX_LINE_CHARS = 200
+_CHUNK_BYTES = 1 << 20
+
+
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
+    """Return the absolute data folder to read datasets from.
+
+    Parameters
+    ----------
+    data_dir : str or os.PathLike or None
+        The folder given by the user (run config ``data-dir``). ``""`` or ``None`` selects
+        ``$FLOWER_APP_DATA`` if that is set and non-empty, else ``~/.cache/flower_app/datasets``.
+
+    Returns
+    -------
+    pathlib.Path
+        The folder with ``~`` expanded, made absolute and normalised. It need not exist.
+    """
+    if data_dir is None or os.fspath(data_dir) == "":
+        data_dir = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(data_dir))))
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are not in the data folder (and could not be downloaded).
+
+    Parameters
+    ----------
+    dataset : str
+        Human-readable dataset name, e.g. ``"MovieLens-1M"``.
+    expected : sequence of pathlib.Path
+        The files the loader needs, as absolute paths.
+    source : str
+        Where to get the files (the official URL and, if useful, what to do with them).
+    reason : str, optional
+        Why the files are not there, e.g. that downloading is disabled or failed.
+    data_dir : pathlib.Path, optional
+        The resolved data folder, named in the message (default: the files' common folder).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        expected: Sequence[Path],
+        source: str,
+        reason: str | None = None,
+        data_dir: Path | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.expected = [Path(p) for p in expected]
+        self.source = source
+        self.reason = reason
+        self.data_dir = data_dir
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        lines = [f"{self.dataset} not found. Expected these files:"]
+        for path in self.expected:
+            state = "present" if path.exists() else "missing"
+            lines.append(f"  {path}  ({state})")
+        if self.reason:
+            lines.append(f"Reason: {self.reason}")
+        lines.append(f"Get them from {self.source}")
+        folder = self.data_dir or _common_data_dir(self.expected)
+        lines.append(
+            "The data folder is chosen by the run config value `data-dir` "
+            f"(or the {DATA_DIR_ENV} environment variable when `data-dir` is empty); "
+            f"it is now {folder}."
+        )
+        return "\n".join(lines)
+
+    def __reduce__(self):  # keep picklable (Ray ships errors)
+        return (
+            type(self),
+            (self.dataset, self.expected, self.source, self.reason, self.data_dir),
+        )
+
+
+def _common_data_dir(paths: Sequence[Path]) -> Path | str:
+    """Return the deepest folder common to ``paths`` (for the error message)."""
+    if not paths:
+        return "<unknown>"
+    return Path(os.path.commonpath([str(p.parent) for p in paths]))
+
+
+class DataFormatError(ValueError):
+    """A dataset file exists but cannot be read as its official format.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The offending file.
+    reason : str
+        What is wrong, e.g. ``"expected 4 fields separated by '::', found 3"``.
+    line_number : int, optional
+        1-based line number of the first offending line, when known.
+    line : str, optional
+        The offending line; shown truncated to about 200 characters.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        reason: str,
+        *,
+        line_number: int | None = None,
+        line: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        self.line_number = line_number
+        self.line = line
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = str(self.path)
+        if self.line_number is not None:
+            where += f", line {self.line_number}"
+        message = f"{where}: {self.reason}"
+        if self.line is not None:
+            shown = self.line.rstrip("\r\n")
+            if len(shown) > _MAX_LINE_CHARS:
+                shown = shown[:_MAX_LINE_CHARS] + "..."
+            message += f"\n  offending line: {shown!r}"
+        return message
+
+    def __reduce__(self):  # keep picklable
+        return (
+            _rebuild_format_error,
+            (type(self), self.path, self.reason, self.line_number, self.line),
+        )
+
+
+def _rebuild_format_error(
+    cls: type[DataFormatError],
+    path: Path,
+    reason: str,
+    line_number: int | None,
+    line: str | None,
+) -> DataFormatError:
+    """Unpickle a :class:`DataFormatError` (keyword-only arguments need this)."""
+    return cls(path, reason, line_number=line_number, line=line)
+
+
+class ChecksumError(ValueError):
+    """A downloaded (or previously downloaded) file does not have the published checksum.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file that was checked (already deleted when raised by :func:`download_file`).
+    algorithm : str
+        ``"md5"`` or ``"sha256"``.
+    expected : str
+        The published hex digest.
+    actual : str
+        The hex digest of the file.
+    url : str, optional
+        Where the file came from.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        algorithm: str,
+        expected: str,
+        actual: str,
+        url: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.algorithm = algorithm
+        self.expected = expected
+        self.actual = actual
+        self.url = url
+        source = f" downloaded from {url}" if url else ""
+        super().__init__(
+            f"{self.path}{source}: {algorithm} checksum mismatch: expected {expected}, "
+            f"got {actual}. The file was deleted; the download is corrupt or the source "
+            "has changed."
+        )
+
+    def __reduce__(self):  # keep picklable
+        return (type(self), (self.path, self.algorithm, self.expected, self.actual, self.url))
+
+
+def download_allowed(download: bool | None) -> bool:
+    """Decide whether a loader may download missing files.
+
+    Parameters
+    ----------
+    download : bool or None
+        An explicit choice, or ``None`` for the default: allowed unless the environment variable
+        ``FLOWER_APP_OFFLINE`` is ``"1"``.
+
+    Returns
+    -------
+    bool
+        Whether downloading is allowed.
+    """
+    if download is not None:
+        return bool(download)
+    return os.environ.get(OFFLINE_ENV, "").strip() != "1"
+
+
+def file_checksum(path: str | os.PathLike[str], algorithm: str = "md5") -> str:
+    """Return the hex digest of a file, read in 1 MiB chunks.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to hash.
+    algorithm : str, default "md5"
+        Any name :func:`hashlib.new` accepts.
+
+    Returns
+    -------
+    str
+        The lowercase hex digest.
+    """
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_file(
+    url: str,
+    dest: Path,
+    *,
+    md5: str | None = None,
+    sha256: str | None = None,
+    timeout: float = 60,
+) -> Path:
+    """Download ``url`` to ``dest`` atomically, verifying its checksum.
+
+    The body is written to a temporary file beside ``dest`` and renamed onto ``dest`` only after
+    the checksum matched, so an interrupted or corrupt download never leaves a partial ``dest``.
+
+    Parameters
+    ----------
+    url : str
+        ``http(s)://`` or ``file://`` URL.
+    dest : pathlib.Path
+        Where to store the file; its folder is created if needed.
+    md5 : str, optional
+        Expected MD5 hex digest.
+    sha256 : str, optional
+        Expected SHA-256 hex digest. Both are checked when both are given.
+    timeout : float, default 60
+        Socket timeout in seconds.
+
+    Returns
+    -------
+    pathlib.Path
+        ``dest``.
+
+    Raises
+    ------
+    ChecksumError
+        If a checksum does not match; the downloaded bytes are deleted.
+    urllib.error.URLError, OSError
+        If the download fails (e.g. no network); nothing is left behind.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    expected = {name: value.lower() for name, value in (("md5", md5), ("sha256", sha256)) if value}
+    digests = {name: hashlib.new(name) for name in expected}
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            _copy_url(url, out, digests, timeout)
+        for name, digest in digests.items():
+            actual = digest.hexdigest()
+            if actual != expected[name]:
+                raise ChecksumError(dest, name, expected[name], actual, url=url)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return dest
+
+
+def _copy_url(url: str, out, digests: dict, timeout: float) -> None:
+    """Stream ``url`` into the open binary file ``out``, updating ``digests``."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        total = response.headers.get("Content-Length")
+        with tqdm(
+            total=int(total) if total else None,
+            unit="B",
+            unit_scale=True,
+            desc=f"download {url.rsplit('/', 1)[-1]}",
+            disable=None,
+            leave=False,
+        ) as bar:
+            for chunk in iter(lambda: response.read(_CHUNK_BYTES), b""):
+                out.write(chunk)
+                for digest in digests.values():
+                    digest.update(chunk)
+                bar.update(len(chunk))

@@ -1,0 +1,204 @@
+"""One experiment, either engine: config -> problem -> run -> run folder.
+
+``run_direct`` runs the algorithm in-process (no Flower; the speed reference and the
+workhorse of sweeps); the ServerApp (:mod:`flower_app.server_app`) runs the same server
+step over Flower. Both write the same run folder through :func:`open_run` and
+:func:`finish_run`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flower_app.algorithms.fedsm import FedSMRound, FedSMServer, run_fedsm_direct
+from flower_app.config import AppConfig
+from flower_app.problems import SubmodularProblem, build_matroid, load_problem
+from flower_app.results import RunWriter
+from flower_app.submodular.greedy import SelectionResult, lazy_greedy
+from flower_app.submodular.matroids import Matroid
+
+__all__ = ["Experiment", "finish_run", "open_run", "run_direct"]
+
+
+@dataclass
+class Experiment:
+    """Everything a run needs, built and validated before any round.
+
+    Attributes
+    ----------
+    cfg : AppConfig
+        The run configuration.
+    problem : SubmodularProblem
+        The instance.
+    matroid : Matroid
+        The constraint.
+    writer : RunWriter
+        The run folder.
+    reference : SelectionResult
+        Centralized greedy on the same instance (the ratio's denominator).
+    """
+
+    cfg: AppConfig
+    problem: SubmodularProblem
+    matroid: Matroid
+    writer: RunWriter
+    reference: SelectionResult
+    engine: str
+    started: float
+
+
+def open_run(cfg: AppConfig, engine: str) -> Experiment:
+    """Load the instance, build the matroid, run the greedy reference, open the run folder.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Validated configuration.
+    engine : str
+        ``"flower"`` or ``"direct"`` (recorded in config.json).
+
+    Returns
+    -------
+    Experiment
+        Ready to run; raises before any round on any configuration or data problem.
+    """
+    problem = load_problem(cfg)
+    matroid = build_matroid(cfg, problem)
+    # validate K and d now, before anything is written or any message is sent
+    FedSMServer(
+        problem.n_users, matroid, cfg.k, cfg.clients_per_round, cfg.elements_per_client, cfg.seed
+    )
+    reference = lazy_greedy(problem.objective, matroid, cfg.k)
+    config = {
+        **cfg.to_dict(),
+        "engine": engine,
+        "instance": {
+            "name": problem.name,
+            "n-users": problem.n_users,
+            "n-elements": problem.n_elements,
+            "nnz": int(problem.objective.values.nnz),
+            "matroid": repr(matroid),
+        },
+    }
+    writer = RunWriter(cfg.run_folder(), config)
+    return Experiment(cfg, problem, matroid, writer, reference, engine, time.perf_counter())
+
+
+def finish_run(exp: Experiment, selected: list[int], history: list[dict[str, Any]]) -> dict:
+    """Write ``summary.json`` and return it.
+
+    Parameters
+    ----------
+    exp : Experiment
+        The open run.
+    selected : list of int
+        Final S in order.
+    history : list of dict
+        Per-round rows (with ``objective``).
+
+    Returns
+    -------
+    dict
+        The summary: final objective, greedy's, their ratio, the per-k curves, totals.
+    """
+    objective = exp.problem.objective.mean_value(selected)
+    greedy_value = exp.reference.value
+    summary = {
+        "algorithm": exp.cfg.algorithm,
+        "dataset": exp.problem.name,
+        "engine": exp.engine,
+        "seed": exp.cfg.seed,
+        "k": exp.cfg.k,
+        "selected": [int(e) for e in selected],
+        "objective": objective,
+        "greedy-objective": greedy_value,
+        "ratio-to-greedy": objective / greedy_value if greedy_value > 0 else None,
+        "objective-by-k": [row.get("objective") for row in history],
+        "greedy-by-k": exp.reference.values,
+        "greedy-selected": exp.reference.selected,
+        "rounds": len(history),
+        "user-values": sum(int(row.get("user-values", 0)) for row in history),
+        "bytes-up": sum(int(row.get("bytes-up", 0)) for row in history),
+        "bytes-down": sum(int(row.get("bytes-down", 0)) for row in history),
+        "wall-time": time.perf_counter() - exp.started,
+        "run-folder": str(exp.writer.folder),
+    }
+    exp.writer.write_summary(summary)
+    return summary
+
+
+def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
+    """Run one experiment on the direct engine and write its run folder.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Validated configuration.
+    progress : bool, optional
+        Show a tqdm bar over rounds.
+
+    Returns
+    -------
+    dict
+        The run's summary (as in ``summary.json``).
+    """
+    exp = open_run(cfg, "direct")
+    server = FedSMServer(
+        exp.problem.n_users,
+        exp.matroid,
+        cfg.k,
+        cfg.clients_per_round,
+        cfg.elements_per_client,
+        seed=cfg.seed,
+    )
+    history: list[dict[str, Any]] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.k, desc=f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}", leave=False)
+    t0 = time.perf_counter()
+
+    def on_round(rnd: FedSMRound, value: float) -> None:
+        s = len(server.selected)
+        row = {
+            "server-round": rnd.server_round,
+            "element": rnd.element,
+            "estimate": rnd.estimate,
+            "objective": value,
+            "users": rnd.users,
+            "d": rnd.d,
+            "user-values": rnd.user_values,
+            # protocol bytes with one user per node: S down (int64), d sparse entries up
+            "bytes-down": rnd.users * (s - 1) * 8,
+            "bytes-up": rnd.user_values * 12,
+            "wall-time": time.perf_counter() - t0,
+        }
+        history.append(row)
+        exp.writer.log_round(row)
+        if bar is not None:
+            bar.update(1)
+
+    selected = run_fedsm_direct(exp.problem.objective, server, on_round)
+    if bar is not None:
+        bar.close()
+    return finish_run(exp, selected, history)
+
+
+def summary_line(summary: dict) -> str:
+    """Return the one-line result printed at the end of a run."""
+    ratio = summary["ratio-to-greedy"]
+    return (
+        f"{summary['algorithm']} on {summary['dataset']} (k={summary['k']}, "
+        f"seed={summary['seed']}, {summary['engine']} engine): "
+        f"F(S) = {summary['objective']:.6g}, centralized greedy "
+        f"{summary['greedy-objective']:.6g}, ratio {ratio:.4f}; results in {summary['run-folder']}"
+    )
+
+
+def default_folder(cfg: AppConfig) -> Path:
+    """Return where the run folder of ``cfg`` goes."""
+    return cfg.run_folder()

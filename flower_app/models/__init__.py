@@ -1,0 +1,1 @@
+"""Torch models (added by the learning strategies)."""

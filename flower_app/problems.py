@@ -1,0 +1,135 @@
+"""Submodular problem instances: dataset name -> objective, element groups and matroid.
+
+Loading is cached per process (one load per Ray actor, server and direct engine), keyed on
+everything that defines the instance, so thousands of virtual clients share one copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from flower_app.config import AppConfig, ConfigError
+from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
+from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
+
+__all__ = ["SubmodularProblem", "build_matroid", "load_problem"]
+
+#: default sizes of the embedded synthetic facility-location instance
+SYNTHETIC_FL_SIZE = (2000, 500)
+
+
+@dataclass(frozen=True)
+class SubmodularProblem:
+    """A decomposable submodular instance: one sparse row per user (= client).
+
+    Attributes
+    ----------
+    name : str
+        Dataset name (``synthetic-*`` for stand-ins).
+    objective : MaxRowObjective
+        F(S) = (1/n) Σ_i f_i(S).
+    element_groups : numpy.ndarray
+        One label per element (genre, venue type) for partition matroids.
+    """
+
+    name: str
+    objective: MaxRowObjective
+    element_groups: np.ndarray
+
+    @property
+    def n_users(self) -> int:
+        """Number of users n."""
+        return self.objective.n_users
+
+    @property
+    def n_elements(self) -> int:
+        """Ground-set size m."""
+        return self.objective.n_elements
+
+
+@lru_cache(maxsize=4)
+def _load(
+    dataset: str, data_dir: str, data_seed: int, num_users: int, num_elements: int
+) -> SubmodularProblem:
+    if dataset == "synthetic-facility-location":
+        from flower_app.datasets.synthetic import synthetic_facility_location
+
+        n = num_users or SYNTHETIC_FL_SIZE[0]
+        m = num_elements or SYNTHETIC_FL_SIZE[1]
+        rm = synthetic_facility_location(n, m, seed=data_seed)
+        return SubmodularProblem(rm.name, FacilityLocation(rm.values, rm.name), rm.element_groups)
+    if dataset == "movielens":
+        from flower_app.datasets.movielens import facility_location_matrix, load_movielens_1m
+
+        rm = facility_location_matrix(load_movielens_1m(data_dir or None))
+        return SubmodularProblem(rm.name, FacilityLocation(rm.values, rm.name), rm.element_groups)
+    if dataset == "dblp":
+        from flower_app.datasets.dblp import load_dblp_venue_sets
+
+        vs = load_dblp_venue_sets(data_dir or None)
+        return SubmodularProblem(vs.name, MaxCoverage(vs.matrix, vs.name), vs.element_groups)
+    if dataset == "synthetic-dblp":
+        from flower_app.datasets.synthetic import synthetic_dblp
+
+        kwargs = {"seed": data_seed}
+        if num_users:
+            kwargs["n_researchers"] = num_users
+        if num_elements:
+            kwargs["n_venues"] = num_elements
+        vs = synthetic_dblp(**kwargs)
+        return SubmodularProblem(vs.name, MaxCoverage(vs.matrix, vs.name), vs.element_groups)
+    raise ConfigError(f"unknown dataset {dataset!r}")
+
+
+def load_problem(cfg: AppConfig) -> SubmodularProblem:
+    """Load (or reuse) the instance the configuration names.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Uses ``dataset``, ``data_dir``, ``data_seed``, ``num_users``, ``num_elements``.
+
+    Returns
+    -------
+    SubmodularProblem
+        The cached instance.
+    """
+    return _load(cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements)
+
+
+def build_matroid(cfg: AppConfig, problem: SubmodularProblem) -> Matroid:
+    """Build the constraint of the configuration and check that k fits its rank.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Uses ``matroid``, ``k`` and ``partition_capacity``.
+    problem : SubmodularProblem
+        Supplies m and the element groups.
+
+    Returns
+    -------
+    Matroid
+        A uniform matroid of rank k, or a partition matroid over the element groups.
+
+    Raises
+    ------
+    ConfigError
+        If k exceeds the rank or the ground set.
+    """
+    m = problem.n_elements
+    if cfg.matroid == "uniform":
+        if cfg.k > m:
+            raise ConfigError(f"k={cfg.k} exceeds the ground set: {problem.name} has {m} elements")
+        return UniformMatroid(m, cfg.k)
+    matroid = PartitionMatroid.from_labels(problem.element_groups, cfg.partition_capacity)
+    if cfg.k > matroid.rank:
+        raise ConfigError(
+            f"k={cfg.k} exceeds the rank {matroid.rank} of the partition matroid "
+            f"({matroid.capacities.size} groups of {problem.name}, capacity "
+            f"{cfg.partition_capacity} each): lower k or raise partition-capacity"
+        )
+    return matroid

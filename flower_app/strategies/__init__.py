@@ -1,0 +1,1 @@
+"""Flower strategies (Message API), one module per family."""

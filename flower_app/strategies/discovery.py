@@ -1,0 +1,155 @@
+"""Discovery: learn which node serves which users before the first round.
+
+Simulation starts the ServerApp before every virtual SuperNode has registered, and node ids
+say nothing about partitions; so the server asks every node it sees for its cohort
+(``query`` → ``get_properties``) until the cohorts cover all n users exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+__all__ = ["CohortMap", "DiscoveryError", "discover_cohorts"]
+
+
+class DiscoveryError(RuntimeError):
+    """Nodes did not announce a consistent, complete split of the users in time."""
+
+
+@dataclass(frozen=True)
+class CohortMap:
+    """Nodes and the contiguous user ranges they serve, sorted by first user.
+
+    Attributes
+    ----------
+    node_ids : numpy.ndarray
+        Node ids (Python ints in an object array: they may exceed int64).
+    firsts : numpy.ndarray
+        First global user of each node's cohort (int64, sorted).
+    counts : numpy.ndarray
+        Cohort sizes (int64).
+    """
+
+    node_ids: np.ndarray
+    firsts: np.ndarray
+    counts: np.ndarray
+
+    def group(self, users: np.ndarray) -> dict[int, np.ndarray]:
+        """Split sorted global user ids by the node that serves them.
+
+        Parameters
+        ----------
+        users : numpy.ndarray
+            Sorted global user indices.
+
+        Returns
+        -------
+        dict
+            node id -> the users it serves (non-empty groups only, in node order).
+        """
+        slot = np.searchsorted(self.firsts, users, side="right") - 1
+        bounds = np.flatnonzero(np.diff(slot)) + 1
+        return {
+            int(self.node_ids[s[0]]): u
+            for s, u in zip(np.split(slot, bounds), np.split(users, bounds), strict=True)
+            if u.size
+        }
+
+
+def _query_nodes(grid: Grid, node_ids: list[int], timeout: float) -> list[Message]:
+    content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
+    msgs = [
+        Message(content, dst_node_id=int(n), message_type=MessageType.QUERY, group_id="discovery")
+        for n in node_ids
+    ]
+    return list(grid.send_and_receive(msgs, timeout=timeout))
+
+
+def discover_cohorts(
+    grid: Grid,
+    n_users: int,
+    n_elements: int,
+    timeout: float = 300.0,
+    poll_interval: float = 0.5,
+) -> CohortMap:
+    """Ask nodes for their cohorts until all users are covered exactly once.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    n_users, n_elements : int
+        The server's view of the instance; every node must report the same.
+    timeout : float
+        Seconds to wait for a complete split.
+    poll_interval : float
+        Seconds between looks for newly registered nodes.
+
+    Returns
+    -------
+    CohortMap
+        Node for every user.
+
+    Raises
+    ------
+    DiscoveryError
+        On inconsistent instances, overlapping cohorts, or a split still incomplete at the
+        timeout (the message says how many users are covered by how many nodes).
+    """
+    deadline = time.monotonic() + timeout
+    known: dict[int, tuple[int, int]] = {}
+    asked: set[int] = set()
+    while True:
+        new = [int(n) for n in grid.get_node_ids() if int(n) not in asked]
+        if new:
+            asked.update(new)
+            for reply in _query_nodes(grid, new, max(deadline - time.monotonic(), 1.0)):
+                src = int(reply.metadata.src_node_id)
+                if reply.has_error():
+                    log(WARNING, "discovery: node %s failed: %s", src, reply.error.reason)
+                    continue
+                props = reply.content.config_records["properties"]
+                if int(props["n-users-total"]) != n_users or int(props["n-elements"]) != n_elements:
+                    raise DiscoveryError(
+                        f"node {src} loaded an instance with {props['n-users-total']} users and "
+                        f"{props['n-elements']} elements; the server has {n_users} and "
+                        f"{n_elements}: server and nodes must use the same dataset and data-dir"
+                    )
+                if int(props["num-users"]) > 0:
+                    known[src] = (int(props["first-user"]), int(props["num-users"]))
+        covered = _coverage(known, n_users)
+        if covered == n_users:
+            break
+        if time.monotonic() > deadline:
+            raise DiscoveryError(
+                f"after {timeout:.0f} s the {len(known)} nodes that answered serve {covered} of "
+                f"{n_users} users; start the missing SuperNodes (num-partitions must match) "
+                "or raise discovery-timeout"
+            )
+        time.sleep(poll_interval)
+    order = sorted(known, key=lambda n: known[n][0])
+    log(INFO, "discovery: %d nodes serve %d users", len(order), n_users)
+    return CohortMap(
+        node_ids=np.array(order, dtype=object),
+        firsts=np.array([known[n][0] for n in order], dtype=np.int64),
+        counts=np.array([known[n][1] for n in order], dtype=np.int64),
+    )
+
+
+def _coverage(known: dict[int, tuple[int, int]], n_users: int) -> int:
+    """Return users covered; raise on overlapping cohorts."""
+    ranges = sorted(known.values())
+    for (f0, c0), (f1, _) in zip(ranges, ranges[1:], strict=False):
+        if f0 + c0 > f1:
+            raise DiscoveryError(
+                f"two nodes claim overlapping users [{f0}, {f0 + c0}) and [{f1}, ...): "
+                "every SuperNode needs a distinct partition-id"
+            )
+    return sum(c for _, c in ranges if c > 0)

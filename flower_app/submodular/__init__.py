@@ -1,0 +1,1 @@
+"""Decomposable submodular objectives, matroids and centralized baselines."""

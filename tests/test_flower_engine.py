@@ -1,0 +1,63 @@
+"""`flwr run .` for real (Ray simulation engine): run folder, status, engine agreement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flower_app.config import AppConfig
+from flower_app.experiment import run_direct
+
+pytestmark = pytest.mark.flwr
+
+SMALL = {
+    "num-users": 40,
+    "num-elements": 60,
+    "k": 5,
+    "clients-per-round": 0.25,
+    "elements-per-client": 0.2,
+    "seed": 7,
+}
+
+
+def _direct(tmp_path, run_config: dict) -> dict:
+    cfg = AppConfig.from_run_config(
+        {**run_config, "output-dir": str(tmp_path), "run-name": "direct"}
+    )
+    return run_direct(cfg)
+
+
+def test_flwr_run_on_20_supernodes_writes_run_folder(flower_cli, tmp_path) -> None:
+    run = flower_cli.run({"k": 6, "seed": 3}, num_supernodes=20)
+    assert run.status == "finished:completed", run.output
+    config = json.loads((run.folder / "config.json").read_text())
+    assert config["engine"] == "flower" and config["k"] == 6
+    rows = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["server-round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["bytes-up"] > 0 and r["bytes-down"] > 0 and r["bad-replies"] == 0 for r in rows)
+    objectives = [r["objective"] for r in rows]
+    assert objectives == sorted(objectives)  # monotone F along the run
+    summary = run.summary
+    assert "ratio" in run.output and summary["run-folder"] in run.output
+    direct = _direct(tmp_path, {"k": 6, "seed": 3})
+    assert summary["selected"] == direct["selected"]
+    assert summary["objective"] == pytest.approx(direct["objective"])
+
+
+@pytest.mark.parametrize("num_supernodes", [2, 16, 40])
+def test_same_set_whatever_the_split_of_users_over_nodes(
+    flower_cli, tmp_path, num_supernodes
+) -> None:
+    run = flower_cli.run(SMALL, num_supernodes=num_supernodes)
+    assert run.status == "finished:completed", run.output
+    assert run.summary["selected"] == _direct(tmp_path, SMALL)["selected"]
+    rows = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["nodes"] for r in rows) <= min(num_supernodes, 10)  # only nodes with sampled users
+
+
+def test_invalid_config_fails_the_run_before_any_round(flower_cli) -> None:
+    run = flower_cli.run({"k": 999}, num_supernodes=2)
+    assert run.status == "finished:failed"
+    assert "k=999 exceeds the ground set" in run.output + run.details
+    assert not (run.folder / "metrics.jsonl").exists()
