@@ -83,7 +83,9 @@ class FlowerCLI:
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         }
 
-    def run(self, run_config: dict, num_supernodes: int = 2, timeout: float = 600) -> FlwrRun:
+    def run(
+        self, run_config: dict, num_supernodes: int | None = 2, timeout: float = 600
+    ) -> FlwrRun:
         name = run_config.get("run-name") or f"run-{time.monotonic_ns()}"
         cfg = {**run_config, "run-name": name, "output-dir": str(self.runs)}
         overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in cfg.items())
@@ -94,9 +96,12 @@ class FlowerCLI:
             "--stream",
             "--run-config",
             overrides,
-            "--federation-config",
-            f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
         ]
+        if num_supernodes is not None:  # simulation: the federation's size
+            cmd += [
+                "--federation-config",
+                f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
+            ]
         proc = subprocess.run(
             cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
         )
@@ -125,6 +130,76 @@ class FlowerCLI:
         for pid in _superlink_pids(self.http_port):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+class Deployment:
+    """A real SuperLink and SuperNodes (deployment mode, no simulation) on loopback."""
+
+    def __init__(self, root: Path, num_nodes: int) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.procs: list[subprocess.Popen] = []
+        home = root / "home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.cli = FlowerCLI(home, root / "runs")
+        self.cli.env.pop("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT")
+        self._start(
+            "superlink", [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port)]
+        )
+        for p in range(num_nodes):
+            node_home = root / f"node-{p}"
+            node_home.mkdir()
+            self._start(
+                f"supernode-{p}",
+                [
+                    str(BIN / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(_free_port()),
+                    "--node-config",
+                    f"partition-id={p} num-partitions={num_nodes}",
+                ],
+                FLWR_HOME=str(node_home),
+            )
+
+    def _start(self, name: str, cmd: list[str], **env: str) -> None:
+        log = (self.root / f"{name}.log").open("w")
+        self.procs.append(
+            subprocess.Popen(
+                cmd,
+                env={**self.cli.env, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        time.sleep(1.0)
+
+    def run(self, run_config: dict, timeout: float = 600) -> FlwrRun:
+        return self.cli.run(run_config, num_supernodes=None, timeout=timeout)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    dep = Deployment(tmp_path_factory.mktemp("deployment"), num_nodes=3)
+    try:
+        yield dep
+    finally:
+        dep.stop()
 
 
 @pytest.fixture(scope="session")

@@ -215,3 +215,36 @@ def test_strategy_leaves_out_bad_replies_and_counts_them() -> None:
     own = obj.gains(np.zeros(30), np.arange(30))
     assert metrics["element"] == int(np.argmax(own))
     assert metrics["estimate"] == pytest.approx(own.max() / 30)
+
+
+def test_federated_evaluation_sums_the_nodes_objectives() -> None:
+    """Without an evaluate_fn the strategy asks every node for Σ f_i(S) over its users."""
+    from flower_app.clients.adapter import handle_evaluate
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    obj = _fl(50, 30, seed=6)
+    parts = 4
+    clients = {}
+    for p in range(parts):
+        first, count = cohort_range(obj.n_users, p, parts)
+        rows = MaxRowObjective(obj.values[first : first + count])
+        clients[100 + p] = SubmodularClient(rows, first, obj.n_users, p, parts)
+    strategy = FedSMStrategy(obj.n_users, UniformMatroid(30, 3), 3)
+    ranges = [cohort_range(obj.n_users, p, parts) for p in range(parts)]
+    strategy.cohorts = CohortMap(
+        np.array(list(clients), dtype=object),
+        np.array([f for f, _ in ranges]),
+        np.array([c for _, c in ranges]),
+    )
+    selected = np.array([4, 11, 20])
+    msgs = list(strategy.configure_evaluate(3, ArrayRecord([selected]), ConfigRecord(), None))
+    replies = [
+        handle_evaluate(
+            m, _context(m.metadata.dst_node_id - 100, parts), lambda c: clients[c.node_id]
+        )
+        for m in msgs
+    ]
+    result = strategy.aggregate_evaluate(3, replies)
+    assert result["objective"] == pytest.approx(obj.mean_value(selected))
+    replies[0] = Message(Error(code=2, reason="down"), reply_to=msgs[0])
+    assert strategy.aggregate_evaluate(3, replies) is None

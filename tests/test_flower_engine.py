@@ -61,3 +61,13 @@ def test_invalid_config_fails_the_run_before_any_round(flower_cli) -> None:
     assert run.status == "finished:failed"
     assert "k=999 exceeds the ground set" in run.output + run.details
     assert not (run.folder / "metrics.jsonl").exists()
+
+
+def test_real_superlink_and_supernodes_on_loopback(deployment, tmp_path) -> None:
+    """Deployment mode: a SuperLink and 3 SuperNode processes; same S as the direct engine."""
+    config = {**SMALL, "k": 3}
+    run = deployment.run(config)
+    assert run.status == "finished:completed", run.output
+    assert run.summary["selected"] == _direct(tmp_path, config)["selected"]
+    rows = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["bad-replies"] == 0 for r in rows)
