@@ -15,13 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALGORITHMS", "DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
+from flower_app.registry import ALGORITHMS, family_keys
 
-#: algorithm name -> short description
-ALGORITHMS = {
-    "fedsm": "FedSM Algorithm 1: r rounds, K users, d sampled marginal gains per user",
-}
-#: dataset name -> short description
+__all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
+
+#: dataset name -> short description (each algorithm accepts the subset its registry entry lists)
 DATASETS = {
     "synthetic-facility-location": "embedded synthetic facility location (no files needed)",
     "movielens": "MovieLens-1M facility location (users = clients), ml-1m/*.dat in data-dir",
@@ -84,9 +82,9 @@ class AppConfig:
     Attributes
     ----------
     algorithm : str
-        One of :data:`ALGORITHMS`.
+        One of :data:`flower_app.registry.ALGORITHMS`.
     dataset : str
-        One of :data:`DATASETS`.
+        One of :data:`DATASETS` that the algorithm accepts.
     data_dir : str
         Dataset root ("" = ``$FLOWER_APP_DATA`` or ``~/.cache/flower_app/datasets``).
     data_seed : int
@@ -133,6 +131,7 @@ class AppConfig:
     run_name: str = ""
     round_timeout: float = 600.0
     discovery_timeout: float = 300.0
+    extra: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_run_config(cls, cfg: Mapping[str, Any]) -> AppConfig:
@@ -154,14 +153,28 @@ class AppConfig:
             For any unknown name or out-of-range value.
         """
         d = cls()
+        known = set(d.to_dict()) | set(family_keys())
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ConfigError(
+                f"run_config keys {unknown} are not known; the app reads: "
+                + ", ".join(sorted(known))
+            )
         timeout = _get(cfg, "round-timeout", d.round_timeout)
         discovery = _get(cfg, "discovery-timeout", d.discovery_timeout)
         for key, value in (("round-timeout", timeout), ("discovery-timeout", discovery)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"run_config '{key}' = {value!r}: must be a positive number")
+        algorithm = _choice(cfg, "algorithm", d.algorithm, ALGORITHMS)
+        dataset = _choice(cfg, "dataset", d.dataset, DATASETS)
+        if dataset not in ALGORITHMS[algorithm].datasets:
+            raise ConfigError(
+                f"run_config 'dataset' = {dataset!r} does not fit algorithm {algorithm!r}; "
+                "choose one of: " + ", ".join(ALGORITHMS[algorithm].datasets)
+            )
         return cls(
-            algorithm=_choice(cfg, "algorithm", d.algorithm, ALGORITHMS),
-            dataset=_choice(cfg, "dataset", d.dataset, DATASETS),
+            algorithm=algorithm,
+            dataset=dataset,
             data_dir=str(_get(cfg, "data-dir", d.data_dir)),
             data_seed=_int(cfg, "data-seed", d.data_seed, minimum=0),
             seed=_int(cfg, "seed", d.seed, minimum=0),
@@ -176,11 +189,19 @@ class AppConfig:
             run_name=str(_get(cfg, "run-name", d.run_name)),
             round_timeout=float(timeout),
             discovery_timeout=float(discovery),
+            extra=tuple(sorted((k, cfg.get(k, v)) for k, v in family_keys().items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration with kebab-case keys (as written to config.json)."""
-        return {key.replace("_", "-"): value for key, value in asdict(self).items()}
+        out = {key.replace("_", "-"): value for key, value in asdict(self).items()}
+        out.pop("extra")
+        out.update(self.extra)
+        return out
+
+    def get(self, key: str) -> Any:
+        """Return a family-specific key's value (see :mod:`flower_app.registry`)."""
+        return dict(self.extra)[key]
 
     def run_folder(self) -> Path:
         """Return the absolute run folder: ``output_dir / run_name``."""

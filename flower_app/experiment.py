@@ -9,18 +9,20 @@ step over Flower. Both write the same run folder through :func:`open_run` and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from flower_app.algorithms.fedsm import FedSMRound, FedSMServer, run_fedsm_direct
+from flwr.app import Context
+
 from flower_app.config import AppConfig
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
+from flower_app.registry import load_runner
 from flower_app.results import RunWriter
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
-__all__ = ["Experiment", "finish_run", "open_run", "run_direct"]
+__all__ = ["Experiment", "finish_run", "open_run", "partition_of", "run_direct", "summary_line"]
 
 
 @dataclass
@@ -50,7 +52,11 @@ class Experiment:
     started: float
 
 
-def open_run(cfg: AppConfig, engine: str) -> Experiment:
+def open_run(
+    cfg: AppConfig,
+    engine: str,
+    check: Callable[[SubmodularProblem, Matroid], object] | None = None,
+) -> Experiment:
     """Load the instance, build the matroid, run the greedy reference, open the run folder.
 
     Parameters
@@ -59,6 +65,8 @@ def open_run(cfg: AppConfig, engine: str) -> Experiment:
         Validated configuration.
     engine : str
         ``"flower"`` or ``"direct"`` (recorded in config.json).
+    check : callable, optional
+        Validates the algorithm's own parameters against the instance (raises).
 
     Returns
     -------
@@ -67,10 +75,8 @@ def open_run(cfg: AppConfig, engine: str) -> Experiment:
     """
     problem = load_problem(cfg)
     matroid = build_matroid(cfg, problem)
-    # validate K and d now, before anything is written or any message is sent
-    FedSMServer(
-        problem.n_users, matroid, cfg.k, cfg.clients_per_round, cfg.elements_per_client, cfg.seed
-    )
+    if check is not None:  # before anything is written or any message is sent
+        check(problem, matroid)
     reference = lazy_greedy(problem.objective, matroid, cfg.k)
     config = {
         **cfg.to_dict(),
@@ -131,61 +137,32 @@ def finish_run(exp: Experiment, selected: list[int], history: list[dict[str, Any
 
 
 def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
-    """Run one experiment on the direct engine and write its run folder.
+    """Run one experiment on the direct engine (in-process) and write its run folder.
 
     Parameters
     ----------
     cfg : AppConfig
-        Validated configuration.
+        Validated configuration; ``cfg.algorithm`` picks the runner.
     progress : bool, optional
-        Show a tqdm bar over rounds.
+        Show a progress bar over rounds.
 
     Returns
     -------
     dict
         The run's summary (as in ``summary.json``).
     """
-    exp = open_run(cfg, "direct")
-    server = FedSMServer(
-        exp.problem.n_users,
-        exp.matroid,
-        cfg.k,
-        cfg.clients_per_round,
-        cfg.elements_per_client,
-        seed=cfg.seed,
-    )
-    history: list[dict[str, Any]] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
 
-        bar = tqdm(total=cfg.k, desc=f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}", leave=False)
-    t0 = time.perf_counter()
 
-    def on_round(rnd: FedSMRound, value: float) -> None:
-        s = len(server.selected)
-        row = {
-            "server-round": rnd.server_round,
-            "element": rnd.element,
-            "estimate": rnd.estimate,
-            "objective": value,
-            "users": rnd.users,
-            "d": rnd.d,
-            "user-values": rnd.user_values,
-            # protocol bytes with one user per node: S down (int64), d sparse entries up
-            "bytes-down": rnd.users * (s - 1) * 8,
-            "bytes-up": rnd.user_values * 12,
-            "wall-time": time.perf_counter() - t0,
-        }
-        history.append(row)
-        exp.writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
-
-    selected = run_fedsm_direct(exp.problem.objective, server, on_round)
-    if bar is not None:
-        bar.close()
-    return finish_run(exp, selected, history)
+def partition_of(context: Context) -> tuple[int, int]:
+    """Return ``(partition-id, num-partitions)`` of a node, with a clear error if absent."""
+    node_config = context.node_config
+    if "partition-id" not in node_config or "num-partitions" not in node_config:
+        raise ValueError(
+            "node_config needs 'partition-id' and 'num-partitions' (start a SuperNode with "
+            '--node-config "partition-id=0 num-partitions=2"; simulation sets them itself)'
+        )
+    return int(node_config["partition-id"]), int(node_config["num-partitions"])
 
 
 def summary_line(summary: dict) -> str:
@@ -197,8 +174,3 @@ def summary_line(summary: dict) -> str:
         f"F(S) = {summary['objective']:.6g}, centralized greedy "
         f"{summary['greedy-objective']:.6g}, ratio {ratio:.4f}; results in {summary['run-folder']}"
     )
-
-
-def default_folder(cfg: AppConfig) -> Path:
-    """Return where the run folder of ``cfg`` goes."""
-    return cfg.run_folder()

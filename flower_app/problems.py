@@ -11,11 +11,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from flower_app.clients.cohorts import cohort_range
 from flower_app.config import AppConfig, ConfigError
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
 
-__all__ = ["SubmodularProblem", "build_matroid", "load_problem"]
+__all__ = ["SubmodularProblem", "build_matroid", "cohort_objective", "load_problem"]
 
 #: default sizes of the embedded synthetic facility-location instance
 SYNTHETIC_FL_SIZE = (2000, 500)
@@ -133,3 +134,25 @@ def build_matroid(cfg: AppConfig, problem: SubmodularProblem) -> Matroid:
             f"{cfg.partition_capacity} each): lower k or raise partition-capacity"
         )
     return matroid
+
+
+def cohort_objective(
+    problem: SubmodularProblem, partition_id: int, num_partitions: int
+) -> tuple[MaxRowObjective, int]:
+    """Return the rows of one node's cohort as an objective, and its first global user.
+
+    Parameters
+    ----------
+    problem : SubmodularProblem
+        The whole instance.
+    partition_id, num_partitions : int
+        The node's place in the split (see :func:`~flower_app.clients.cohorts.cohort_range`).
+
+    Returns
+    -------
+    tuple
+        ``(objective over the cohort's rows, first user)``.
+    """
+    first, count = cohort_range(problem.n_users, partition_id, num_partitions)
+    rows = problem.objective.values[first : first + count]
+    return MaxRowObjective(rows, name=f"{problem.name}[{first}:{first + count}]"), first

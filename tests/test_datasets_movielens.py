@@ -302,8 +302,9 @@ def test_empty_file_is_reported(tmp_path):
 @pytest.mark.realdata
 def test_real_movielens_1m():
     data_dir = os.environ.get("FLOWER_APP_DATA")
-    if not data_dir or not (Path(data_dir) / "ml-1m" / "ratings.dat").is_file():
-        pytest.skip("set FLOWER_APP_DATA to a folder holding ml-1m/")
+    assert data_dir and (Path(data_dir) / "ml-1m" / "ratings.dat").is_file(), (
+        "realdata tests need FLOWER_APP_DATA pointing to a folder holding ml-1m/"
+    )
     start = time.perf_counter()
     ml = load_movielens_1m(data_dir, download=False)
     loaded = time.perf_counter() - start
