@@ -25,6 +25,13 @@ DATASETS = {
     "movielens": "MovieLens-1M facility location (users = clients), ml-1m/*.dat in data-dir",
     "dblp": "DBLP researcher-venue max coverage 2018-2021, dblp/dblp.xml(.gz) in data-dir",
     "synthetic-dblp": "calibrated synthetic stand-in for DBLP (704,738 researchers, 2,675 venues)",
+    # maxfl
+    "fmnist": "Fashion-MNIST, official IDX files fashion-mnist/*.gz in data-dir",
+    "emnist": "EMNIST ByClass (62 classes), official IDX files emnist/*.gz in data-dir",
+    "synthetic-emnist": "calibrated synthetic stand-in for EMNIST ByClass (no files needed)",
+    # fedsubavg
+    "movielens-rating": "MovieLens-1M rating classification (FedSubAvg), ml-1m/*.dat in data-dir",
+    "synthetic-movielens-rating": "calibrated synthetic stand-in for movielens-rating",
 }
 MATROIDS = ("uniform", "partition")
 

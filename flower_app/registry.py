@@ -33,6 +33,81 @@ __all__ = ["ALGORITHMS", "Algorithm", "family_keys", "load_runner"]
 #: datasets of the submodular families (facility location and max coverage instances)
 SUBMODULAR_DATASETS = ("synthetic-facility-location", "movielens", "dblp", "synthetic-dblp")
 
+# maxfl: datasets and run_config keys of MaxFL and its baselines (flower_app/runners/maxfl.py)
+MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist")
+MAXFL_CONFIG: dict[str, Any] = {
+    "maxfl-rounds": 200,
+    "maxfl-lr": 0.05,
+    "maxfl-server-lr": 1.0,
+    "maxfl-batch-size": 64,
+    "maxfl-local-steps": 10,
+    "maxfl-eps": 0.001,
+    "maxfl-solo-steps": 100,
+    "maxfl-tune-steps": 5,
+    "maxfl-requirement": "train",
+    "maxfl-participation": "flexible",
+    "maxfl-mandatory-rounds": 10,
+    "maxfl-partition": "dirichlet",
+    "maxfl-alpha": 0.5,
+    "maxfl-unseen-users": -1,
+    "maxfl-label-flip": 0.3,
+    "maxfl-train-fraction": 0.6,
+    "maxfl-dropout": 0.2,
+    "maxfl-eval-every": 10,
+    "maxfl-prox-mu": 0.01,
+    "maxfl-qffl-q": 1.0,
+    "maxfl-byzantine": 0.0,
+    "maxfl-byzantine-loss": 10.0,
+    "maxfl-byzantine-noise": 0.1,
+}
+
+
+# fedsm: run_config keys of FedSM's modes (flower_app/runners/fedsm.py documents each one)
+FEDSM_CONFIG: dict[str, Any] = {
+    "fedsm-mode": "alg1",
+    "fedsm-epsilon": 0.405,
+    "fedsm-tau": 0.0,
+    "fedsm-levels": 0,
+    "fedsm-j-from": 1,
+    "fedsm-eta": 0.1,
+    "fedsm-inner": "alg1",
+    "fedsm-surrogate": "exact",
+    "fedsm-samples": 4,
+    "fedsm-rounding": "pipage",
+}
+
+
+# fedcg: run_config keys of FedCG, FedCG+ and the federated discrete greedy
+# (flower_app/runners/fedcg.py documents each one)
+FEDCG_CONFIG: dict[str, Any] = {
+    "fedcg-rounds": 100,
+    "fedcg-eta": 0.0,
+    "fedcg-local-steps": 5,
+    "fedcg-gradient": "exact",
+    "fedcg-gradient-samples": 10,
+    "fedcg-rounding": "greedy",
+    "fedcg-fill-base": True,
+    "fedcg-client-weights": "uniform",
+    "dgreedy-kappa": 50.0,
+}
+
+
+# fedsubavg: datasets and run_config keys of FedSubAvg and its baselines
+# (flower_app/runners/fedsubavg.py documents each key)
+FEDSUBAVG_DATASETS = ("movielens-rating", "synthetic-movielens-rating")
+FEDSUBAVG_CONFIG: dict[str, Any] = {
+    "fsa-rounds": 200,
+    "fsa-local-iters": 10,
+    "fsa-batch-size": 5,
+    "fsa-lr": 0.1,
+    "fsa-weighting": "clients",
+    "fsa-proximal-mu": 0.01,
+    "fsa-adam-eta": 1.0,
+    "fsa-adam-beta1": 0.9,
+    "fsa-adam-beta2": 0.99,
+    "fsa-adam-tau": 0.001,
+}
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -64,9 +139,58 @@ ALGORITHMS: dict[str, Algorithm] = {
     for a in (
         Algorithm(
             "fedsm",
-            "FedSM Algorithm 1: r rounds, K users, d sampled marginal gains per user",
+            "FedSM: Alg. 1 (r rounds, K users, d sampled gains per user), Alg. 2 (O(log m) "
+            "rounds) or amplification (Alg. 3), by fedsm-mode",
             "flower_app.runners.fedsm",
             SUBMODULAR_DATASETS,
+            FEDSM_CONFIG,
+        ),
+        # maxfl: MaxFL (Cho et al., TMLR 2024) and the paper's baselines, one runner
+        *(
+            Algorithm(name, text, "flower_app.runners.maxfl", MAXFL_DATASETS, MAXFL_CONFIG)
+            for name, text in (
+                ("maxfl", "MaxFL Algorithm 1: q_k-weighted updates, adaptive global lr"),
+                ("fedavg", "FedAvg baseline of the MaxFL experiments"),
+                ("fedprox", "FedProx baseline of the MaxFL experiments"),
+                ("qffl", "q-FFL (q-FedAvg) baseline of the MaxFL experiments"),
+                ("scaffold", "SCAFFOLD baseline of the MaxFL experiments"),
+            )
+        ),
+        # fedcg: Rafiey (ICML 2024), one runner for the three algorithms
+        Algorithm(
+            "fedcg",
+            "FedCG Alg. 1: T rounds, each sampled user sends the base maximising its gradient",
+            "flower_app.runners.fedcg",
+            SUBMODULAR_DATASETS,
+            FEDCG_CONFIG,
+        ),
+        Algorithm(
+            "fedcg-plus",
+            "FedCG+ Alg. 2: tau local continuous-greedy steps per user between aggregations",
+            "flower_app.runners.fedcg",
+            SUBMODULAR_DATASETS,
+            FEDCG_CONFIG,
+        ),
+        Algorithm(
+            "fed-discrete-greedy",
+            "Federated discrete greedy Alg. 3 with importance factors (Algs. 4/5)",
+            "flower_app.runners.fedcg",
+            SUBMODULAR_DATASETS,
+            FEDCG_CONFIG,
+        ),
+        # fedsubavg: FedSubAvg (Ding et al., NeurIPS 2022) and its baselines, one runner
+        *(
+            Algorithm(
+                name, text, "flower_app.runners.fedsubavg", FEDSUBAVG_DATASETS, FEDSUBAVG_CONFIG
+            )
+            for name, text in (
+                ("fedsubavg", "FedSubAvg Alg. 1: submodel updates corrected by feature heat N/n_m"),
+                ("fedavg-sub", "FedAvg on submodels (no heat correction), FedSubAvg baseline"),
+                ("fedprox-sub", "FedProx (mu = 0.01) on submodels, FedSubAvg baseline"),
+                ("fedadam-sub", "FedAdam (Table 5) on submodels, FedSubAvg baseline"),
+                ("scaffold-sub", "server-side SCAFFOLD approximation (App. D.2), baseline"),
+                ("central-sgd", "CentralSGD on pooled data, batch K*B (FedSubAvg reference)"),
+            )
         ),
     )
 }

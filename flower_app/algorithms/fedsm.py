@@ -40,6 +40,7 @@ __all__ = [
     "FedSMRound",
     "FedSMServer",
     "run_fedsm_direct",
+    "sampled_entry_sum",
     "user_report_sum",
     "user_rng",
 ]
@@ -96,29 +97,83 @@ def user_report_sum(
         raise ValueError("user_ids must have one id per row")
     sel = np.asarray(list(selected), dtype=np.int64)
     remaining = np.setdiff1d(np.arange(m), sel)
-    n_rem = remaining.size
-    if not 1 <= d <= n_rem:
-        raise ValueError(f"d={d} must lie in 1..|E \\ S| = {n_rem}")
-    out = np.zeros(m)
+    if not 1 <= d <= remaining.size:
+        raise ValueError(f"d={d} must lie in 1..|E \\ S| = {remaining.size}")
     if users.size == 0:
-        return out
-    pos_of = np.full(m, -1, dtype=np.int64)
-    pos_of[remaining] = np.arange(n_rem)
+        return np.zeros(m)
     current = objective.user_values(sel, users)
     upos, elem, gain = objective.positive_gain_entries(current, users)
+    total, _ = sampled_entry_sum(upos, elem, gain, ids, remaining, d, seed, server_round, m)
+    return total
+
+
+def sampled_entry_sum(
+    upos: np.ndarray,
+    elem: np.ndarray,
+    gain: np.ndarray,
+    ids: np.ndarray,
+    pool: np.ndarray,
+    d: int,
+    seed: int,
+    server_round: int,
+    n_elements: int,
+) -> tuple[np.ndarray, int]:
+    """Sum the users' gains over their own d-element draws D_i from ``pool``.
+
+    The draw of user ``ids[p]`` is ``user_rng(seed, server_round, ids[p]).choice(|pool|, d,
+    replace=False)`` (positions in ``pool``), so the sum over any set of users does not depend
+    on how the users are split over nodes. Users without a positive entry in ``pool`` report
+    only zeros whatever they draw, so their draw is skipped.
+
+    Parameters
+    ----------
+    upos : numpy.ndarray
+        Position of each entry's user in ``ids``, non-decreasing.
+    elem : numpy.ndarray
+        Element of each entry.
+    gain : numpy.ndarray
+        The user's value for that element (e.g. f_i(e | S)); entries that are not positive
+        or whose element is outside ``pool`` count as zero.
+    ids : numpy.ndarray
+        Global user ids (seed the users' streams).
+    pool : numpy.ndarray
+        Sorted elements the users draw from (E \\ S for Algorithm 1).
+    d : int
+        Elements each user draws (1 ≤ d ≤ |pool|).
+    seed : int
+        Run seed.
+    server_round : int
+        Communication round (seeds the streams).
+    n_elements : int
+        Ground-set size m (length of the result).
+
+    Returns
+    -------
+    tuple
+        ``(sum, hits)``: float64 vector over E of the summed sampled values, and the number
+        of (user, element) values that were drawn and positive (what a sparse report sends).
+    """
+    out = np.zeros(n_elements)
+    n_pool = pool.size
+    pos_of = np.full(n_elements, -1, dtype=np.int64)
+    pos_of[pool] = np.arange(n_pool)
+    keep = (pos_of[elem] >= 0) & (gain > 0)
+    upos, elem, gain = upos[keep], elem[keep], gain[keep]
     active = np.unique(upos)
+    hits = 0
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
         draws = np.stack(
-            [user_rng(seed, server_round, ids[a]).choice(n_rem, d, replace=False) for a in chunk]
+            [user_rng(seed, server_round, ids[a]).choice(n_pool, d, replace=False) for a in chunk]
         )
-        mask = np.zeros((chunk.size, n_rem), dtype=bool)
+        mask = np.zeros((chunk.size, n_pool), dtype=bool)
         mask[np.arange(chunk.size)[:, None], draws] = True
         lo, hi = np.searchsorted(upos, [chunk[0], chunk[-1] + 1])
         local = np.searchsorted(chunk, upos[lo:hi])
         hit = mask[local, pos_of[elem[lo:hi]]]
-        out += np.bincount(elem[lo:hi][hit], weights=gain[lo:hi][hit], minlength=m)
-    return out
+        hits += int(hit.sum())
+        out += np.bincount(elem[lo:hi][hit], weights=gain[lo:hi][hit], minlength=n_elements)
+    return out, hits
 
 
 @dataclass
@@ -167,6 +222,9 @@ class FedSMServer:
         d as a count (int) or a fraction of m = |E| (float in (0, 1]).
     seed : int
         Seeds the server's ``numpy.random.Generator`` (user sampling) and the users' streams.
+    rng : numpy.random.Generator, optional
+        Use this generator instead of ``default_rng(seed)`` (amplification runs one
+        Algorithm 1 per step on one shared server generator).
     """
 
     n_users: int
@@ -177,6 +235,7 @@ class FedSMServer:
     seed: int = 0
     selected: list[int] = field(default_factory=list)
     rounds: list[FedSMRound] = field(default_factory=list)
+    rng: np.random.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -188,7 +247,8 @@ class FedSMServer:
         m = self.matroid.n_elements
         self.K = resolve_count(self.clients_per_round, self.n_users, "clients-per-round")
         self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
-        self.rng = np.random.default_rng(self.seed)
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.seed)
 
     @property
     def done(self) -> bool:

@@ -5,12 +5,15 @@ The client holds the rows of its cohort only. Its three calls, in NumPyClient te
 ``get_properties(config)``
     ``{"partition-id", "num-partitions", "first-user", "num-users", "n-users-total",
     "n-elements"}``: the server's discovery step maps users to nodes with it.
-``fit(parameters=[selected, users], config)``
-    ``selected``: int64 S; ``users``: int64 global ids of the cohort's sampled users;
-    ``config``: ``server-round``, ``d``, ``seed``. Returns the cohort's summed reports, as
-    ``[index int32, value float64]`` (sparse) or ``[value float64 of length m]`` (dense),
-    whichever is smaller; ``num_examples`` = number of sampled users; metrics
-    ``user-values`` (= users × d) and ``positive-entries``.
+``fit(parameters=[selected, users, (pool, sequence), (x ids, x values)], config)``
+    ``selected``: int64 S (T inside an amplification step); ``users``: int64 global ids of
+    the cohort's sampled users; ``config``: ``server-round``, ``d``, ``seed`` and ``mode``
+    (``"alg1"``, the default, or ``"alg2"``). Algorithm 2 adds ``pool`` (X) and ``sequence``
+    (a_1..a_r'); amplification (``config["surrogate"]`` ``"exact"`` or ``"sampled"``, with
+    ``eta`` and ``samples``) adds the non-zero coordinates of x. Returns the cohort's
+    summed reports (length m, or |X|·r' for Algorithm 2), as ``[index int32, value float64]``
+    (sparse) or ``[value float64]`` (dense), whichever is smaller; ``num_examples`` = number
+    of sampled users; metrics ``user-values`` (= users × d) and ``positive-entries``.
 ``evaluate(parameters=[selected], config)``
     Returns ``(−mean f_i(S), num_users, {"objective-sum": Σ_i f_i(S)})`` over the cohort.
 """
@@ -22,7 +25,9 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.fedsm import ENTRY_BYTES, user_report_sum
+from flower_app.algorithms.fedsm import ENTRY_BYTES
+from flower_app.algorithms.fedsm_amplify import SURROGATES
+from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["SubmodularClient", "encode_report"]
@@ -102,45 +107,80 @@ class SubmodularClient(NumPyClient):
         return sel
 
     def fit(self, parameters: list[np.ndarray], config: Config) -> tuple[list, int, dict]:
-        """Report the summed marginal gains of the sampled users (FedSM Alg. 1, lines 6-12).
+        """Report the summed values of the sampled users for one FedSM round.
+
+        Algorithm 1 (lines 6-12), Algorithm 2 (lines 10-13), or either on the amplification
+        surrogate; the math is :func:`~flower_app.algorithms.fedsm_modes.cohort_report`.
 
         Parameters
         ----------
         parameters : list of numpy.ndarray
-            ``[selected, users]`` as described in the module docstring.
+            ``[selected, users]`` (+ ``[pool, sequence]`` for Algorithm 2, + ``[x ids,
+            x values]`` for amplification), as described in the module docstring.
         config : dict
-            ``server-round``, ``d``, ``seed``.
+            ``server-round``, ``d``, ``seed``, ``mode`` and, for amplification,
+            ``surrogate``, ``eta``, ``samples``.
 
         Returns
         -------
         tuple
             ``(encoded report, number of sampled users, metrics)``.
         """
-        if len(parameters) != 2:
-            raise ValueError("fit expects parameters [selected, users]")
-        selected = self._selected(parameters[0])
-        users = np.asarray(parameters[1]).astype(np.int64, copy=False).ravel()
-        local = users - self.first_user
+        plan = self._plan(parameters, config)
+        local = plan.users - self.first_user
         if local.size and (local.min() < 0 or local.max() >= self.num_users):
             raise ValueError(
                 f"sampled users outside this node's cohort "
                 f"[{self.first_user}, {self.first_user + self.num_users})"
             )
-        d = int(config["d"])
-        total = user_report_sum(
-            self.objective,
-            local,
-            selected,
-            d,
-            int(config["seed"]),
-            int(config["server-round"]),
-            user_ids=users,
-        )
+        total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]))
         metrics = {
-            "user-values": int(users.size * d),
-            "positive-entries": int(np.count_nonzero(total)),
+            "user-values": int(plan.users.size * plan.d),
+            "positive-entries": int(hits),
         }
-        return encode_report(total), int(users.size), metrics
+        return encode_report(total), int(plan.users.size), metrics
+
+    def _plan(self, parameters: list[np.ndarray], config: Config) -> RoundPlan:
+        """Parse and check a ``fit`` request into the round it describes."""
+        mode = str(config.get("mode", "alg1"))
+        surrogate = str(config.get("surrogate", "none"))
+        if mode not in ("alg1", "alg2"):
+            raise ValueError(f"unknown mode {mode!r}: expected 'alg1' or 'alg2'")
+        if surrogate not in ("none", *SURROGATES):
+            raise ValueError(f"unknown surrogate {surrogate!r}")
+        expected = 2 + (2 if mode == "alg2" else 0) + (2 if surrogate != "none" else 0)
+        if len(parameters) != expected:
+            raise ValueError(
+                f"fit in mode {mode} (surrogate {surrogate}) expects {expected} arrays, "
+                f"got {len(parameters)}"
+            )
+        m = self.objective.n_elements
+        empty = np.zeros(0, dtype=np.int64)
+        pool = self._selected(parameters[2]) if mode == "alg2" else empty
+        sequence = self._selected(parameters[3]) if mode == "alg2" else empty
+        point = None
+        if surrogate != "none":
+            ids = self._selected(parameters[-2])
+            values = np.asarray(parameters[-1], dtype=np.float64).ravel()
+            if values.shape != ids.shape or not np.all((values >= 0) & (values <= 1)):
+                raise ValueError("x must be given as distinct ids with values in [0, 1]")
+            point = np.zeros(m)
+            point[ids] = values
+        return RoundPlan(
+            server_round=int(config["server-round"]),
+            mode=mode,
+            users=np.asarray(parameters[1]).astype(np.int64, copy=False).ravel(),
+            selected=self._selected(parameters[0]),
+            d=int(config["d"]),
+            pool=pool,
+            sequence=sequence,
+            point=point,
+            eta=float(config.get("eta", 1.0)),
+            surrogate=surrogate,
+            samples=int(config.get("samples", 1)),
+            n_elements=m,
+            j_from=int(config.get("j-from", 1)),
+        )
 
     def evaluate(self, parameters: list[np.ndarray], config: Config) -> tuple[float, int, dict]:
         """Return the cohort's objective Σ_i f_i(S) for S = ``parameters[0]``."""

@@ -1,4 +1,33 @@
-"""Runner of FedSM (Algorithm 1): ServerApp side, ClientApp side and direct engine."""
+"""Runner of FedSM (Algorithms 1, 2 and 3): ServerApp side, ClientApp side and direct engine.
+
+run_config keys of the family (defaults in :data:`flower_app.registry.FEDSM_CONFIG`):
+
+``fedsm-mode``
+    ``"alg1"`` (default; ``k`` rounds, one element each), ``"alg2"`` (O(log m) rounds;
+    ``elements-per-client`` is then d, the pairs per user: an int caps them, a float is a
+    fraction of |X|·r'), or ``"amplified"`` (Algorithm 3).
+``fedsm-epsilon``
+    Algorithm 2's ε ∈ (0, 1) (default 0.405, the authors' code).
+``fedsm-tau``
+    Algorithm 2's initial threshold τ on the mean-form F (default 0: λ = max_{e,i}
+    f_i({e}), the paper's; the authors' code used 0.006 on MovieLens).
+``fedsm-levels``
+    Algorithm 2's threshold levels (default 0: until τ < ε·τ₀/k, i.e.
+    ⌈ln(k/ε)/ln(1/(1−ε))⌉ levels; −1: no cap, until |S| = k, as the authors' loop).
+``fedsm-j-from``
+    Algorithm 2's first prefix length: 1 (default, the pseudo-code's j ∈ 1..r') or 0
+    (j ∈ 0..r'−1, so a round may only shrink X, as in Balkanski et al. 2019).
+``fedsm-eta``
+    Amplification step η ∈ (0, 1), 1/η an integer (default 0.1).
+``fedsm-inner``
+    Amplification's subroutine, ``"alg1"`` (default) or ``"alg2"``.
+``fedsm-surrogate``
+    ``"exact"`` (closed-form multilinear gradients, default) or ``"sampled"``.
+``fedsm-samples``
+    Sets R ~ y per user and round for the sampled surrogate (default 4).
+``fedsm-rounding``
+    ``"pipage"`` (default) or ``"greedy"``: the oblivious rounding of the final x.
+"""
 
 from __future__ import annotations
 
@@ -7,93 +36,216 @@ from functools import lru_cache
 from logging import INFO
 from typing import Any
 
+import numpy as np
 from flwr.app import Context
 from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm import FedSMRound, FedSMServer, run_fedsm_direct
+from flower_app.algorithms.fedsm_amplify import SURROGATES
+from flower_app.algorithms.fedsm_modes import INNER, MODES, ROUNDINGS, FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm_modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import Experiment, finish_run, open_run, partition_of, summary_line
 from flower_app.problems import SubmodularProblem, cohort_objective, load_problem
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.matroids import Matroid
+from flower_app.submodular.multilinear import multilinear_value
 
-__all__ = ["direct_run", "make_client", "server_run", "summary_line"]
+__all__ = ["direct_run", "fedsm_params", "make_client", "server_run", "summary_line"]
+
+#: totals summed over rounds into summary.json
+_TOTALS = (
+    "user-values",
+    "values-up",
+    "bytes-up",
+    "values-down",
+    "bytes-down",
+    "positive-entries",
+    "elements-added",
+)
 
 
-def _server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> FedSMServer:
-    return FedSMServer(
-        problem.n_users,
-        matroid,
-        cfg.k,
-        cfg.clients_per_round,
-        cfg.elements_per_client,
-        seed=cfg.seed,
+def _float(cfg: AppConfig, key: str) -> float:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected a number")
+    return float(value)
+
+
+def _int(cfg: AppConfig, key: str) -> int:
+    value = cfg.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected an integer >= 0")
+    return value
+
+
+def _levels(cfg: AppConfig) -> int:
+    value = cfg.get("fedsm-levels")
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigError(
+            f"run_config 'fedsm-levels' = {value!r}: expected an int >= -1 "
+            "(0: the paper's count, -1: until |S| = k)"
+        )
+    return value
+
+
+def _choice_int(cfg: AppConfig, key: str, options: tuple[int, ...]) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or value not in options:
+        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {options}")
+    return int(value)
+
+
+def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
+    value = str(cfg.get(key))
+    if value not in options:
+        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {', '.join(options)}")
+    return value
+
+
+def fedsm_params(cfg: AppConfig) -> FedSMParams:
+    """Parse the family's run_config keys (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Validated common configuration.
+
+    Returns
+    -------
+    FedSMParams
+        The mode and its parameters.
+
+    Raises
+    ------
+    ConfigError
+        On a value of the wrong type or outside its range.
+    """
+    params = FedSMParams(
+        mode=_choice(cfg, "fedsm-mode", MODES),
+        clients_per_round=cfg.clients_per_round,
+        elements_per_client=cfg.elements_per_client,
+        epsilon=_float(cfg, "fedsm-epsilon"),
+        tau=_float(cfg, "fedsm-tau"),
+        levels=_levels(cfg),
+        j_from=_choice_int(cfg, "fedsm-j-from", (0, 1)),
+        eta=_float(cfg, "fedsm-eta"),
+        inner=_choice(cfg, "fedsm-inner", INNER),
+        surrogate=_choice(cfg, "fedsm-surrogate", SURROGATES),
+        samples=_int(cfg, "fedsm-samples"),
+        rounding=_choice(cfg, "fedsm-rounding", ROUNDINGS),
     )
+    if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
+        raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")
+    if params.mode == "amplified":
+        try:
+            params.steps()
+        except ValueError as err:
+            raise ConfigError(f"run_config 'fedsm-eta': {err}") from None
+    return params
+
+
+def _run(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> FedSMRun:
+    try:
+        return FedSMRun(
+            problem.n_users,
+            matroid,
+            cfg.k,
+            fedsm_params(cfg),
+            problem.objective.max_singleton,
+            seed=cfg.seed,
+        )
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"fedsm ({cfg.get('fedsm-mode')}): {err}") from None
 
 
 def _open(cfg: AppConfig, engine: str) -> Experiment:
-    return open_run(cfg, engine, check=lambda p, m: _server(cfg, p, m))
+    return open_run(cfg, engine, check=lambda p, m: _run(cfg, p, m))
+
+
+def _finish(exp: Experiment, run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write summary.json with the mode's own entries (rounds vs elements, communication)."""
+    selected = run.selected
+    summary = finish_run(exp, selected, history)
+    obj = exp.problem.objective
+    mode = run.params.mode
+    extra: dict[str, Any] = {
+        "fedsm-mode": mode,
+        "communication-rounds": len(history),
+        "set-size": len(selected),
+        "objective-by-round": [row.get("objective") for row in history],
+        "set-size-by-round": [row.get("set-size") for row in history],
+    }
+    for key in _TOTALS:
+        extra[key] = sum(int(row.get(key, 0)) for row in history)
+    if mode == "alg2":  # F(S_1), ..., F(S_|S|) along the order in which elements were added
+        current, by_k = np.zeros(obj.n_users), []
+        for e in selected:
+            current = obj.update_current(current, e)
+            by_k.append(float(current.sum()) / max(obj.n_users, 1))
+        extra["objective-by-k"] = by_k
+    if mode == "amplified":
+        assert run.point is not None
+        extra["objective-by-k"] = []
+        extra["fractional-objective"] = multilinear_value(obj, run.point) / max(obj.n_users, 1)
+        extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
+        extra["step-sets"] = run.step_sets
+        extra["steps"] = run.steps
+    summary.update(extra)
+    exp.writer.write_summary(summary)
+    return summary
 
 
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     """Run FedSMStrategy over the grid and write the run folder; return the summary."""
     exp = _open(cfg, "flower")
     log(INFO, "run folder: %s", exp.writer.folder)
+    obj = exp.problem.objective
     strategy = FedSMStrategy(
         n_users=exp.problem.n_users,
         matroid=exp.matroid,
         k=cfg.k,
-        clients_per_round=cfg.clients_per_round,
-        elements_per_client=cfg.elements_per_client,
         seed=cfg.seed,
-        evaluate_fn=exp.problem.objective.mean_value,
         on_round=exp.writer.log_round,
         round_timeout=cfg.round_timeout,
         discovery_timeout=cfg.discovery_timeout,
+        params=fedsm_params(cfg),
+        lam=obj.max_singleton,
+        progress_fn=lambda run: run.progress_value(obj),
     )
     strategy.start(grid=grid)
-    return finish_run(exp, list(strategy.server.selected), strategy.history)
+    return _finish(exp, strategy.run, strategy.history)
 
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run FedSM Algorithm 1 on the direct engine and write the run folder."""
+    """Run the configured FedSM mode on the direct engine and write the run folder."""
     exp = _open(cfg, "direct")
-    server = _server(cfg, exp.problem, exp.matroid)
+    run = _run(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.k, desc=f"fedsm {cfg.dataset} seed {cfg.seed}", leave=False)
+        bar = tqdm(desc=f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}", leave=False)
     t0 = time.perf_counter()
 
-    def on_round(rnd: FedSMRound, value: float) -> None:
-        s = len(server.selected)
-        row = {
-            "server-round": rnd.server_round,
-            "element": rnd.element,
-            "estimate": rnd.estimate,
-            "objective": value,
-            "users": rnd.users,
-            "d": rnd.d,
-            "user-values": rnd.user_values,
-            # protocol bytes with one user per node: S down (int64), d sparse entries up
-            "bytes-down": rnd.users * (s - 1) * 8,
-            "bytes-up": rnd.user_values * 12,
-            "wall-time": time.perf_counter() - t0,
-        }
+    def on_round(row: dict[str, Any]) -> None:
+        row["wall-time"] = time.perf_counter() - t0
         history.append(row)
         exp.writer.log_round(row)
         if bar is not None:
             bar.update(1)
 
-    selected = run_fedsm_direct(exp.problem.objective, server, on_round)
+    run_modes_direct(exp.problem.objective, run, on_round)
     if bar is not None:
         bar.close()
-    return finish_run(exp, selected, history)
+    return _finish(exp, run, history)
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

@@ -25,13 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
     "check_point",
+    "entry_gradients",
     "multilinear_gradient",
     "multilinear_value",
+    "sampled_entry_gradients",
     "sampled_gradient",
 ]
 
@@ -66,10 +69,15 @@ class _SortedRows:
     first: np.ndarray  # entry is the first of its row
     last: np.ndarray  # entry is the last of its row
     by_pos: list[np.ndarray]  # entry indices at position t of their row, t = 0, 1, …
+    order: np.ndarray | None = None  # sorted entry -> index into the CSR data
 
 
 def _sorted_rows(objective: MaxRowObjective, users: np.ndarray | None) -> _SortedRows:
     rows = objective.values if users is None else objective.values[np.asarray(users)]
+    return _sorted_csr(rows)
+
+
+def _sorted_csr(rows: sp.csr_matrix) -> _SortedRows:
     counts = np.diff(rows.indptr)
     row = np.repeat(np.arange(rows.shape[0]), counts)
     order = np.lexsort((rows.indices, -rows.data, row))
@@ -81,12 +89,16 @@ def _sorted_rows(objective: MaxRowObjective, users: np.ndarray | None) -> _Sorte
     by_pos_order = np.argsort(pos, kind="stable")
     bounds = np.cumsum(np.bincount(pos, minlength=1))[:-1] if pos.size else np.array([], int)
     by_pos = np.split(by_pos_order, bounds) if pos.size else []
-    return _SortedRows(row, col, val, first, last, by_pos)
+    return _SortedRows(row, col, val, first, last, by_pos, order)
 
 
 def _prefix_and_tail(sr: _SortedRows, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return P (probability no better element is in R) and T (expected best worse one)."""
-    xe = x[sr.col]
+    return _prefix_and_tail_xe(sr, x[sr.col])
+
+
+def _prefix_and_tail_xe(sr: _SortedRows, xe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`_prefix_and_tail`, with one inclusion probability per (sorted) entry."""
     q = 1.0 - xe
     prefix = np.ones(sr.val.size)
     for idx in sr.by_pos[1:]:  # position t ≥ 1: the previous entry of the row is idx − 1
@@ -207,3 +219,79 @@ def sampled_gradient(
         in_gain = np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
         total += np.bincount(rows.indices, weights=out_gain + in_gain, minlength=m)
     return total / samples
+
+
+def entry_gradients(
+    rows: sp.csr_matrix, xe: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return every row's exact partial derivatives, one per non-zero entry.
+
+    Each row is a user of a max-row objective whose own point gives entry ``k`` (in CSR
+    order) the inclusion probability ``xe[k]``; rows may thus sit at different points (the
+    amplification surrogate of FedSM evaluates one user at several points as several rows).
+
+    Parameters
+    ----------
+    rows : scipy.sparse.csr_matrix
+        Non-negative rows (users × elements).
+    xe : numpy.ndarray
+        Inclusion probability of each stored entry, aligned with ``rows.data``; in [0, 1].
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(row, col, weight)`` with weight = ∂ E[f_row(R)] / ∂x_col ≥ 0, grouped by row in
+        increasing order (values decreasing within a row).
+    """
+    xe = np.asarray(xe, dtype=np.float64)
+    if xe.shape != (rows.nnz,):
+        raise ValueError(f"xe has shape {xe.shape}, expected ({rows.nnz},)")
+    sr = _sorted_csr(sp.csr_matrix(rows))
+    if sr.val.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0)
+    prefix, tail = _prefix_and_tail_xe(sr, np.clip(xe[sr.order], 0.0, 1.0))
+    return sr.row, sr.col, prefix * np.maximum(sr.val - tail, 0.0)
+
+
+def sampled_entry_gradients(
+    rows: sp.csr_matrix, xe: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """Estimate each entry's partial derivative from sampled sets, row by row.
+
+    The set of sample ``s`` holds entry ``k`` when ``uniforms[k, s] < xe[k]``; the estimate
+    of ∂_j is the mean of f(R ∪ {j}) − f(R ∖ {j}) (unbiased, as :func:`sampled_gradient`),
+    but each row uses its own uniforms, so users can draw them from their own streams.
+
+    Parameters
+    ----------
+    rows : scipy.sparse.csr_matrix
+        Non-negative rows (users × elements), indices sorted.
+    xe : numpy.ndarray
+        Inclusion probability of each stored entry, aligned with ``rows.data``.
+    uniforms : numpy.ndarray
+        ``(nnz, samples)`` uniforms in [0, 1), aligned with ``rows.data``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 estimate per stored entry (CSR order).
+    """
+    nnz = rows.nnz
+    if uniforms.ndim != 2 or uniforms.shape[0] != nnz or uniforms.shape[1] < 1:
+        raise ValueError(f"uniforms must have shape ({nnz}, samples >= 1)")
+    n_rows = rows.shape[0]
+    row = np.repeat(np.arange(n_rows), np.diff(rows.indptr))
+    total = np.zeros(nnz)
+    for s in range(uniforms.shape[1]):
+        in_r = uniforms[:, s] < xe
+        data_in = np.where(in_r, rows.data, 0.0)
+        best = np.zeros(n_rows)
+        np.maximum.at(best, row, data_in)
+        out_gain = np.where(in_r, 0.0, np.maximum(rows.data - best[row], 0.0))
+        is_best = in_r & (data_in == best[row]) & (data_in > 0)
+        n_best = np.bincount(row[is_best], minlength=n_rows)
+        second = np.zeros(n_rows)
+        np.maximum.at(second, row, np.where(is_best, 0.0, data_in))
+        total += out_gain + np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
+    return total / uniforms.shape[1]

@@ -1,0 +1,272 @@
+"""The round protocol shared by MaxFL and its baselines, written once for both engines.
+
+:func:`run_protocol` runs the rounds; how a request reaches the clients is a
+:class:`Transport`: the direct engine calls the clients in-process
+(:mod:`flower_app.runners.maxfl`), the Flower strategy sends messages over the grid
+(:class:`flower_app.strategies.maxfl.AppealStrategy`). The server state and its step per
+algorithm are :class:`AppealServer`. No Flower import.
+
+One round t = 1..T:
+
+1. with flexible participation and t > ``mandatory_rounds``, every seen client says whether
+   the current model appeals to it (F_k(w) < ρ_k); the pool is those that do, else all
+   seen clients;
+2. the server samples min(K, |pool|) clients from the pool (its own generator);
+3. the sampled clients train; the server steps (no step if none trained);
+4. every ``eval_every`` rounds, and at round 0 and T, all clients (seen and unseen) are
+   evaluated; at T also after local tuning (Table 3) if asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from flower_app.algorithms.fl_baselines import (
+    fedavg_update,
+    qffl_update,
+    scaffold_control_update,
+)
+from flower_app.algorithms.learning import ALGORITHMS
+from flower_app.algorithms.maxfl import adaptive_server_lr, maxfl_update
+from flower_app.algorithms.participation import ParticipationSampler
+
+__all__ = [
+    "AppealServer",
+    "TrainOutcome",
+    "Transport",
+    "run_protocol",
+    "summarise_metrics",
+]
+
+
+@dataclass
+class TrainOutcome:
+    """What the clients of one round sent, summed over the valid replies.
+
+    Attributes
+    ----------
+    sums : list of numpy.ndarray or None
+        Sum of the clients' arrays (None if no valid reply).
+    users : int
+        Clients whose arrays are in the sums.
+    q : list of float
+        Their MaxFL weights.
+    losses : list of float
+        Their reported losses F_k(w).
+    h_sum : float
+        Σ h_k (q-FFL).
+    bad_replies : int
+        Replies left out (errors, invalid content, timeouts).
+    info : dict
+        Transport extras recorded in the round's row (e.g. bytes).
+    """
+
+    sums: list[np.ndarray] | None
+    users: int
+    q: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    h_sum: float = 0.0
+    bad_replies: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Transport(Protocol):
+    """How the protocol reaches the clients."""
+
+    def train(
+        self, server_round: int, users: np.ndarray, payload: list[np.ndarray]
+    ) -> TrainOutcome:
+        """Have ``users`` train from ``payload``; return the summed replies."""
+        ...
+
+    def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+        """Return the ids among ``users`` to which ``weights`` appeals."""
+        ...
+
+    def evaluate(
+        self, server_round: int, weights: list[np.ndarray], tuned: bool
+    ) -> dict[str, float]:
+        """Return the metric sums over all clients (see LearningClient.evaluate)."""
+        ...
+
+
+@dataclass
+class AppealServer:
+    """Server state and step of MaxFL or a baseline.
+
+    Parameters
+    ----------
+    algorithm : str
+        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl`` or ``scaffold``.
+    weights : list of numpy.ndarray
+        The initial global model w⁽⁰⁾ (float32).
+    n_seen : int
+        Seen clients (SCAFFOLD's N).
+    server_lr : float, optional
+        η_g (default 1.0; unused by q-FFL, whose step is Σ Δ_k / Σ h_k).
+    eps : float, optional
+        MaxFL's ε > 0 (default 1e-3).
+    """
+
+    algorithm: str
+    weights: list[np.ndarray]
+    n_seen: int
+    server_lr: float = 1.0
+    eps: float = 1e-3
+    control: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm {self.algorithm!r} is not one of {ALGORITHMS}")
+        if self.algorithm == "maxfl":
+            adaptive_server_lr(0.0, self.server_lr, self.eps)  # raises on ε ≤ 0 or η_g ≤ 0
+        self.weights = [np.asarray(w, np.float32) for w in self.weights]
+        if self.algorithm == "scaffold" and self.control is None:
+            self.control = [np.zeros_like(w) for w in self.weights]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the arrays a node must send back."""
+        shapes = [w.shape for w in self.weights]
+        return shapes * 2 if self.algorithm == "scaffold" else shapes
+
+    def payload(self) -> list[np.ndarray]:
+        """Return what the sampled clients receive: w (and c for SCAFFOLD)."""
+        return list(self.weights) + (list(self.control) if self.control is not None else [])
+
+    def step(self, outcome: TrainOutcome) -> dict[str, float]:
+        """Apply the algorithm's server step to the round's summed replies.
+
+        Parameters
+        ----------
+        outcome : TrainOutcome
+            The valid replies, summed.
+
+        Returns
+        -------
+        dict
+            ``server-step``: the step size applied to the summed arrays (0 if no step).
+        """
+        if outcome.sums is None or outcome.users == 0:
+            return {"server-step": 0.0}
+        n = len(self.weights)
+        if self.algorithm == "maxfl":
+            q_sum = float(np.sum(outcome.q))
+            self.weights = maxfl_update(self.weights, outcome.sums, q_sum, self.server_lr, self.eps)
+            return {"server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps)}
+        if self.algorithm == "qffl":
+            self.weights = qffl_update(self.weights, outcome.sums, outcome.h_sum)
+            return {"server-step": 1.0 / outcome.h_sum}
+        self.weights = fedavg_update(self.weights, outcome.sums[:n], outcome.users, self.server_lr)
+        if self.algorithm == "scaffold":
+            assert self.control is not None
+            self.control = scaffold_control_update(self.control, outcome.sums[n:], self.n_seen)
+        return {"server-step": self.server_lr / outcome.users}
+
+
+def summarise_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Turn per-group metric sums into means: ``seen-gm-appeal``, ``unseen-acc``, ...
+
+    Parameters
+    ----------
+    sums : dict
+        Keys ``<group>-count`` and ``<group>-<metric>`` summed over clients.
+
+    Returns
+    -------
+    dict
+        ``<group>-gm-appeal`` (from ``appeal``), ``<group>-<metric>`` means otherwise.
+    """
+    out: dict[str, float] = {}
+    for g in ("seen", "unseen"):
+        count = sums.get(f"{g}-count", 0.0)
+        if count <= 0:
+            continue
+        for key, value in sums.items():
+            if not key.startswith(g + "-") or key == f"{g}-count":
+                continue
+            name = key[len(g) + 1 :]
+            name = {"appeal": "gm-appeal", "tuned-appeal": "tuned-gm-appeal"}.get(name, name)
+            out[f"{g}-{name}"] = float(value) / count
+    return out
+
+
+def run_protocol(
+    server: AppealServer,
+    sampler: ParticipationSampler,
+    transport: Transport,
+    num_rounds: int,
+    eval_every: int = 10,
+    tuned_final: bool = True,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``num_rounds`` rounds; return one row per round (round 0 = initial evaluation).
+
+    Parameters
+    ----------
+    server : AppealServer
+        Server state (updated in place).
+    sampler : ParticipationSampler
+        Draws the clients (flexible participation lives here).
+    transport : Transport
+        Reaches the clients.
+    num_rounds : int
+        T.
+    eval_every : int, optional
+        Evaluate all clients every this many rounds (default 10; also rounds 0 and T).
+    tuned_final : bool, optional
+        Also evaluate locally-tuned models at round T (default True).
+    on_round : callable, optional
+        Receives each row as soon as the round ends.
+
+    Returns
+    -------
+    list of dict
+        The rows.
+    """
+    if num_rounds < 1 or eval_every < 1:
+        raise ValueError("num_rounds and eval_every must be >= 1")
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def emit(row: dict[str, Any]) -> None:
+        row["wall-time"] = time.perf_counter() - t0
+        rows.append(row)
+        if on_round is not None:
+            on_round(row)
+
+    seen = np.arange(server.n_seen)
+    emit({"server-round": 0, **summarise_metrics(transport.evaluate(0, server.weights, False))})
+    for t in range(1, num_rounds + 1):
+        r0 = time.perf_counter()
+        pool = transport.appeal(t, seen, server.weights) if sampler.needs_pool(t) else None
+        users = sampler.sample(pool)
+        row: dict[str, Any] = {
+            "server-round": t,
+            "pool-size": int(server.n_seen if pool is None else len(pool)),
+            "sampled": int(users.size),
+        }
+        outcome = TrainOutcome(None, 0)
+        if users.size:
+            outcome = transport.train(t, users, server.payload())
+        row.update(server.step(outcome))
+        row.update(
+            {
+                "users": outcome.users,
+                "bad-replies": outcome.bad_replies,
+                "q-mean": float(np.mean(outcome.q)) if outcome.q else 0.0,
+                "train-loss": float(np.mean(outcome.losses)) if outcome.losses else None,
+                **outcome.info,
+            }
+        )
+        if t % eval_every == 0 or t == num_rounds:
+            tuned = tuned_final and t == num_rounds
+            row.update(summarise_metrics(transport.evaluate(t, server.weights, tuned)))
+        row["round-time"] = time.perf_counter() - r0
+        emit(row)
+    return rows

@@ -1,0 +1,482 @@
+"""Client-side computations of MaxFL and its baselines: local SGD, losses, solo models.
+
+No Flower import: the NumPyClient (:mod:`flower_app.clients.learning`) calls these for the
+Flower engine, and the direct engine calls the same client in-process.
+
+Randomness: client k's draws in round t (mini-batches and dropout masks) come from
+``numpy.random.default_rng([seed, t, k, purpose])`` (DESIGN principle 4); the solo model of
+the warm-up uses round 0, purpose :data:`SOLO`. Torch runs on one thread inside these
+functions, so results do not depend on the process's thread count.
+
+Choices where the paper is silent (also in the README):
+
+* a mini-batch is b examples drawn without replacement anew at every step (all examples if
+  the client has fewer than b);
+* the solo model ŵ_k starts from the same initial model w⁽⁰⁾ as federated training
+  (``init_weights(seed)``) and runs ``solo_steps`` (100) local SGD steps with the same
+  learning rate and batch size;
+* ``requirement="train"``: ρ_k = F_k(ŵ_k) and the gaps F_k(w) − ρ_k (for q_k and for
+  opting in) use the client's training split (Section 3); ``"heldout"``: both use the
+  client's held-out split, i.e. the estimate of the true loss f_k of Definition 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from flower_app.algorithms.fl_baselines import qffl_delta_h
+from flower_app.algorithms.maxfl import aggregation_weight
+from flower_app.datasets.federated import ClientData
+from flower_app.models.mlp import MLP
+
+__all__ = [
+    "ALGORITHMS",
+    "SOLO",
+    "TRAIN",
+    "TUNE",
+    "LocalConfig",
+    "SoloResult",
+    "UserResult",
+    "evaluate",
+    "local_sgd",
+    "make_model",
+    "single_thread",
+    "solo_requirement",
+    "train_user",
+    "tuned_eval",
+    "user_rng",
+]
+
+TRAIN, SOLO, TUNE, BYZANTINE = 0, 1, 2, 3
+ALGORITHMS = ("maxfl", "fedavg", "fedprox", "qffl", "scaffold")
+REQUIREMENTS = ("train", "heldout")
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """Hyperparameters of the clients' computation.
+
+    Attributes
+    ----------
+    lr : float
+        Local learning rate η_l.
+    batch_size : int
+        Mini-batch size b.
+    local_steps : int
+        Local SGD steps τ per round.
+    dropout : float
+        Dropout rate of the MLP.
+    solo_steps : int
+        SGD steps of the solo model ŵ_k that defines ρ_k.
+    tune_steps : int
+        Local steps of the locally-tuned evaluation (Table 3: 5).
+    requirement : str
+        ``"train"`` or ``"heldout"``: the split of ρ_k and of the gaps.
+    prox_mu : float
+        FedProx μ.
+    qffl_q : float
+        q of q-FFL.
+    byzantine_loss : float
+        What a Byzantine client adds to its reported loss.
+    byzantine_noise : float
+        Standard deviation of the Gaussian noise a Byzantine client adds to Δw.
+    """
+
+    lr: float = 0.05
+    batch_size: int = 64
+    local_steps: int = 10
+    dropout: float = 0.2
+    solo_steps: int = 100
+    tune_steps: int = 5
+    requirement: str = "train"
+    prox_mu: float = 0.01
+    qffl_q: float = 1.0
+    byzantine_loss: float = 10.0
+    byzantine_noise: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.requirement not in REQUIREMENTS:
+            raise ValueError(f"requirement must be one of {REQUIREMENTS}")
+        if self.lr <= 0 or self.batch_size < 1 or self.local_steps < 1:
+            raise ValueError("lr must be > 0, batch_size and local_steps >= 1")
+        if self.solo_steps < 0 or self.tune_steps < 0:
+            raise ValueError("solo_steps and tune_steps must be >= 0")
+
+
+def user_rng(seed: int, server_round: int, user: int, purpose: int = TRAIN) -> np.random.Generator:
+    """Return client ``user``'s stream for ``server_round`` and ``purpose`` (principle 4)."""
+    return np.random.default_rng([int(seed), int(server_round), int(user), int(purpose)])
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run torch on one thread inside the block (reproducible sums, no oversubscription)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def make_model(weights: Sequence[np.ndarray], n_classes: int, dropout: float) -> MLP:
+    """Return an :class:`MLP` holding ``weights``."""
+    model = MLP(n_in=int(np.shape(weights[0])[1]), n_classes=n_classes, dropout=dropout)
+    model.set_weights(weights)
+    return model
+
+
+def evaluate(model: MLP, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Return (mean cross-entropy, accuracy) of ``model`` on (x, y), without dropout.
+
+    Parameters
+    ----------
+    model : MLP
+        The model.
+    x : numpy.ndarray
+        float32 (n, 784) inputs.
+    y : numpy.ndarray
+        int64 (n,) labels.
+
+    Returns
+    -------
+    tuple of float
+        Loss and accuracy (both 0.0 for no examples is an error).
+    """
+    if len(y) == 0:
+        raise ValueError("cannot evaluate on zero examples")
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        target = torch.from_numpy(y)
+        loss = F.cross_entropy(logits, target, reduction="sum").item() / len(y)
+        acc = (logits.argmax(dim=1) == target).double().mean().item()
+    return float(loss), float(acc)
+
+
+def local_sgd(
+    model: MLP,
+    x: np.ndarray,
+    y: np.ndarray,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    rng: np.random.Generator,
+    prox_mu: float = 0.0,
+    correction: Sequence[torch.Tensor] | None = None,
+) -> None:
+    """Run ``steps`` mini-batch SGD steps on ``model`` in place.
+
+    Parameters
+    ----------
+    model : MLP
+        Trained in place.
+    x, y : numpy.ndarray
+        The client's training data.
+    steps : int
+        Number of steps.
+    lr : float
+        Learning rate.
+    batch_size : int
+        b; min(b, n) examples without replacement each step.
+    rng : numpy.random.Generator
+        Draws the batches and seeds the dropout generator.
+    prox_mu : float, optional
+        FedProx: adds (μ/2)‖w − w_start‖² to the loss.
+    correction : sequence of torch.Tensor, optional
+        SCAFFOLD: added to every gradient (c − c_k).
+    """
+    n = len(y)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    params = list(model.parameters())
+    anchor = [p.detach().clone() for p in params] if prox_mu > 0 else None
+    model.train()
+    for _ in range(steps):
+        idx = torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
+        loss = F.cross_entropy(model(xt[idx], generator=gen), yt[idx])
+        if anchor is not None:
+            loss = loss + 0.5 * prox_mu * sum(
+                torch.sum((p - a) ** 2) for p, a in zip(params, anchor, strict=True)
+            )
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+                if correction is not None:
+                    g = g + correction[i]
+                p.sub_(lr * g)
+
+
+@dataclass(frozen=True)
+class SoloResult:
+    """What a client keeps from its solo model ŵ_k.
+
+    Attributes
+    ----------
+    rho_train : float
+        F_k(ŵ_k) on the training split.
+    rho_heldout : float
+        Loss of ŵ_k on the held-out split (estimate of f_k(ŵ_k)).
+    acc_heldout : float
+        Held-out accuracy of ŵ_k (for the preferred-model accuracy).
+    """
+
+    rho_train: float
+    rho_heldout: float
+    acc_heldout: float
+
+    def rho(self, requirement: str) -> float:
+        """Return ρ_k for ``requirement`` (``"train"`` or ``"heldout"``)."""
+        return self.rho_train if requirement == "train" else self.rho_heldout
+
+    def to_list(self) -> list[float]:
+        """Return ``[rho_train, rho_heldout, acc_heldout]``."""
+        return [self.rho_train, self.rho_heldout, self.acc_heldout]
+
+
+def solo_requirement(
+    init: Sequence[np.ndarray],
+    data: ClientData,
+    n_classes: int,
+    cfg: LocalConfig,
+    seed: int,
+    user: int,
+) -> SoloResult:
+    """Train client ``user``'s solo model ŵ_k and return its losses (ρ_k) and accuracy.
+
+    Parameters
+    ----------
+    init : sequence of numpy.ndarray
+        w⁽⁰⁾, the initial global model.
+    data : ClientData
+        The client's data.
+    n_classes : int
+        Number of classes.
+    cfg : LocalConfig
+        ``solo_steps``, ``lr``, ``batch_size``, ``dropout``.
+    seed : int
+        Run seed.
+    user : int
+        Client id.
+
+    Returns
+    -------
+    SoloResult
+        ρ on both splits and the held-out accuracy.
+    """
+    with single_thread():
+        model = make_model(init, n_classes, cfg.dropout)
+        local_sgd(
+            model,
+            data.x_train,
+            data.y_train,
+            cfg.solo_steps,
+            cfg.lr,
+            cfg.batch_size,
+            user_rng(seed, 0, user, SOLO),
+        )
+        rho_train, _ = evaluate(model, data.x_train, data.y_train)
+        rho_heldout, acc = evaluate(model, data.x_test, data.y_test)
+    return SoloResult(rho_train, rho_heldout, acc)
+
+
+@dataclass
+class UserResult:
+    """One client's contribution to a round.
+
+    Attributes
+    ----------
+    loss : float
+        F_k(w) at the received model on the requirement split (as reported).
+    train_loss : float
+        F_k(w) on the training split (q-FFL uses it).
+    q : float
+        MaxFL aggregation weight (0 for other algorithms).
+    h : float
+        q-FFL h_k (0 for other algorithms).
+    arrays : list of numpy.ndarray
+        float64 arrays this client adds to the node's sum: q_k Δw_k (MaxFL), Δw_k
+        (FedAvg, FedProx), Δ_k (q-FFL), Δw_k then Δc_k (SCAFFOLD).
+    new_control : list of numpy.ndarray, optional
+        SCAFFOLD: the client's new control variate c_k⁺.
+    """
+
+    loss: float
+    train_loss: float
+    q: float = 0.0
+    h: float = 0.0
+    arrays: list[np.ndarray] = field(default_factory=list)
+    new_control: list[np.ndarray] | None = None
+
+
+def train_user(
+    algorithm: str,
+    weights: Sequence[np.ndarray],
+    data: ClientData,
+    n_classes: int,
+    cfg: LocalConfig,
+    seed: int,
+    server_round: int,
+    user: int,
+    solo: SoloResult | None,
+    byzantine: bool = False,
+    control: Sequence[np.ndarray] | None = None,
+    client_control: Sequence[np.ndarray] | None = None,
+) -> UserResult:
+    """Run one client's round of ``algorithm`` from the global model ``weights``.
+
+    Parameters
+    ----------
+    algorithm : str
+        One of :data:`ALGORITHMS`.
+    weights : sequence of numpy.ndarray
+        The received global model w.
+    data : ClientData
+        The client's data.
+    n_classes : int
+        Number of classes.
+    cfg : LocalConfig
+        Hyperparameters.
+    seed : int
+        Run seed.
+    server_round : int
+        Round t (≥ 1).
+    user : int
+        Client id.
+    solo : SoloResult or None
+        The client's solo results (ρ_k); required by MaxFL.
+    byzantine : bool, optional
+        Report a loss inflated by ``cfg.byzantine_loss`` and add Gaussian noise of standard
+        deviation ``cfg.byzantine_noise`` to Δw (Table 4).
+    control : sequence of numpy.ndarray, optional
+        SCAFFOLD server control variate c.
+    client_control : sequence of numpy.ndarray, optional
+        SCAFFOLD client control variate c_k (zeros if None).
+
+    Returns
+    -------
+    UserResult
+        The client's loss, weight and arrays.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not known; choose one of {ALGORITHMS}")
+    if algorithm == "maxfl" and solo is None:
+        raise ValueError(f"client {user}: ρ_k is missing (no solo model result)")
+    rng = user_rng(seed, server_round, user, TRAIN)
+    with single_thread():
+        model = make_model(weights, n_classes, cfg.dropout)
+        train_loss, _ = evaluate(model, data.x_train, data.y_train)
+        if cfg.requirement == "train":
+            loss = train_loss
+        else:
+            loss, _ = evaluate(model, data.x_test, data.y_test)
+        if byzantine:
+            loss += cfg.byzantine_loss
+            train_loss += cfg.byzantine_loss
+        correction = None
+        if algorithm == "scaffold":
+            if control is None:
+                raise ValueError("SCAFFOLD needs the server control variate")
+            ck = (
+                client_control
+                if client_control is not None
+                else [np.zeros_like(c) for c in control]
+            )
+            correction = [
+                torch.from_numpy(np.asarray(c, np.float32) - np.asarray(k, np.float32))
+                for c, k in zip(control, ck, strict=True)
+            ]
+        local_sgd(
+            model,
+            data.x_train,
+            data.y_train,
+            cfg.local_steps,
+            cfg.lr,
+            cfg.batch_size,
+            rng,
+            prox_mu=cfg.prox_mu if algorithm == "fedprox" else 0.0,
+            correction=correction,
+        )
+        new = model.get_weights()
+    delta = [
+        np.asarray(w, np.float64) - np.asarray(v, np.float64)
+        for w, v in zip(weights, new, strict=True)
+    ]
+    if byzantine:
+        noise_rng = user_rng(seed, server_round, user, BYZANTINE)
+        delta = [d + noise_rng.normal(0.0, cfg.byzantine_noise, size=d.shape) for d in delta]
+    result = UserResult(loss=float(loss), train_loss=float(train_loss))
+    if algorithm == "maxfl":
+        assert solo is not None
+        result.q = float(aggregation_weight(loss, solo.rho(cfg.requirement)))
+        result.arrays = [result.q * d for d in delta]
+    elif algorithm in ("fedavg", "fedprox"):
+        result.arrays = delta
+    elif algorithm == "qffl":
+        delta_k, h = qffl_delta_h(delta, train_loss, cfg.qffl_q, 1.0 / cfg.lr)
+        result.arrays, result.h = delta_k, h
+    else:  # scaffold, option II: c_k+ = c_k − c + (w − w_k)/(τ η_l)
+        assert control is not None
+        ck = client_control if client_control is not None else [np.zeros_like(c) for c in control]
+        scale = 1.0 / (cfg.local_steps * cfg.lr)
+        new_ck = [
+            np.asarray(k, np.float64) - np.asarray(c, np.float64) + scale * d
+            for k, c, d in zip(ck, control, delta, strict=True)
+        ]
+        dc = [np.asarray(k, np.float64) - n for k, n in zip(ck, new_ck, strict=True)]
+        result.arrays = delta + dc
+        result.new_control = [c.astype(np.float32) for c in new_ck]
+    return result
+
+
+def tuned_eval(
+    weights: Sequence[np.ndarray],
+    data: ClientData,
+    n_classes: int,
+    cfg: LocalConfig,
+    seed: int,
+    server_round: int,
+    user: int,
+) -> tuple[float, float]:
+    """Return held-out (loss, accuracy) after ``cfg.tune_steps`` local steps from ``weights``.
+
+    Parameters
+    ----------
+    weights : sequence of numpy.ndarray
+        The global model.
+    data : ClientData
+        The client's data.
+    n_classes : int
+        Number of classes.
+    cfg : LocalConfig
+        ``tune_steps``, ``lr``, ``batch_size``, ``dropout``.
+    seed : int
+        Run seed.
+    server_round : int
+        The evaluated round (seeds the stream, purpose :data:`TUNE`).
+    user : int
+        Client id.
+
+    Returns
+    -------
+    tuple of float
+        Loss and accuracy of the locally-tuned model on the held-out split.
+    """
+    with single_thread():
+        model = make_model(weights, n_classes, cfg.dropout)
+        local_sgd(
+            model,
+            data.x_train,
+            data.y_train,
+            cfg.tune_steps,
+            cfg.lr,
+            cfg.batch_size,
+            user_rng(seed, server_round, user, TUNE),
+        )
+        return evaluate(model, data.x_test, data.y_test)

@@ -1,0 +1,324 @@
+"""Runner of FedCG (Alg. 1), FedCG+ (Alg. 2) and the federated discrete greedy (Algs. 3-5).
+
+Algorithm names: ``fedcg``, ``fedcg-plus``, ``fed-discrete-greedy``. Their own run_config
+keys (defaults in :mod:`flower_app.registry` and ``pyproject.toml``):
+
+``fedcg-rounds`` (int, 100)
+    communication rounds T (FedCG+ takes its own T, e.g. 20 for τ = 5 and 100 steps).
+``fedcg-eta`` (float, 0.0)
+    server step η; 0 means 1/T.
+``fedcg-local-steps`` (int, 5)
+    τ of FedCG+ (FedCG always uses 1).
+``fedcg-gradient`` (str, "exact")
+    ``"exact"`` closed-form gradients or ``"sampled"`` (Appendix C.3 estimator).
+``fedcg-gradient-samples`` (int, 10)
+    sets R per estimate with ``"sampled"``.
+``fedcg-rounding`` (str, "greedy")
+    ``"greedy"`` (top of x while independent, as the authors' scripts) or ``"pipage"``.
+``fedcg-fill-base`` (bool, true)
+    complete each user's LMO answer to a base with random zero-gradient elements.
+``fedcg-client-weights`` (str, "uniform")
+    p_i: ``"uniform"`` (1/N) or ``"data-size"`` (∝ the user's non-zero entries).
+``dgreedy-kappa`` (float, 50.0)
+    κ of Alg. 3 (κ_i = min(1, κ w_i)).
+
+The common key ``clients-per-round`` is K (draws with replacement per round); the float
+1.0 means full participation.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.client import NumPyClient
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flower_app.algorithms.discrete_greedy import (
+    DiscreteGreedyRound,
+    DiscreteGreedyServer,
+    run_discrete_greedy_direct,
+)
+from flower_app.algorithms.fedcg import (
+    GRADIENTS,
+    ROUNDINGS,
+    FedCGRound,
+    FedCGServer,
+    LocalSteps,
+    UserEntries,
+    round_point,
+    run_fedcg_direct,
+)
+from flower_app.clients.continuous import ContinuousClient
+from flower_app.config import AppConfig, ConfigError
+from flower_app.experiment import Experiment, finish_run, open_run, partition_of
+from flower_app.experiment import summary_line as _base_summary_line
+from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
+from flower_app.strategies.fedcg import FedCGStrategy, FedDiscreteGreedyStrategy
+from flower_app.submodular.matroids import Matroid
+from flower_app.submodular.multilinear import multilinear_value
+
+__all__ = ["direct_run", "make_client", "server_run", "summary_line"]
+
+CLIENT_WEIGHTS = ("uniform", "data-size")
+
+
+def _int(cfg: AppConfig, key: str, minimum: int) -> int:
+    value = cfg.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected an integer >= {minimum}")
+    return value
+
+
+def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
+    value = str(cfg.get(key))
+    if value not in options:
+        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {', '.join(options)}")
+    return value
+
+
+def _positive_float(cfg: AppConfig, key: str, allow_zero: bool = False) -> float:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected a number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(
+            f"run_config '{key}' = {value!r}: must be positive"
+            + (" (0 selects the default 1/T)" if allow_zero else "")
+        )
+    return float(value)
+
+
+def local_steps(cfg: AppConfig) -> LocalSteps:
+    """Return the users' computation configured for ``cfg.algorithm``."""
+    fill = cfg.get("fedcg-fill-base")
+    if not isinstance(fill, bool):
+        raise ConfigError(f"run_config 'fedcg-fill-base' = {fill!r}: expected true or false")
+    return LocalSteps(
+        steps=_int(cfg, "fedcg-local-steps", 1) if cfg.algorithm == "fedcg-plus" else 1,
+        gradient=_choice(cfg, "fedcg-gradient", GRADIENTS),
+        samples=_int(cfg, "fedcg-gradient-samples", 1),
+        fill_base=fill,
+    )
+
+
+def client_weights(cfg: AppConfig, problem: SubmodularProblem) -> np.ndarray | None:
+    """Return p_i (None = uniform)."""
+    if _choice(cfg, "fedcg-client-weights", CLIENT_WEIGHTS) == "uniform":
+        return None
+    sizes = np.diff(problem.objective.values.indptr).astype(np.float64)
+    if sizes.sum() <= 0:
+        raise ConfigError("fedcg-client-weights = 'data-size' needs at least one non-zero entry")
+    return sizes / sizes.sum()
+
+
+def fedcg_server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> FedCGServer:
+    """Build (and so validate) the FedCG / FedCG+ server state of a configuration."""
+    try:
+        return FedCGServer(
+            problem.n_users,
+            matroid,
+            _int(cfg, "fedcg-rounds", 1),
+            _positive_float(cfg, "fedcg-eta", allow_zero=True),
+            local_steps(cfg),
+            cfg.clients_per_round,
+            client_weights(cfg, problem),
+            seed=cfg.seed,
+            rounding=_choice(cfg, "fedcg-rounding", ROUNDINGS),
+        )
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{cfg.algorithm}: {err}") from err
+
+
+def discrete_server(
+    cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid
+) -> DiscreteGreedyServer:
+    """Build (and so validate) the discrete-greedy server state of a configuration."""
+    return DiscreteGreedyServer(
+        problem.n_users, matroid, cfg.k, _positive_float(cfg, "dgreedy-kappa"), seed=cfg.seed
+    )
+
+
+def _server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> Any:
+    if cfg.algorithm == "fed-discrete-greedy":
+        return discrete_server(cfg, problem, matroid)
+    return fedcg_server(cfg, problem, matroid)
+
+
+def _open(cfg: AppConfig, engine: str) -> Experiment:
+    return open_run(cfg, engine, check=lambda p, m: _server(cfg, p, m))
+
+
+def _multilinear(exp: Experiment) -> Any:
+    n = max(exp.problem.n_users, 1)
+    return lambda x: multilinear_value(exp.problem.objective, x) / n
+
+
+def _finish(exp: Experiment, selected: list[int], history: list[dict], extra: dict) -> dict:
+    summary = finish_run(exp, selected, history)
+    summary.update(extra)
+    exp.writer.write_summary(summary)
+    return summary
+
+
+def _continuous_extra(server: FedCGServer, exp: Experiment) -> dict[str, Any]:
+    # both oblivious roundings of the same x, for the comparison (own stream, so the
+    # configured rounding's result is untouched)
+    by_rounding = {
+        rounding: exp.problem.objective.mean_value(
+            round_point(server.x, server.matroid, rounding, np.random.default_rng([server.seed, 1]))
+        )
+        for rounding in ROUNDINGS
+    }
+    return {
+        "multilinear": _multilinear(exp)(server.x),
+        "objective-pipage": by_rounding["pipage"],
+        "objective-greedy-rounding": by_rounding["greedy"],
+        "x-mass": float(server.x.sum()),
+        "x-support": int(np.count_nonzero(server.x > 1e-12)),
+        "eta": server.eta,
+        "local-steps": server.local.steps,
+        "rounding": server.rounding,
+        "full-participation": bool(server.full),
+        "draws-per-round": server.K,
+    }
+
+
+def _discrete_extra(server: DiscreteGreedyServer) -> dict[str, Any]:
+    counts = [r.participants for r in server.rounds]
+    return {
+        "kappa": server.kappa,
+        "expected-participants": server.expected,
+        "mean-participants": float(np.mean(counts)) if counts else 0.0,
+        "participants-by-round": counts,
+    }
+
+
+def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
+    """Run the configured strategy over the grid and write the run folder."""
+    exp = _open(cfg, "flower")
+    log(20, "run folder: %s", exp.writer.folder)
+    server = _server(cfg, exp.problem, exp.matroid)
+    if isinstance(server, DiscreteGreedyServer):
+        strategy = FedDiscreteGreedyStrategy(
+            server,
+            objective_fn=exp.problem.objective.mean_value,
+            on_round=exp.writer.log_round,
+            round_timeout=cfg.round_timeout,
+            discovery_timeout=cfg.discovery_timeout,
+        )
+        strategy.start(grid=grid)
+        extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
+        return _finish(exp, list(server.selected), strategy.history, extra)
+    fedcg = FedCGStrategy(
+        server,
+        exp.problem.n_users,
+        objective_fn=_multilinear(exp),
+        on_round=exp.writer.log_round,
+        round_timeout=cfg.round_timeout,
+        discovery_timeout=cfg.discovery_timeout,
+        evaluate_every=10,
+    )
+    fedcg.start(grid=grid)
+    return _finish(exp, fedcg.selected, fedcg.history, _continuous_extra(server, exp))
+
+
+def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
+    """Run the configured algorithm on the direct engine and write the run folder."""
+    exp = _open(cfg, "direct")
+    server = _server(cfg, exp.problem, exp.matroid)
+    history: list[dict[str, Any]] = []
+    total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}", leave=False)
+    t0 = time.perf_counter()
+    value = _multilinear(exp)
+
+    def log_row(row: dict[str, Any]) -> None:
+        row["wall-time"] = time.perf_counter() - t0
+        history.append(row)
+        exp.writer.log_round(row)
+        if bar is not None:
+            bar.update(1)
+
+    def on_continuous(rnd: FedCGRound, x: np.ndarray) -> None:
+        log_row(
+            {
+                "server-round": rnd.server_round,
+                "users": rnd.users,
+                "draws": rnd.draws,
+                "weight": rnd.weight,
+                "ids-sent": rnd.ids_sent,
+                "step-mass": rnd.step_norm,
+                # F̂(x) costs a sort of all entries: every 10th round and the last one
+                **(
+                    {"multilinear": value(x)}
+                    if rnd.server_round % 10 == 0 or rnd.server_round == server.rounds
+                    else {}
+                ),
+            }
+        )
+
+    def on_discrete(rnd: DiscreteGreedyRound, objective: float) -> None:
+        log_row(
+            {
+                "server-round": rnd.server_round,
+                "element": rnd.element,
+                "estimate": rnd.estimate,
+                "objective": objective,
+                "participants": rnd.participants,
+                "users": rnd.participants,
+                "expected-participants": rnd.expected,
+            }
+        )
+
+    if isinstance(server, DiscreteGreedyServer):
+        selected = run_discrete_greedy_direct(exp.problem.objective, server, on_discrete)
+        extra = _discrete_extra(server)
+    else:
+        selected = run_fedcg_direct(exp.problem.objective, server, on_continuous)
+        extra = _continuous_extra(server, exp)
+    if bar is not None:
+        bar.close()
+    return _finish(exp, selected, history, extra)
+
+
+@lru_cache(maxsize=64)
+def _cohort(cfg: AppConfig, partition_id: int, num_partitions: int) -> tuple:
+    problem = load_problem(cfg)
+    objective, first = cohort_objective(problem, partition_id, num_partitions)
+    cache: dict[bytes, UserEntries] = {}
+    return objective, first, problem.n_users, build_matroid(cfg, problem), cache
+
+
+def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
+    """Return the node's ContinuousClient (its cohort; its state is ``context.state``)."""
+    pid, parts = partition_of(context)
+    objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
+    return ContinuousClient(
+        objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache
+    )
+
+
+def summary_line(summary: dict) -> str:
+    """Return the one-line result printed at the end of a run."""
+    line = _base_summary_line(summary)
+    if "mean-participants" in summary:
+        line += (
+            f"; participants/round {summary['mean-participants']:.1f} "
+            f"(expected {summary['expected-participants']:.1f})"
+        )
+    elif "multilinear" in summary:
+        line += f"; F^(x) = {summary['multilinear']:.6g} ({summary['rounding']} rounding)"
+    return line

@@ -1,0 +1,289 @@
+"""Runner of FedSubAvg and its baselines: ServerApp side, ClientApp side and direct engine.
+
+Algorithms (``algorithm`` run_config key): ``fedsubavg``, ``fedavg-sub``, ``fedprox-sub``,
+``fedadam-sub``, ``scaffold-sub`` (federated, :mod:`flower_app.strategies.fedsubavg`) and
+``central-sgd`` (the pooled-data reference; under Flower it runs inside the ServerApp and
+sends no messages). Datasets: ``movielens-rating`` (real MovieLens-1M under ``data-dir``)
+and ``synthetic-movielens-rating`` (``num-users`` users, ``num-elements`` movies; 0 = the
+MovieLens-1M sizes).
+
+Common keys used: ``seed``, ``data-seed`` (train/test split, train-loss sample, synthetic
+tables), ``clients-per-round`` (K: an int count, e.g. 50 as in the paper, or a fraction of
+N), ``num-users``, ``num-elements``, ``round-timeout``, ``discovery-timeout``.
+Family keys (defaults in :data:`flower_app.registry.FEDSUBAVG_CONFIG`):
+
+====================  =========  ============================================================
+``fsa-rounds``        200        communication rounds R
+``fsa-local-iters``   10         local SGD iterations I (CentralSGD: steps per round)
+``fsa-batch-size``    5          batch B (CentralSGD: K·B)
+``fsa-lr``            0.1        learning rate γ (Table 4; FedAdam's η_l)
+``fsa-weighting``     clients    ``clients`` = Algorithm 1 (N/n_m, plain means);
+                                 ``samples`` = App. D.4 (Σw/W_m, data-size-weighted means)
+``fsa-proximal-mu``   0.01       FedProx's μ (``fedprox-sub`` only)
+``fsa-adam-eta``      1.0        FedAdam η (Table 5)
+``fsa-adam-beta1``    0.9        FedAdam β₁
+``fsa-adam-beta2``    0.99       FedAdam β₂
+``fsa-adam-tau``      0.001      FedAdam τ (not in the paper: Flower's and Reddi et al.'s)
+====================  =========  ============================================================
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.client import NumPyClient
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flower_app.algorithms.fedsubavg import (
+    ALGORITHM_NAMES,
+    VALUE_BYTES,
+    WEIGHTINGS,
+    AdamConfig,
+    Evaluator,
+    FeatureHeat,
+    LocalConfig,
+    client_bytes,
+    resolve_clients_per_round,
+)
+from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
+from flower_app.clients.cohorts import cohort_range
+from flower_app.clients.submodel import SubmodelClient
+from flower_app.config import AppConfig, ConfigError
+from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
+from flower_app.experiment import partition_of
+from flower_app.results import RunWriter
+from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+
+__all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]
+
+
+def load_task(cfg: AppConfig) -> RatingTask:
+    """Return the configured rating task (cached per process)."""
+    return load_rating_task(
+        cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements
+    )
+
+
+def _num(cfg: AppConfig, key: str, kind: type, minimum: float, strict: bool = False) -> Any:
+    value = cfg.get(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected {kind.__name__}")
+    if value < minimum or (strict and value == minimum):
+        relation = ">" if strict else ">="
+        raise ConfigError(f"run_config '{key}' = {value}: must be {relation} {minimum}")
+    return value
+
+
+def run_spec(cfg: AppConfig) -> RunSpec:
+    """Parse and check the family's keys into a :class:`RunSpec` (raises ConfigError).
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        The validated common configuration.
+
+    Returns
+    -------
+    RunSpec
+        The run.
+    """
+    if cfg.algorithm not in ALGORITHM_NAMES:
+        raise ConfigError(f"algorithm {cfg.algorithm!r} is not run by the fedsubavg runner")
+    weighting = str(cfg.get("fsa-weighting"))
+    if weighting not in WEIGHTINGS:
+        raise ConfigError(
+            f"run_config 'fsa-weighting' = {weighting!r} is not known; choose one of: "
+            + ", ".join(WEIGHTINGS)
+        )
+    beta1 = _num(cfg, "fsa-adam-beta1", float, 0.0)
+    beta2 = _num(cfg, "fsa-adam-beta2", float, 0.0)
+    for key, beta in (("fsa-adam-beta1", beta1), ("fsa-adam-beta2", beta2)):
+        if beta >= 1.0:
+            raise ConfigError(f"run_config '{key}' = {beta}: must be < 1")
+    mu = _num(cfg, "fsa-proximal-mu", float, 0.0)
+    local = LocalConfig(
+        iters=_num(cfg, "fsa-local-iters", int, 1),
+        batch=_num(cfg, "fsa-batch-size", int, 1),
+        lr=_num(cfg, "fsa-lr", float, 0.0, strict=True),
+        proximal_mu=mu if cfg.algorithm == "fedprox-sub" else 0.0,
+    )
+    adam = AdamConfig(
+        eta=_num(cfg, "fsa-adam-eta", float, 0.0, strict=True),
+        beta1=beta1,
+        beta2=beta2,
+        tau=_num(cfg, "fsa-adam-tau", float, 0.0, strict=True),
+    )
+    return RunSpec(
+        algorithm=cfg.algorithm,
+        rounds=_num(cfg, "fsa-rounds", int, 1),
+        clients_per_round=cfg.clients_per_round,
+        seed=cfg.seed,
+        local=local,
+        weighting=weighting,
+        adam=adam,
+    )
+
+
+@dataclass
+class _Run:
+    cfg: AppConfig
+    spec: RunSpec
+    k: int
+    task: RatingTask
+    writer: RunWriter
+    engine: str
+    started: float
+
+
+def _open(cfg: AppConfig, engine: str) -> _Run:
+    """Validate everything, load the task and open the run folder (nothing before that)."""
+    spec = run_spec(cfg)
+    task = load_task(cfg)
+    try:
+        k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    config = {
+        **cfg.to_dict(),
+        "engine": engine,
+        "task": {"name": task.name, **task.stats()},
+        "clients-per-round-resolved": k,
+    }
+    writer = RunWriter(cfg.run_folder(), config)
+    return _Run(cfg, spec, k, task, writer, engine, time.perf_counter())
+
+
+def _heat_summary(task: RatingTask, heat: FeatureHeat) -> dict[str, Any]:
+    blocks = task.layout.blocks()
+    features = slice(blocks["gender"].start, task.n_params)  # everything but the bias
+    n = heat.clients[features]
+    n = n[n > 0]
+    sizes = task.submodel_sizes()
+    per_client = client_bytes(sizes)
+    return {
+        # the paper's Table 1 metric: over features (gender .. age×movie), not the bias
+        "feature-heat-dispersion": heat.dispersion(features),
+        "feature-heat-max": int(n.max()) if n.size else 0,
+        "feature-heat-min": int(n.min()) if n.size else 0,
+        "parameter-heat-dispersion": heat.dispersion(),
+        "rows-touched": int((heat.clients > 0).sum()),
+        "heat-clients": heat.n_clients,
+        "full-model-bytes": int(task.n_params * VALUE_BYTES),
+        "client-download-bytes-mean": float(per_client["down"].mean()),
+        "client-download-bytes-max": int(per_client["down"].max()),
+        "client-submodel-rows-mean": float(sizes.mean()),
+        "client-submodel-rows-max": int(sizes.max()),
+    }
+
+
+def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss: float) -> dict:
+    losses = [float(r["train-loss"]) for r in history]
+    summary = {
+        "algorithm": run.cfg.algorithm,
+        "dataset": run.task.name,
+        "engine": run.engine,
+        "seed": run.cfg.seed,
+        "clients-per-round": run.k,
+        "rounds": len(history),
+        "weighting": run.spec.weighting,
+        "initial-train-loss": x0_loss,
+        "train-loss": losses[-1] if losses else None,
+        "min-train-loss": min(losses) if losses else None,
+        "test-loss": history[-1].get("test-loss") if history else None,
+        "test-accuracy": history[-1].get("test-accuracy") if history else None,
+        "train-loss-by-round": losses,
+        "bad-replies": sum(int(r.get("bad-replies", 0)) for r in history),
+        "bytes-up": sum(int(r.get("bytes-up", 0)) for r in history),
+        "bytes-down": sum(int(r.get("bytes-down", 0)) for r in history),
+        **_heat_summary(run.task, heat),
+        "wall-time": time.perf_counter() - run.started,
+        "run-folder": str(run.writer.folder),
+    }
+    run.writer.write_summary(summary)
+    return summary
+
+
+def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
+    """Run the algorithm over the grid (CentralSGD: on the server) and write the run folder."""
+    run = _open(cfg, "flower")
+    log(INFO, "run folder: %s", run.writer.folder)
+    evaluate = Evaluator(run.task)
+    x0_loss = evaluate(np.zeros(run.task.n_params))["train-loss"]
+    if run.spec.algorithm == "central-sgd":
+        log(INFO, "central-sgd runs on the pooled data inside the ServerApp (no messages)")
+        _, history, heat = run_direct_rounds(run.task, run.spec, run.writer.log_round)
+        return _finish(run, history, heat, x0_loss)
+    strategy = FedSubAvgStrategy(
+        n_clients=run.task.n_clients,
+        n_params=run.task.n_params,
+        num_rounds=run.spec.rounds,
+        clients_per_round=run.k,
+        algorithm=run.spec.algorithm,
+        local=run.spec.local,
+        weighting=run.spec.weighting,
+        adam=run.spec.adam,
+        seed=run.spec.seed,
+        evaluate_fn=evaluate,
+        on_round=run.writer.log_round,
+        round_timeout=cfg.round_timeout,
+        discovery_timeout=cfg.discovery_timeout,
+    )
+    strategy.start(grid=grid)
+    assert strategy.heat is not None
+    return _finish(run, strategy.history, strategy.heat, x0_loss)
+
+
+def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
+    """Run the algorithm on the direct engine and write the run folder; return the summary."""
+    run = _open(cfg, "direct")
+    x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=run.spec.rounds, desc=f"{cfg.algorithm} seed {cfg.seed}", leave=False)
+
+    def on_round(row: dict[str, Any]) -> None:
+        run.writer.log_round(row)
+        if bar is not None:
+            bar.update(1)
+
+    _, history, heat = run_direct_rounds(run.task, run.spec, on_round)
+    if bar is not None:
+        bar.close()
+    return _finish(run, history, heat, x0_loss)
+
+
+def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
+    """Return the node's SubmodelClient (its cohort of users)."""
+    return _client(cfg, *partition_of(context))
+
+
+@lru_cache(maxsize=64)
+def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelClient:
+    task = load_task(cfg)
+    first, count = cohort_range(task.n_clients, partition_id, num_partitions)
+    return SubmodelClient(task, first, count, partition_id, num_partitions)
+
+
+def summary_line(summary: dict) -> str:
+    """Return the one-line result printed at the end of a run."""
+    return (
+        f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
+        f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "
+        f"train loss {summary['train-loss']:.5f} (min {summary['min-train-loss']:.5f}), "
+        f"test accuracy {summary['test-accuracy']:.4f}, feature heat dispersion "
+        f"{summary['feature-heat-dispersion']:.0f}, bad replies {summary['bad-replies']}; "
+        f"results in {summary['run-folder']}"
+    )

@@ -1,0 +1,440 @@
+"""Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold).
+
+``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` over the grid,
+``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls one
+:class:`~flower_app.clients.learning.LearningClient` that serves every client), and
+``make_client`` builds a node's client. All three read the family's run_config keys
+(``maxfl-*``, declared in :mod:`flower_app.registry`) through :func:`settings`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.client import NumPyClient
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.learning import LocalConfig
+from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.clients.cohorts import cohort_range
+from flower_app.clients.learning import DictState, LearningClient, RecordState, byzantine_clients
+from flower_app.config import AppConfig, ConfigError
+from flower_app.datasets.federated import Federation, build_federation
+from flower_app.experiment import partition_of
+from flower_app.models.mlp import init_weights
+from flower_app.registry import MAXFL_CONFIG
+from flower_app.results import RunWriter
+from flower_app.strategies.maxfl import AppealStrategy
+
+__all__ = [
+    "CONFIG",
+    "DATASETS",
+    "DirectTransport",
+    "MaxFLSettings",
+    "direct_run",
+    "make_client",
+    "server_run",
+    "settings",
+    "summary_line",
+]
+
+#: datasets of the family and their (seen clients, classes) defaults
+DATASETS = {"fmnist": (100, 10), "emnist": (500, 62), "synthetic-emnist": (500, 62)}
+
+#: the family's run_config keys and defaults (declared in flower_app.registry)
+CONFIG = MAXFL_CONFIG
+
+
+@dataclass(frozen=True)
+class MaxFLSettings:
+    """The family's validated settings (see README "MaxFL" for each key).
+
+    Attributes
+    ----------
+    algorithm, dataset, data_dir : str
+        From the common keys.
+    seed, data_seed : int
+        Algorithm and data seeds.
+    n_seen, n_unseen, n_classes : int
+        Clients and classes.
+    clients_per_round : int
+        K.
+    rounds, eval_every, mandatory_rounds : int
+        T, evaluation period, rounds before opting out.
+    flexible : bool
+        Appeal-based flexible participation.
+    server_lr, eps : float
+        η_g and ε.
+    partition : str
+        ``dirichlet`` or ``clusters``.
+    alpha, label_flip, train_fraction, byzantine : float
+        Data settings and the Byzantine fraction of seen clients.
+    local : LocalConfig
+        Client hyperparameters.
+    """
+
+    algorithm: str
+    dataset: str
+    data_dir: str
+    seed: int
+    data_seed: int
+    n_seen: int
+    n_unseen: int
+    n_classes: int
+    clients_per_round: int
+    rounds: int
+    eval_every: int
+    mandatory_rounds: int
+    flexible: bool
+    server_lr: float
+    eps: float
+    partition: str
+    alpha: float
+    label_flip: float
+    train_fraction: float
+    byzantine: float
+    local: LocalConfig
+
+    @property
+    def n_clients(self) -> int:
+        """Seen plus unseen clients."""
+        return self.n_seen + self.n_unseen
+
+
+def _num(cfg: AppConfig, key: str, kind: type, low: float | None = None, strict: bool = False):
+    value = cfg.get(key)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        ok = ok and isinstance(value, int)
+    if not ok:
+        raise ConfigError(f"run_config '{key}' = {value!r}: expected a {kind.__name__}")
+    if low is not None and (value < low or (strict and value == low)):
+        raise ConfigError(f"run_config '{key}' = {value}: must be {'>' if strict else '>='} {low}")
+    return kind(value)
+
+
+def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
+    value = str(cfg.get(key))
+    if value not in options:
+        raise ConfigError(f"run_config '{key}' = {value!r}; choose one of: {', '.join(options)}")
+    return value
+
+
+def settings(cfg: AppConfig) -> MaxFLSettings:
+    """Validate the family's keys of ``cfg`` and return typed settings.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        The parsed run config.
+
+    Returns
+    -------
+    MaxFLSettings
+        The settings.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key for any invalid value (ε ≤ 0 included).
+    """
+    default_seen, n_classes = DATASETS[cfg.dataset]
+    n_seen = cfg.num_users or default_seen
+    unseen = _num(cfg, "maxfl-unseen-users", int, -1)
+    n_unseen = n_seen if unseen < 0 else unseen
+    per_round = cfg.clients_per_round
+    per_round = per_round if isinstance(per_round, int) else max(1, int(per_round * n_seen))
+    if per_round > n_seen:
+        raise ConfigError(
+            f"run_config 'clients-per-round' = {per_round} exceeds the {n_seen} seen clients"
+        )
+    local = LocalConfig(
+        lr=_num(cfg, "maxfl-lr", float, 0.0, strict=True),
+        batch_size=_num(cfg, "maxfl-batch-size", int, 1),
+        local_steps=_num(cfg, "maxfl-local-steps", int, 1),
+        dropout=_num(cfg, "maxfl-dropout", float, 0.0),
+        solo_steps=_num(cfg, "maxfl-solo-steps", int, 0),
+        tune_steps=_num(cfg, "maxfl-tune-steps", int, 0),
+        requirement=_choice(cfg, "maxfl-requirement", ("train", "heldout")),
+        prox_mu=_num(cfg, "maxfl-prox-mu", float, 0.0),
+        qffl_q=_num(cfg, "maxfl-qffl-q", float, 0.0),
+        byzantine_loss=_num(cfg, "maxfl-byzantine-loss", float),
+        byzantine_noise=_num(cfg, "maxfl-byzantine-noise", float, 0.0),
+    )
+    if local.dropout >= 1:
+        raise ConfigError("run_config 'maxfl-dropout' must be < 1")
+    out = MaxFLSettings(
+        algorithm=cfg.algorithm,
+        dataset=cfg.dataset,
+        data_dir=cfg.data_dir,
+        seed=cfg.seed,
+        data_seed=cfg.data_seed,
+        n_seen=n_seen,
+        n_unseen=n_unseen,
+        n_classes=n_classes,
+        clients_per_round=per_round,
+        rounds=_num(cfg, "maxfl-rounds", int, 1),
+        eval_every=_num(cfg, "maxfl-eval-every", int, 1),
+        mandatory_rounds=_num(cfg, "maxfl-mandatory-rounds", int, 0),
+        flexible=_choice(cfg, "maxfl-participation", ("flexible", "all")) == "flexible",
+        server_lr=_num(cfg, "maxfl-server-lr", float, 0.0, strict=True),
+        eps=_num(cfg, "maxfl-eps", float, 0.0, strict=True),
+        partition=_choice(cfg, "maxfl-partition", ("dirichlet", "clusters")),
+        alpha=_num(cfg, "maxfl-alpha", float, 0.0, strict=True),
+        label_flip=_num(cfg, "maxfl-label-flip", float, 0.0),
+        train_fraction=_num(cfg, "maxfl-train-fraction", float, 0.0, strict=True),
+        byzantine=_num(cfg, "maxfl-byzantine", float, 0.0),
+        local=local,
+    )
+    if out.label_flip > 1 or out.train_fraction >= 1 or out.byzantine > 1:
+        raise ConfigError(
+            "maxfl-label-flip and maxfl-byzantine must be <= 1, maxfl-train-fraction < 1"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- data (cached)
+def federation(s: MaxFLSettings) -> Federation:
+    """Return the (cached) clients of settings ``s``."""
+    return _federation(
+        s.dataset, s.data_dir, s.n_seen, s.n_unseen, s.partition, s.alpha, s.label_flip,
+        s.train_fraction, s.data_seed,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4)
+def _federation(
+    dataset: str,
+    data_dir: str,
+    n_seen: int,
+    n_unseen: int,
+    partition: str,
+    alpha: float,
+    label_flip: float,
+    train_fraction: float,
+    data_seed: int,
+) -> Federation:
+    if dataset == "fmnist":
+        from flower_app.datasets.fmnist import load_fmnist
+
+        data = load_fmnist(data_dir)
+    elif dataset == "emnist":
+        from flower_app.datasets.emnist import load_emnist
+
+        data = load_emnist(data_dir)
+    else:
+        from flower_app.datasets.emnist import synthetic_emnist
+
+        data = synthetic_emnist(n_seen + n_unseen, data_seed)
+    return build_federation(
+        data, n_seen, n_unseen, partition, alpha, label_flip, train_fraction, data_seed
+    )
+
+
+def _init(s: MaxFLSettings) -> list[np.ndarray]:
+    return init_weights(s.seed, 784, s.n_classes)
+
+
+def _server(s: MaxFLSettings) -> tuple[AppealServer, ParticipationSampler]:
+    server = AppealServer(s.algorithm, _init(s), s.n_seen, server_lr=s.server_lr, eps=s.eps)
+    sampler = ParticipationSampler(
+        s.n_seen, s.clients_per_round, s.flexible, s.mandatory_rounds, s.seed
+    )
+    return server, sampler
+
+
+def _client(s: MaxFLSettings, first: int, count: int, state: DictState, pid: int, parts: int):
+    return LearningClient(
+        federation(s),
+        first,
+        count,
+        s.algorithm,
+        s.local,
+        _init(s),
+        s.seed,
+        state,
+        byzantine=byzantine_clients(s.n_seen, s.byzantine, s.seed),
+        partition_id=pid,
+        num_partitions=parts,
+    )
+
+
+# ---------------------------------------------------------------------- run folder
+def _open(cfg: AppConfig, s: MaxFLSettings, engine: str) -> RunWriter:
+    config = {**cfg.to_dict(), "engine": engine, "settings": _jsonable(asdict(s))}
+    return RunWriter(cfg.run_folder(), config)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_jsonable(v) if isinstance(v, dict) else v) for k, v in d.items()}
+
+
+def model_digest(weights: list[np.ndarray]) -> str:
+    """Return a short sha256 of the model's bytes (equal models, equal digests)."""
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _finish(
+    writer: RunWriter,
+    s: MaxFLSettings,
+    engine: str,
+    rows: list[dict[str, Any]],
+    weights: list[np.ndarray],
+    started: float,
+) -> dict[str, Any]:
+    np.savez(writer.folder / "model.npz", *[np.asarray(w) for w in weights])
+    final = next((r for r in reversed(rows) if "seen-acc" in r), {})
+    pools = [r["pool-size"] for r in rows if "pool-size" in r]
+    summary = {
+        "algorithm": s.algorithm,
+        "dataset": s.dataset,
+        "engine": engine,
+        "seed": s.seed,
+        "rounds": s.rounds,
+        "final": {k: v for k, v in final.items() if k.startswith(("seen-", "unseen-"))},
+        "final-pool-size": pools[-1] if pools else None,
+        "model-digest": model_digest(weights),
+        "bad-replies": int(sum(r.get("bad-replies", 0) for r in rows)),
+        "wall-time": time.perf_counter() - started,
+        "run-folder": str(writer.folder),
+    }
+    writer.write_summary(summary)
+    return summary
+
+
+# ---------------------------------------------------------------------- engines
+def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
+    """Run the family's strategy over the grid and write the run folder; return the summary."""
+    s = settings(cfg)
+    started = time.perf_counter()
+    writer = _open(cfg, s, "flower")
+    log(INFO, "run folder: %s", writer.folder)
+    server, sampler = _server(s)
+    strategy = AppealStrategy(
+        server,
+        sampler,
+        s.n_clients,
+        s.rounds,
+        eval_every=s.eval_every,
+        on_round=writer.log_round,
+        round_timeout=cfg.round_timeout,
+        discovery_timeout=cfg.discovery_timeout,
+    )
+    strategy.start(grid=grid)
+    return _finish(writer, s, "flower", strategy.history, server.weights, started)
+
+
+class DirectTransport:
+    """The direct engine's transport: calls a LearningClient in-process (no Flower).
+
+    Parameters
+    ----------
+    client : LearningClient
+        A client that serves every client id.
+    algorithm : str
+        The algorithm (sent in the fit config, as the strategy does).
+    """
+
+    def __init__(self, client: LearningClient, algorithm: str) -> None:
+        self.client = client
+        self.algorithm = algorithm
+
+    def train(
+        self, server_round: int, users: np.ndarray, payload: list[np.ndarray]
+    ) -> TrainOutcome:
+        """Train ``users`` from ``payload`` and return their summed arrays."""
+        config = {"server-round": server_round, "users": [int(u) for u in users]}
+        sums, n, metrics = self.client.fit(payload, {**config, "algorithm": self.algorithm})
+        return TrainOutcome(
+            sums=[np.asarray(a, np.float64) for a in sums],
+            users=n,
+            q=list(metrics["q"]),
+            losses=list(metrics["loss"]),
+            h_sum=float(metrics["h-sum"]),
+        )
+
+    def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+        """Return the seen clients that opt in."""
+        config = {"kind": "appeal", "users": [int(u) for u in users]}
+        _, _, metrics = self.client.evaluate(weights, config)
+        return np.asarray(metrics["appealing"], dtype=np.int64)
+
+    def evaluate(
+        self, server_round: int, weights: list[np.ndarray], tuned: bool
+    ) -> dict[str, float]:
+        """Return the metric sums over all clients."""
+        config = {"kind": "metrics", "server-round": server_round, "tuned": int(tuned)}
+        _, _, sums = self.client.evaluate(weights, config)
+        return sums
+
+
+def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
+    """Run the family's algorithm on the direct engine and write the run folder."""
+    s = settings(cfg)
+    started = time.perf_counter()
+    writer = _open(cfg, s, "direct")
+    server, sampler = _server(s)
+    client = _client(s, 0, s.n_clients, DictState(), 0, 1)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=s.rounds + 1, desc=f"{s.algorithm} {s.dataset} seed {s.seed}", leave=False)
+
+    def on_round(row: dict[str, Any]) -> None:
+        writer.log_round(row)
+        if bar is not None:
+            bar.update(1)
+
+    rows = run_protocol(
+        server,
+        sampler,
+        DirectTransport(client, s.algorithm),
+        s.rounds,
+        eval_every=s.eval_every,
+        on_round=on_round,
+    )
+    if bar is not None:
+        bar.close()
+    return _finish(writer, s, "direct", rows, server.weights, started)
+
+
+def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
+    """Return the node's LearningClient (its cohort; ρ_k kept in ``context.state``)."""
+    s = settings(cfg)
+    pid, parts = partition_of(context)
+    first, count = cohort_range(s.n_clients, pid, parts)
+    return _client(s, first, count, RecordState(context.state), pid, parts)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """Return the one line printed at the end of a run."""
+    f = summary["final"]
+
+    def pct(key: str) -> str:
+        return f"{100 * f[key]:.2f}" if key in f else "n/a"
+
+    def num(key: str) -> str:
+        return f"{f[key]:.3f}" if key in f else "n/a"
+
+    return (
+        f"{summary['algorithm']} on {summary['dataset']} ({summary['rounds']} rounds, "
+        f"seed={summary['seed']}, {summary['engine']} engine): seen GM-Appeal "
+        f"{num('seen-gm-appeal')}, acc {pct('seen-acc')} %; unseen GM-Appeal "
+        f"{num('unseen-gm-appeal')}, acc {pct('unseen-acc')} %; results in "
+        f"{summary['run-folder']}"
+    )

@@ -1,0 +1,368 @@
+"""FedSubAvgStrategy over Flower's Message API (in-process grid, real ClientApp) vs direct."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+import pytest
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from flower_app.algorithms.fedsubavg import FeatureHeat, LocalConfig, make_server_update
+from flower_app.algorithms.fedsubavg_direct import RunSpec, full_heat, run_direct_rounds
+from flower_app.client_app import app as client_app
+from flower_app.config import AppConfig, ConfigError
+from flower_app.registry import load_runner
+from flower_app.runners.fedsubavg import load_task
+from flower_app.strategies.discovery import discover_cohorts
+from flower_app.strategies.fedsubavg import (
+    FedAdamSubStrategy,
+    FedAvgSubStrategy,
+    FedProxSubStrategy,
+    FedSubAvgStrategy,
+    ScaffoldSubStrategy,
+)
+
+SMALL = {
+    "algorithm": "fedsubavg",
+    "dataset": "synthetic-movielens-rating",
+    "num-users": 45,
+    "num-elements": 40,
+    "clients-per-round": 8,
+    "fsa-rounds": 4,
+    "seed": 5,
+}
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 1
+    TaskIdentity.task_id = 1
+
+
+class LocalGrid(Grid):
+    """In-process grid that calls the real ClientApp (no Ray); one Context per node."""
+
+    def __init__(self, num_nodes: int, run_config: dict) -> None:
+        self.node_ids = list(range(1000, 1000 + num_nodes))
+        self.contexts = {
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i, nid in enumerate(self.node_ids)
+        }
+        self._replies: dict[str, Message] = {}
+        self.tamper = None  # optional hook: reply -> reply
+
+    def set_run(self, run) -> None:  # pragma: no cover - not used
+        self._run = run
+
+    @property
+    def run(self):  # pragma: no cover - not used
+        return getattr(self, "_run", None)
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = str(uuid.uuid4())
+            msg.metadata.__dict__["_message_id"] = mid
+            try:
+                reply = client_app(msg, self.contexts[msg.metadata.dst_node_id])
+            except Exception as ex:  # noqa: BLE001
+                reply = Message(Error(code=0, reason=repr(ex)), reply_to=msg)
+            if self.tamper is not None:
+                reply = self.tamper(msg, reply)
+            self._replies[mid] = reply
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self._replies.pop(m) for m in message_ids if m in self._replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+
+def _cfg(**extra) -> AppConfig:
+    return AppConfig.from_run_config({**SMALL, **extra})
+
+
+def _strategy(cls, cfg: AppConfig, **kwargs):
+    task = load_task(cfg)
+    return cls(
+        task.n_clients,
+        task.n_params,
+        int(cfg.get("fsa-rounds")),
+        cfg.clients_per_round,
+        seed=cfg.seed,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cls", "algorithm", "kwargs"),
+    [
+        (FedSubAvgStrategy, "fedsubavg", {}),
+        (FedSubAvgStrategy, "fedsubavg", {"weighting": "samples"}),
+        (FedAvgSubStrategy, "fedavg-sub", {}),
+        (FedProxSubStrategy, "fedprox-sub", {}),
+        (FedAdamSubStrategy, "fedadam-sub", {"weighting": "samples"}),
+        (ScaffoldSubStrategy, "scaffold-sub", {}),
+    ],
+)
+def test_strategy_over_message_api_equals_direct_engine(cls, algorithm, kwargs) -> None:
+    cfg = _cfg(algorithm=algorithm)
+    task = load_task(cfg)
+    strategy = _strategy(cls, cfg, **kwargs)
+    strategy.start(LocalGrid(3, cfg.to_dict()))
+    local = LocalConfig(proximal_mu=0.01 if algorithm == "fedprox-sub" else 0.0)
+    spec = RunSpec(
+        algorithm, 4, 8, seed=5, local=local, weighting=kwargs.get("weighting", "clients")
+    )
+    x, history, heat = run_direct_rounds(task, spec)
+    np.testing.assert_allclose(strategy.x, x, rtol=1e-9, atol=1e-12)
+    assert np.abs(x).max() > 0
+    assert np.array_equal(strategy.heat.clients, heat.clients)  # counted, not read
+    assert np.array_equal(strategy.heat.samples, heat.samples)
+    for fl, di in zip(strategy.history, history, strict=True):
+        assert fl["clients"] == di["clients"] == 8 and fl["bad-replies"] == 0
+        assert fl["bytes-down-client-mean"] == di["bytes-down-client-mean"]
+        assert fl["bytes-down-client-max"] == di["bytes-down-client-max"]
+        assert fl["union-rows"] == di["union-rows"]
+
+
+def test_result_does_not_depend_on_how_users_are_split_over_nodes() -> None:
+    cfg = _cfg()
+    models = []
+    for nodes in (1, 4, 45):
+        strategy = _strategy(FedSubAvgStrategy, cfg)
+        strategy.start(LocalGrid(nodes, cfg.to_dict()))
+        models.append(strategy.x)
+        assert max(r["nodes"] for r in strategy.history) <= min(nodes, 8)
+    np.testing.assert_allclose(models[0], models[1], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(models[0], models[2], rtol=1e-9, atol=1e-12)
+
+
+def _rows_reply(msg: Message, rows: np.ndarray, sums: np.ndarray, n: int) -> Message:
+    return Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord({"0": Array(rows), "1": Array(sums)}),
+                "metrics": MetricRecord({"num-examples": n, "weight-sum": float(n)}),
+            }
+        ),
+        reply_to=msg,
+    )
+
+
+@pytest.mark.parametrize(
+    "attack",
+    ["outside", "nan", "shape", "count", "error", "dtype", "three-arrays"],
+)
+def test_bad_replies_are_rejected_counted_and_left_out(attack) -> None:
+    cfg = _cfg(**{"fsa-rounds": 1})
+    task = load_task(cfg)
+    grid = LocalGrid(3, cfg.to_dict())
+    victim = grid.node_ids[1]
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        if msg.metadata.dst_node_id != victim or msg.metadata.message_type != "train":
+            return reply
+        rows = reply.content["arrays"]["0"].numpy()
+        sums = reply.content["arrays"]["1"].numpy()
+        n = int(reply.content["metrics"]["num-examples"])
+        if attack == "outside":
+            extra = np.setdiff1d(np.arange(task.n_params), rows)[:1]
+            rows = np.sort(np.concatenate([rows, extra]))
+            sums = np.zeros(rows.size)
+        elif attack == "nan":
+            sums = sums.copy()
+            sums[0] = np.nan
+        elif attack == "shape":
+            sums = sums[:-1]
+        elif attack == "count":
+            n += 1
+        elif attack == "error":
+            return Message(Error(code=2, reason="boom"), reply_to=msg)
+        elif attack == "dtype":
+            rows = rows.astype(np.float64)
+        elif attack == "three-arrays":
+            rec = ArrayRecord({"0": Array(rows), "1": Array(sums), "2": Array(sums)})
+            return Message(
+                RecordDict(
+                    {
+                        "arrays": rec,
+                        "metrics": MetricRecord({"num-examples": n, "weight-sum": float(n)}),
+                    }
+                ),
+                reply_to=msg,
+            )
+        return _rows_reply(msg, rows, sums, n)
+
+    grid.tamper = tamper
+    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy.start(grid)
+    row = strategy.history[0]
+    assert row["bad-replies"] == 1 and strategy.bad_replies == 1
+    assert np.all(np.isfinite(strategy.x))
+    # the same round without the victim's users: the aggregate of the other nodes only
+    honest = _strategy(FedSubAvgStrategy, cfg)
+    honest_grid = LocalGrid(3, cfg.to_dict())
+    honest_grid.tamper = lambda msg, reply: (
+        Message(Error(code=2, reason="left out"), reply_to=msg)
+        if msg.metadata.dst_node_id == victim and msg.metadata.message_type == "train"
+        else reply
+    )
+    honest.start(honest_grid)
+    np.testing.assert_array_equal(strategy.x, honest.x)
+    assert row["clients"] == honest.history[0]["clients"] < 8
+
+
+def test_victim_users_are_not_counted_in_k() -> None:
+    cfg = _cfg(**{"fsa-rounds": 1})
+    grid = LocalGrid(3, cfg.to_dict())
+    victim = grid.node_ids[0]
+    grid.tamper = lambda msg, reply: (
+        Message(Error(code=2, reason="down"), reply_to=msg)
+        if msg.metadata.dst_node_id == victim and msg.metadata.message_type == "train"
+        else reply
+    )
+    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy.start(grid)
+    row = strategy.history[0]
+    assert row["bad-replies"] == 1 and 0 < row["clients"] < 8
+
+
+def test_bad_index_set_reply_is_counted() -> None:
+    cfg = _cfg(**{"fsa-rounds": 1})
+    grid = LocalGrid(2, cfg.to_dict())
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        if (
+            msg.metadata.message_type == "query"
+            and msg.content["config"]["kind"] == "submodel"
+            and msg.metadata.dst_node_id == grid.node_ids[0]
+        ):
+            props = dict(reply.content["properties"])
+            props["offsets"] = props["offsets"][:-1]
+            return Message(RecordDict({"properties": ConfigRecord(props)}), reply_to=msg)
+        return reply
+
+    grid.tamper = tamper
+    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy.start(grid)
+    assert strategy.history[0]["bad-replies"] == 1
+    assert strategy.history[0]["nodes"] <= 1
+
+
+def test_client_refuses_rows_that_are_not_its_submodel() -> None:
+    cfg = _cfg()
+    runner = load_runner("fedsubavg")
+    ctx = LocalGrid(2, cfg.to_dict()).contexts[1000]
+    client = runner.make_client(cfg, ctx)
+    users = np.array([0, 1])
+    props = client.get_properties({"kind": "submodel", "users": [0, 1]})
+    rows = np.asarray(props["rows"], dtype=np.int32)
+    offsets = np.asarray(props["offsets"], dtype=np.int64)
+    config = {
+        "server-round": 1,
+        "seed": 0,
+        "local-iters": 2,
+        "batch-size": 5,
+        "lr": 0.1,
+        "proximal-mu": 0.0,
+        "weighting": "clients",
+    }
+    out, n, _ = client.fit([users, offsets, rows, np.zeros(rows.size)], config)
+    assert n == 2 and set(out[0]).issubset(set(rows))
+    wrong = rows.copy()
+    wrong[0] += 1
+    with pytest.raises(ValueError, match="not the users' submodels"):
+        client.fit([users, offsets, wrong, np.zeros(rows.size)], config)
+    with pytest.raises(ValueError, match="cohort"):
+        client.fit([np.array([40]), offsets, rows, np.zeros(rows.size)], config)
+    with pytest.raises(ValueError, match="finite"):
+        client.fit([users, offsets, rows, np.full(rows.size, np.inf)], config)
+
+
+def test_counting_round_equals_the_full_heat() -> None:
+    cfg = _cfg()
+    task = load_task(cfg)
+    grid = LocalGrid(5, cfg.to_dict())
+    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy.cohorts = discover_cohorts(grid, task.n_clients, task.n_params, timeout=5)
+    heat = strategy.count_heat(grid)
+    ref = full_heat(task)
+    assert np.array_equal(heat.clients, ref.clients) and heat.n_samples == ref.n_samples
+    assert isinstance(heat, FeatureHeat)
+    assert make_server_update("fedsubavg", task.n_params, task.n_clients, heat) is not None
+
+
+def test_k_above_n_fails_before_round_1(tmp_path) -> None:
+    with pytest.raises(ValueError, match="exceeds the 45 clients"):
+        _strategy(FedSubAvgStrategy, _cfg(**{"clients-per-round": 46}))
+    cfg = _cfg(**{"clients-per-round": 46, "output-dir": str(tmp_path), "run-name": "bad"})
+    with pytest.raises(ConfigError, match="exceeds the 45 clients"):
+        load_runner("fedsubavg").direct_run(cfg)
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"fsa-weighting": "users"}, "'fsa-weighting' = 'users' is not known"),
+        ({"fsa-lr": 0}, "'fsa-lr' = 0.0: must be > 0"),
+        ({"fsa-rounds": 2.5}, "'fsa-rounds' = 2.5: expected int"),
+        ({"fsa-adam-beta2": 1.0}, "'fsa-adam-beta2' = 1.0: must be < 1"),
+    ],
+)
+def test_bad_family_keys_are_named(override, match) -> None:
+    from flower_app.runners.fedsubavg import run_spec
+
+    with pytest.raises(ConfigError, match=match):
+        run_spec(_cfg(**override))
+
+
+def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
+    runner = load_runner("fedsubavg")
+    base = {**SMALL, "output-dir": str(tmp_path)}
+    flower_cfg = AppConfig.from_run_config({**base, "run-name": "flower"})
+    summary = runner.server_run(LocalGrid(3, flower_cfg.to_dict()), flower_cfg)
+    direct = runner.direct_run(AppConfig.from_run_config({**base, "run-name": "direct"}))
+    assert summary["engine"] == "flower" and direct["engine"] == "direct"
+    np.testing.assert_allclose(
+        summary["train-loss-by-round"], direct["train-loss-by-round"], rtol=1e-9
+    )
+    assert summary["feature-heat-dispersion"] == direct["feature-heat-dispersion"]
+    rows = [
+        json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    assert [r["server-round"] for r in rows] == [1, 2, 3, 4]
+    assert "fedsubavg on synthetic-movielens-rating" in runner.summary_line(summary)
+    central = runner.direct_run(
+        AppConfig.from_run_config({**base, "algorithm": "central-sgd", "run-name": "c"})
+    )
+    assert central["min-train-loss"] < central["initial-train-loss"]
