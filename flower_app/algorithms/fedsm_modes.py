@@ -166,7 +166,13 @@ class RoundPlan:
         return int(self.pool.size * self.sequence.size)
 
     def y(self) -> np.ndarray:
-        """Return the surrogate's base point y = x + η1_T."""
+        """Return the surrogate's base point y = x + η1_T (amplification rounds only).
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 point of [0, 1]^m.
+        """
         if self.point is None:
             raise ValueError("not an amplification round")
         out = np.array(self.point, dtype=np.float64)
@@ -174,7 +180,18 @@ class RoundPlan:
         return np.minimum(out, 1.0)
 
     def values_down(self, users: int) -> int:
-        """Numbers the server sends to a node that serves ``users`` sampled users."""
+        """Return the numbers the server sends to a node for this round.
+
+        Parameters
+        ----------
+        users : int
+            Sampled users the node serves (their ids are sent).
+
+        Returns
+        -------
+        int
+            |S| + users + |X| + r' + 2·nnz(x).
+        """
         x_nnz = 0 if self.point is None else 2 * int(np.count_nonzero(self.point))
         return self.selected.size + users + self.pool.size + self.sequence.size + x_nnz
 
@@ -463,8 +480,16 @@ class FedSMRun:
     def progress_value(self, objective: MaxRowObjective) -> float:
         """Return the experiment oracle's value of the current state (never used to decide).
 
-        F(S) for Alg. 1 and 2; for amplification G(x + η1_T)/n during the run and F of the
-        rounded set at the end.
+        Parameters
+        ----------
+        objective : MaxRowObjective
+            All users' rows (the oracle; the server's algorithm never reads them).
+
+        Returns
+        -------
+        float
+            F(S) for Alg. 1 and 2; for amplification G(x + η1_T)/n during the run and F of
+            the rounded set at the end.
         """
         if self.params.mode != "amplified" or self.final is not None:
             return objective.mean_value(self.selected)

@@ -116,6 +116,9 @@ def _base(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         base["num-users"] = args.num_users
     if args.num_elements:
         base["num-elements"] = args.num_elements
+    if args.matroid != "uniform":
+        base["matroid"] = args.matroid
+        base["partition-capacity"] = args.partition_capacity
     return base
 
 
@@ -438,6 +441,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--num-users", type=int, default=0, help="shrink synthetic instances")
     p.add_argument("--num-elements", type=int, default=0, help="shrink synthetic instances")
+    p.add_argument("--matroid", default="uniform", choices=["uniform", "partition"])
+    p.add_argument(
+        "--partition-capacity", type=int, default=2, help="per element group (genre, venue type)"
+    )
     p.add_argument("--out", required=True, help="results folder")
 
 
