@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedcg import FedCGServer
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.fedsm import decode_report
+from flower_app.strategies.replies import check_replies
 
 __all__ = ["FedCGStrategy", "FedDiscreteGreedyStrategy", "decode_int_report"]
 
@@ -279,27 +280,21 @@ class FedCGStrategy(_CohortStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Sum the valid updates and take the server step."""
-        total, users, weight, bad, bytes_up, ids_sent = np.zeros(self.n_elements), 0, 0.0, 0, 0, 0
-        answered: set[int] = set()
-        for reply in replies:
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                arrays, metrics, nbytes = self._reply(reply)
-                vec = decode_report(arrays, self.n_elements)
-                n_ex, w = self._check(vec, metrics, src)
-            except (ValueError, KeyError, TypeError) as err:
-                bad += 1
-                log(WARNING, "round %d: reply of node %s left out: %s", server_round, src, err)
-                continue
+
+        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, float, int, int]:
+            arrays, metrics, nbytes = self._reply(reply)
+            vec = decode_report(arrays, self.n_elements)
+            n_ex, w = self._check(vec, metrics, src)
+            return vec, n_ex, w, nbytes, int(metrics.get("ids-sent", 0))
+
+        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
+        total, users, weight, bytes_up, ids_sent = np.zeros(self.n_elements), 0, 0.0, 0, 0
+        for _, (vec, n_ex, w, nbytes, ids) in checked.accepted:
             total += vec
             users += n_ex
             weight += w
             bytes_up += nbytes
-            ids_sent += int(metrics.get("ids-sent", 0))
-        missing = len(set(self._sent) - answered)
-        if missing:
-            log(WARNING, "round %d: %d nodes did not reply in time", server_round, missing)
+            ids_sent += ids
         rnd = self.server.step(total, weight, users, ids_sent)
         metrics = MetricRecord(
             {
@@ -311,7 +306,7 @@ class FedCGStrategy(_CohortStrategy):
                 "step-mass": rnd.step_norm,
                 "bytes-down": self._bytes_down,
                 "bytes-up": bytes_up,
-                "bad-replies": bad + missing,
+                "bad-replies": checked.left_out,
             }
         )
         return ArrayRecord([self.server.x.copy()]), metrics
@@ -501,19 +496,18 @@ class FedDiscreteGreedyStrategy(_CohortStrategy):
                 f"importance factors: only {len(seen)} of {len(counts)} nodes sent a histogram"
             )
         self.server.set_histogram(histogram)
-        expected, bad = 0.0, 0
         cfg = {"kind": "importance", "kappa": float(self.server.kappa)}
-        for reply in self._broadcast(grid, [histogram], cfg, "importance", timeout):
-            try:
-                _, metrics, _ = self._reply(reply)
-                value = float(metrics["expected-participants"])
-                if not np.isfinite(value) or value < 0:
-                    raise ValueError(f"expected participants {value}")
-            except (ValueError, KeyError, TypeError) as err:
-                bad += 1
-                log(WARNING, "importance: node %s left out: %s", reply.metadata.src_node_id, err)
-                continue
-            expected += value
+
+        def decode(src: int, reply: Message) -> float:
+            _, metrics, _ = self._reply(reply)
+            value = float(metrics["expected-participants"])
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"expected participants {value}")
+            return value
+
+        replies = self._broadcast(grid, [histogram], cfg, "importance", timeout)
+        checked = check_replies(replies, decode, counts, "importance")
+        expected, bad = sum(v for _, v in checked.accepted), checked.left_out
         self.server.expected = expected
         log(
             INFO, "importance factors: expected participants per round %.1f (bad %d)", expected, bad
@@ -523,26 +517,24 @@ class FedDiscreteGreedyStrategy(_CohortStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Sum the valid fixed-point reports and add the best feasible element."""
+        assert self.cohorts is not None
+
+        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, int]:
+            arrays, metrics, nbytes = self._reply(reply)
+            vec = decode_int_report(arrays, self.n_elements)
+            count = int(metrics["participants"])
+            if count < 0 or count > int(metrics["num-examples"]):
+                raise ValueError(f"{count} participants")
+            return vec, count, nbytes
+
+        nodes = {int(n) for n in self.cohorts.node_ids}
+        checked = check_replies(replies, decode, nodes, f"round {server_round}")
         total = np.zeros(self.n_elements, dtype=np.int64)
-        participants, bad, bytes_up, answered = 0, 0, 0, set()
-        for reply in replies:
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                arrays, metrics, nbytes = self._reply(reply)
-                vec = decode_int_report(arrays, self.n_elements)
-                count = int(metrics["participants"])
-                if count < 0 or count > int(metrics["num-examples"]):
-                    raise ValueError(f"{count} participants")
-            except (ValueError, KeyError, TypeError) as err:
-                bad += 1
-                log(WARNING, "round %d: reply of node %s left out: %s", server_round, src, err)
-                continue
+        participants, bytes_up = 0, 0
+        for _, (vec, count, nbytes) in checked.accepted:
             total += vec
             participants += count
             bytes_up += nbytes
-        assert self.cohorts is not None
-        missing = len(self.cohorts.node_ids) - len(answered)
         rnd = self.server.select(total, participants)
         metrics = MetricRecord(
             {
@@ -553,7 +545,7 @@ class FedDiscreteGreedyStrategy(_CohortStrategy):
                 "nodes": len(self.cohorts.node_ids),
                 "bytes-down": self._bytes_down,
                 "bytes-up": bytes_up,
-                "bad-replies": bad + missing,
+                "bad-replies": checked.left_out,
             }
         )
         return ArrayRecord([np.asarray(self.server.selected, dtype=np.int64)]), metrics

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, RoundPlan
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.replies import check_replies
 from flower_app.submodular.matroids import Matroid
 
 __all__ = ["FedSMStrategy", "decode_report", "plan_arrays"]
@@ -282,38 +283,29 @@ class FedSMStrategy(Strategy):
         if plan is None:
             raise RuntimeError("aggregate_train() without configure_train()")
         size = plan.report_size
-        total, users, bad, user_values = np.zeros(size), 0, 0, 0
+
+        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, MetricRecord, int, int]:
+            record = reply.content.array_records["arrays"]
+            metrics = reply.content.metric_records["metrics"]
+            ndarrays = record.to_numpy_ndarrays()
+            report = decode_report(ndarrays, size)
+            n_ex = int(metrics["num-examples"])
+            if n_ex != self._sent[src]:
+                raise ValueError(f"reports for {n_ex} users, {self._sent[src]} were sent")
+            return report, n_ex, metrics, record.count_bytes(), sum(int(a.size) for a in ndarrays)
+
+        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
+        total, users, user_values = np.zeros(size), 0, 0
         up = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0, "positive": 0}
-        answered: set[int] = set()
-        for reply in replies:
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                if reply.has_error():
-                    raise ValueError(f"client error: {reply.error.reason}")
-                record = reply.content.array_records["arrays"]
-                metrics = reply.content.metric_records["metrics"]
-                ndarrays = record.to_numpy_ndarrays()
-                report = decode_report(ndarrays, size)
-                n_ex = int(metrics["num-examples"])
-                if n_ex != self._sent.get(src):
-                    raise ValueError(f"reports for {n_ex} users, {self._sent.get(src)} were sent")
-            except (ValueError, KeyError, TypeError) as err:
-                bad += 1
-                log(WARNING, "round %d: reply of node %s left out: %s", server_round, src, err)
-                continue
+        for _, (report, n_ex, metrics, nbytes, nvalues) in checked.accepted:
             total += report
             users += n_ex
-            nbytes, nvalues = record.count_bytes(), sum(int(a.size) for a in ndarrays)
             up["bytes"] += nbytes
             up["values"] += nvalues
             up["bytes-max"] = max(up["bytes-max"], nbytes)
             up["values-max"] = max(up["values-max"], nvalues)
             up["positive"] += int(metrics.get("positive-entries", 0))
             user_values += int(metrics.get("user-values", 0))
-        missing = len(set(self._sent) - answered)
-        if missing:
-            log(WARNING, "round %d: %d nodes did not reply in time", server_round, missing)
         row = self.run.update(total, users)
         self._plan = None
         self._extra = {"added": row.pop("added", None)}
@@ -323,7 +315,7 @@ class FedSMStrategy(Strategy):
                 "nodes": len(self._sent),
                 "user-values": user_values,
                 "values-up": up["values"],
-                "values-up-per-client": up["values"] / max(len(answered), 1),
+                "values-up-per-client": up["values"] / max(len(checked.accepted), 1),
                 "values-up-max-client": up["values-max"],
                 "bytes-up": up["bytes"],
                 "bytes-up-max-client": up["bytes-max"],
@@ -332,7 +324,7 @@ class FedSMStrategy(Strategy):
                 "values-down-per-client": self._down["values"] / nodes,
                 "bytes-down": self._down["bytes"],
                 "bytes-down-max-client": self._down["bytes-max"],
-                "bad-replies": bad + missing,
+                "bad-replies": checked.left_out,
             }
         )
         metrics = MetricRecord({key: _metric(v) for key, v in row.items()})

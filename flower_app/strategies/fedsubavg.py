@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.replies import check_replies
 
 __all__ = [
     "FedAdamSubStrategy",
@@ -340,30 +341,19 @@ class FedSubAvgStrategy(Strategy):
         """Check the nodes' updates, sum the valid ones and apply the server step."""
         if self.server is None:
             raise RuntimeError("the server step is built in start(), after the counting round")
-        parts: list[tuple[int, RoundUpdate]] = []
-        bad, up = self._round_stats["bad-replies"], self._round_stats["bytes-up"]
-        answered: set[int] = set()
-        for reply in replies:
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                if src not in self._sent:
-                    raise BadReplyError("reply from a node that was not sent anything")
-                if reply.has_error():
-                    raise BadReplyError(f"client error: {reply.error.reason}")
-                record = reply.content.array_records["arrays"]
-                metrics = dict(reply.content.metric_records["metrics"])
-                n_users, allowed = self._sent[src]
-                part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
-            except (BadReplyError, KeyError, TypeError, ValueError) as err:
-                bad += 1
-                log(WARNING, "round %d: reply of node %s left out: %s", server_round, src, err)
-                continue
-            up += record.count_bytes()
-            parts.append((src, part))
-        missing = len(set(self._sent) - answered)
-        if missing:
-            log(WARNING, "round %d: %d nodes did not reply in time", server_round, missing)
+        up = self._round_stats["bytes-up"]
+
+        def decode(src: int, reply: Message) -> tuple[RoundUpdate, int]:
+            record = reply.content.array_records["arrays"]
+            metrics = dict(reply.content.metric_records["metrics"])
+            n_users, allowed = self._sent[src]
+            part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
+            return part, record.count_bytes()
+
+        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
+        parts = [(src, part) for src, (part, _) in checked.accepted]
+        up += sum(nbytes for _, (_, nbytes) in checked.accepted)
+        bad, missing = checked.bad + self._round_stats["bad-replies"], checked.missing
         # add the nodes in the order of their users, whatever the order replies arrived in
         order = {n: i for i, n in enumerate(self._sent)}
         update = merge_updates([p for _, p in sorted(parts, key=lambda sp: order[sp[0]])])
@@ -456,42 +446,31 @@ class FedSubAvgStrategy(Strategy):
                     group_id=f"submodel-{server_round}",
                 )
             )
-        out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        bad = up = 0
-        answered: set[int] = set()
-        for reply in grid.send_and_receive(msgs, timeout=self.round_timeout):
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                if src not in groups:
-                    raise BadReplyError("reply from a node that was not asked")
-                if reply.has_error():
-                    raise BadReplyError(f"client error: {reply.error.reason}")
-                p = reply.content.config_records["properties"]
-                users = np.asarray(p["users"], dtype=np.int64)
-                offsets = np.asarray(p["offsets"], dtype=np.int64)
-                rows = np.asarray(p["rows"], dtype=np.int64)
-                if not np.array_equal(users, groups[src]):
-                    raise BadReplyError("index sets of other users than requested")
-                if (
-                    offsets.shape != (users.size + 1,)
-                    or offsets[0] != 0
-                    or offsets[-1] != rows.size
-                    or np.any(np.diff(offsets) < 0)
-                ):
-                    raise BadReplyError("malformed offsets")
-                if rows.size and (rows.min() < 0 or rows.max() >= self.n_params):
-                    raise BadReplyError(f"rows outside 0..{self.n_params - 1}")
-            except (BadReplyError, KeyError, TypeError, ValueError) as err:
-                bad += 1
-                log(WARNING, "round %d: index sets of node %s left out: %s", server_round, src, err)
-                continue
-            up += rows.size * 4 + offsets.size * 8
-            out[src] = (users, offsets, rows)
+
+        def decode(src: int, reply: Message) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            p = reply.content.config_records["properties"]
+            users = np.asarray(p["users"], dtype=np.int64)
+            offsets = np.asarray(p["offsets"], dtype=np.int64)
+            rows = np.asarray(p["rows"], dtype=np.int64)
+            if not np.array_equal(users, groups[src]):
+                raise BadReplyError("index sets of other users than requested")
+            if (
+                offsets.shape != (users.size + 1,)
+                or offsets[0] != 0
+                or offsets[-1] != rows.size
+                or np.any(np.diff(offsets) < 0)
+            ):
+                raise BadReplyError("malformed offsets")
+            if rows.size and (rows.min() < 0 or rows.max() >= self.n_params):
+                raise BadReplyError(f"rows outside 0..{self.n_params - 1}")
+            return users, offsets, rows
+
+        replies = grid.send_and_receive(msgs, timeout=self.round_timeout)
+        checked = check_replies(replies, decode, groups, f"round {server_round} (index sets)")
+        out = dict(checked.accepted)
+        up = sum(rows.size * 4 + offsets.size * 8 for _, offsets, rows in out.values())
+        bad, missing = checked.bad, checked.missing
         # keep node order = order of the sampled users (deterministic message order)
-        missing = len(set(groups) - answered)
-        if missing:
-            log(WARNING, "round %d: %d nodes sent no index sets in time", server_round, missing)
         return {n: out[n] for n in groups if n in out}, bad + missing, up
 
     # ------------------------------------------------------------------ protocol loop

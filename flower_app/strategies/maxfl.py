@@ -35,6 +35,7 @@ from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protoco
 from flower_app.algorithms.maxfl import Q_MAX
 from flower_app.algorithms.participation import ParticipationSampler
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.replies import check_replies
 
 __all__ = ["AppealStrategy", "MaxFLStrategy", "ReplyError", "decode_train_reply"]
 
@@ -251,33 +252,23 @@ class AppealStrategy(Strategy):
 
     def collect_train(self, server_round: int, replies: Iterable[Message]) -> TrainOutcome:
         """Validate the train replies and sum the valid ones (bad ones are counted)."""
+
+        def decode(src: int, reply: Message) -> tuple:
+            decoded = decode_train_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
+            return *decoded, reply.content.array_records["arrays"].count_bytes()
+
+        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
         sums: list[np.ndarray] | None = None
         outcome = TrainOutcome(None, 0)
-        answered: set[int] = set()
+        outcome.bad_replies = checked.left_out
         bytes_up = 0
-        for reply in replies:
-            src = int(reply.metadata.src_node_id)
-            answered.add(src)
-            try:
-                if src not in self._sent:
-                    raise ReplyError(f"unexpected reply from node {src}")
-                arrays, qs, losses, h = decode_train_reply(
-                    reply, self._sent[src], self.server.shapes, self.algorithm
-                )
-            except ReplyError as err:
-                outcome.bad_replies += 1
-                log(WARNING, "round %d: reply of node %s left out: %s", server_round, src, err)
-                continue
+        for _, (arrays, qs, losses, h, nbytes) in checked.accepted:
             sums = arrays if sums is None else [s + a for s, a in zip(sums, arrays, strict=True)]
             outcome.users += len(qs)
             outcome.q += qs
             outcome.losses += losses
             outcome.h_sum += h
-            bytes_up += reply.content.array_records["arrays"].count_bytes()
-        missing = len(set(self._sent) - answered)
-        if missing:
-            log(WARNING, "round %d: %d nodes did not reply in time", server_round, missing)
-        outcome.bad_replies += missing
+            bytes_up += nbytes
         outcome.sums = sums
         outcome.info = {
             "nodes": len(self._sent),
