@@ -44,7 +44,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,11 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flower_app.simulation import LocalSimulation, superlink_pids, toml_value
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "fedsm-flower-vs-direct"
-#: the lead's long-lived local SuperLink: never touched
-PROTECTED_PORTS = {39091, 39093}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: a Ray process: ``ray::<title>``, a binary/script under ``.../ray/...``, raylet, gcs_server
 RAY_CMD = re.compile(r"(^|\s)ray::|/ray/|raylet|gcs_server")
@@ -66,16 +65,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------- /proc helpers
-def _free_port() -> int:
-    """Return a TCP port that is free on 127.0.0.1 right now (and not a protected one)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in PROTECTED_PORTS:
-            return port
-
-
 def _boot_time() -> float:
     """Return the system boot time in seconds since the epoch."""
     for line in Path("/proc/stat").read_text().splitlines():
@@ -173,20 +162,6 @@ def _short(cmdline: str) -> str:
     return Path(args[0]).name
 
 
-def superlink_pids(port: int) -> list[int]:
-    """Return the PIDs of ``flower-superlink`` processes listening on ``port``."""
-    if port in PROTECTED_PORTS:
-        raise ValueError(f"port {port} belongs to the lead's SuperLink")
-    pids = []
-    for p in _snapshot().values():
-        args = p.cmdline.split()
-        if any("flower-superlink" in a for a in args) and (
-            str(port) in args or f"127.0.0.1:{port}" in args
-        ):
-            pids.append(p.pid)
-    return pids
-
-
 class MemorySampler(threading.Thread):
     """Sample the summed RSS/PSS of one Flower run's processes every ``interval`` seconds."""
 
@@ -253,14 +228,6 @@ class MemorySampler(threading.Thread):
 
 
 # ---------------------------------------------------------------------------- flower runs
-def _toml_value(value: object) -> str:
-    if isinstance(value, str):
-        return "'" + value + "'"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
 @dataclass
 class FlowerRun:
     """Outcome of one ``flwr run``."""
@@ -286,27 +253,12 @@ class FlowerRun:
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
 
-class LocalFlower:
-    """Runs ``flwr run . --stream`` against a SuperLink of its own, then stops it."""
+class LocalFlower(LocalSimulation):
+    """Runs ``flwr run . --stream`` against a SuperLink of its own, sampling its memory."""
 
     def __init__(self, home: Path, runs: Path) -> None:
-        self.home = home
+        super().__init__(home, runs, project=ROOT)
         self.runs = runs
-        self.http_port = _free_port()
-        self.control_port = _free_port()
-        while self.control_port == self.http_port:
-            self.control_port = _free_port()
-        self.env = {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "FLWR_HOME": str(home),
-            "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
-            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-        }
         self.marker = f"FLWR_HOME={home}".encode()
 
     def run(
@@ -318,7 +270,7 @@ class LocalFlower:
         log_path: Path,
     ) -> FlowerRun:
         """Run one experiment and measure it; the SuperLink is stopped afterwards."""
-        overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
+        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
         cmd = [
             str(BIN / "flwr"),
             "run",
