@@ -1,6 +1,8 @@
 """FedSM over Flower's simulation engine beside the direct engine: wall time and peak memory.
 
-For each SuperNode count this script runs one FedSM experiment with ``flwr run . --stream``
+Any algorithm of the submodular families runs the same way (``--algorithm fedcg --set
+fedcg-rounds=20``); FedSM Algorithm 1 is the default. For each SuperNode count this script
+runs one experiment with ``flwr run . --stream``
 against a local SuperLink that it starts itself (isolated ``FLWR_HOME``, free ports), samples
 the memory of every process of that run, checks the run's status with ``flwr ls``, reads the
 run folder, and stops the SuperLink. Then, in the same invocation, it runs the same
@@ -509,6 +511,19 @@ CSV_FIELDS = [
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 if every Flower run completed and matched the direct run."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--algorithm",
+        default="fedsm",
+        help="any submodular family's algorithm: fedsm (default), fedcg, fedcg-plus, "
+        "fed-discrete-greedy",
+    )
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra run_config entries, e.g. fedcg-rounds=20 (values parsed as TOML)",
+    )
     ap.add_argument("--dataset", default="movielens")
     ap.add_argument("--data-dir", default="/work/data")
     ap.add_argument("--k", type=int, default=10)
@@ -532,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fedsm-bench-"))
     runs_dir = work / "runs"
     base = {
-        "algorithm": "fedsm",
+        "algorithm": args.algorithm,
         "dataset": args.dataset,
         "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
         "seed": args.seed,
@@ -540,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients-per-round": count(args.clients),
         "elements-per-client": count(args.elements),
         "output-dir": str(runs_dir),
+        **_extra(args.set),
     }
     print(f"work dir: {work}", flush=True)
 
@@ -663,6 +679,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _extra(items: list[str]) -> dict[str, Any]:
+    """Parse ``KEY=VALUE`` run_config entries (VALUE as a TOML value, else a string)."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text
+    return out
 
 
 def _accepts_key(key: str) -> bool:

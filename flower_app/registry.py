@@ -59,6 +59,7 @@ MAXFL_CONFIG: dict[str, Any] = {
     "maxfl-byzantine": 0.0,
     "maxfl-byzantine-loss": 10.0,
     "maxfl-byzantine-noise": 0.1,
+    "maxfl-mw-eta": 0.1,
 }
 
 
@@ -154,6 +155,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                 ("fedprox", "FedProx baseline of the MaxFL experiments"),
                 ("qffl", "q-FFL (q-FedAvg) baseline of the MaxFL experiments"),
                 ("scaffold", "SCAFFOLD baseline of the MaxFL experiments"),
+                ("mwfed", "MW-Fed (Blum et al. 2021): multiplicative weights on unmet clients"),
             )
         ),
         # fedcg: Rafiey (ICML 2024), one runner for the three algorithms

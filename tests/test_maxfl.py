@@ -1,5 +1,6 @@
-"""MaxFL math: q_k, the adaptive global learning rate, the update, the baselines' steps and
-the two-client mean-estimation toy of Section 2.2 (Lemma 2.1, Theorem 2.1)."""
+"""MaxFL math: q_k, the adaptive global learning rate, the update, the baselines' steps
+(MW-Fed's multiplicative weights included) and the two-client mean-estimation toy of
+Section 2.2 (Lemma 2.1, Theorem 2.1)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 
 from flower_app.algorithms.appeal import AppealServer, TrainOutcome
 from flower_app.algorithms.fl_baselines import (
+    check_mw_eta,
     fedavg_update,
+    mwfed_local_steps,
+    mwfed_reweight,
+    mwfed_shares,
     qffl_delta_h,
     qffl_update,
     scaffold_control_update,
@@ -139,6 +144,56 @@ def test_scaffold_server_steps() -> None:
     server.step(TrainOutcome([np.array([2.0, 2.0]), np.array([4.0, 0.0])], users=2))
     assert server.weights[0] == pytest.approx([-1.0, -1.0])
     assert server.control[0] == pytest.approx([-1.0, 0.0])
+
+
+def test_mwfed_two_rounds_hand_computed() -> None:
+    """λ = 1 at the start; unmet clients' λ × (1 + η); step = λ-weighted mean of Δw."""
+    server = AppealServer("mwfed", [np.zeros(2, np.float32)], n_seen=4, mw_eta=0.5)
+    # round 1: S = {0, 1, 2}, equal weights -> s = (1, 1, 1), τ_k = τ
+    users = np.array([0, 1, 2])
+    assert server.user_config(users) == {"mw-share": [1.0, 1.0, 1.0]}
+    assert mwfed_local_steps(1.0, 10) == 10
+    deltas = [np.array([3.0, 0.0]), np.array([0.0, 3.0]), np.array([3.0, 3.0])]
+    out = server.step(TrainOutcome([sum(deltas)], 3, ids=[0, 1, 2], met=[False, True, False]))
+    assert server.weights[0] == pytest.approx([-2.0, -2.0])  # w − (1/3)·[6, 6]
+    assert server.mw_weights == pytest.approx([1.5, 1.0, 1.5, 1.0])  # 0 and 2 unmet
+    assert out["server-step"] == pytest.approx(1 / 3) and out["mw-unmet"] == 2
+    assert out["mw-share-max"] == 1.0 and out["mw-weight-max"] == 1.5
+    # round 2: S = {0, 1, 3}, λ = (1.5, 1, 1) -> s = 3λ/3.5 = (9/7, 6/7, 6/7)
+    cfg = server.user_config(np.array([0, 1, 3]))
+    assert cfg["mw-share"] == pytest.approx([9 / 7, 6 / 7, 6 / 7])
+    assert [mwfed_local_steps(s, 10) for s in cfg["mw-share"]] == [13, 9, 9]
+    # client 3's reply was bad: V = {0, 1}; Σ s Δw = 9/7·[1, 0] + 6/7·[0, 1], Σ s = 15/7
+    sums = [9 / 7 * np.array([1.0, 0.0]) + 6 / 7 * np.array([0.0, 1.0])]
+    server.step(TrainOutcome(sums, 2, ids=[0, 1], met=[False, False], bad_replies=1))
+    assert server.weights[0] == pytest.approx([-2.6, -2.4])  # w − (7/15)·[9/7, 6/7]
+    assert server.mw_weights == pytest.approx([2.25, 1.5, 1.5, 1.0])  # 3 unchanged: no reply
+    # the same rule as a plain function
+    np.testing.assert_allclose(
+        mwfed_reweight(np.array([1.0, 2.0]), np.array([True, False]), 0.1), [1.1, 2.0]
+    )
+    np.testing.assert_allclose(mwfed_shares(np.array([1.0, 3.0])), [0.5, 1.5])
+
+
+def test_mwfed_with_equal_weights_is_fedavg() -> None:
+    rng = np.random.default_rng(5)
+    w = [rng.normal(size=(3, 2)).astype(np.float32)]
+    total = [rng.normal(size=(3, 2))]
+    server = AppealServer("mwfed", w, n_seen=5)
+    server.user_config(np.arange(4))
+    server.step(TrainOutcome(total, 4, ids=[0, 1, 2, 3], met=[True] * 4))
+    np.testing.assert_allclose(server.weights[0], fedavg_update(w, total, 4)[0], rtol=1e-6)
+    assert server.mw_weights == pytest.approx(np.ones(5))  # everyone met: no change
+
+
+@pytest.mark.parametrize("eta", [0.0, -0.1, float("nan"), float("inf")])
+def test_mwfed_bad_eta_names_the_key(eta) -> None:
+    with pytest.raises(ValueError, match="'maxfl-mw-eta'"):
+        check_mw_eta(eta)
+    with pytest.raises(ValueError, match="'maxfl-mw-eta'"):
+        AppealServer("mwfed", [np.zeros(2, np.float32)], 2, mw_eta=eta)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        mwfed_local_steps(0.0, 10)
 
 
 def test_no_valid_reply_means_no_step() -> None:

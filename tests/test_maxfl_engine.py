@@ -1,5 +1,6 @@
-"""MaxFL over Flower: bad replies are left out, ρ_k persists in context.state, and the
-Flower paths (in-process grid, `flwr run` on Ray) give the direct engine's model."""
+"""MaxFL over Flower: bad replies are left out, ρ_k persists in context.state, the Flower
+paths (in-process grid, `flwr run` on Ray) give the direct engine's model (MaxFL, SCAFFOLD,
+MW-Fed), and Byzantine clients (Table 4) get small q_k under MaxFL, large λ_k under MW-Fed."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 from local_grid import LocalGrid
 
-from flower_app.algorithms.appeal import AppealServer
+from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
 from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.clients.learning import DictState, byzantine_clients
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
@@ -72,6 +74,32 @@ def test_in_process_flower_grid_equals_direct_engine(tmp_path, algorithm) -> Non
     assert [r["server-round"] for r in rows] == [0, 1, 2, 3]
     assert all(r["bad-replies"] == 0 for r in rows[1:])
     assert rows[2]["pool-size"] <= 6  # flexible participation after round 1
+
+
+def _rows(folder) -> list[dict]:
+    return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_mwfed_in_process_flower_grid_equals_direct_engine(tmp_path) -> None:
+    """MW-Fed's weights, shares and local steps travel per node and agree across engines."""
+    extra = {
+        "algorithm": "mwfed",
+        "maxfl-participation": "all",
+        "maxfl-byzantine": 0.34,  # 2 of 6 seen clients: their λ_k grows every time
+        "maxfl-solo-steps": 1,  # easy requirements, so honest clients are met at times
+        "maxfl-rounds": 4,
+    }
+    direct = run_direct(_cfg(tmp_path, "direct", **extra))
+    flower = runner.server_run(LocalGrid(5, {**SMALL, **extra}), _cfg(tmp_path, "grid", **extra))
+    assert flower["model-digest"] == direct["model-digest"]
+    assert flower["final"] == pytest.approx(direct["final"], rel=1e-9, abs=1e-12)
+    keys = ("sampled", "users", "server-step", "mw-unmet", "mw-share-max", "mw-weight-max")
+    got, want = _rows(tmp_path / "grid"), _rows(tmp_path / "direct")
+    assert [[r.get(k) for k in keys] for r in got] == [[r.get(k) for k in keys] for r in want]
+    assert all(r["bad-replies"] == 0 for r in got[1:])
+    # the weights moved, and some round sent unequal shares (so more steps to someone)
+    assert got[-1]["mw-weight-max"] > 1.0
+    assert any(r["mw-share-max"] > 1.0 for r in got[1:])
 
 
 def test_direct_engine_is_reproducible_and_seed_sensitive(tmp_path) -> None:
@@ -163,6 +191,32 @@ def test_each_kind_of_bad_reply_is_rejected(bad) -> None:
     assert arrays is None  # no valid reply: no step, the model stays
 
 
+def test_mwfed_reply_without_valid_met_flags_is_rejected() -> None:
+    strategy = _strategy("mwfed")
+    strategy.server.user_config(np.array([0, 1]))
+    msgs = list(
+        strategy.configure_train(
+            1,
+            ArrayRecord(strategy.server.weights),
+            ConfigRecord({"users": [0, 1], "mw-share": [0.5, 1.5]}),
+            None,
+        )
+    )
+    # each node gets its own client's share
+    shares = {int(m.metadata.dst_node_id): m.content["config"]["mw-share"] for m in msgs}
+    assert shares == {11: [0.5], 12: [1.5]}
+    arrays = [np.zeros((2, 3)), np.zeros(2)]
+    good = _reply(msgs[0], arrays, [0], [0.0])
+    good.content.metric_records["metrics"]["met"] = [1]
+    missing = _reply(msgs[1], arrays, [1], [0.0])  # no 'met'
+    outcome = strategy.collect_train(1, [good, missing])
+    assert outcome.bad_replies == 1 and outcome.ids == [0] and outcome.met == [True]
+    bad = _reply(msgs[1], arrays, [1], [0.0])
+    bad.content.metric_records["metrics"]["met"] = [2]
+    outcome = strategy.collect_train(1, [good, bad])
+    assert outcome.bad_replies == 1 and outcome.ids == [0]
+
+
 def test_error_reply_and_missing_node_are_counted() -> None:
     strategy = _strategy()
     msgs = list(
@@ -181,6 +235,8 @@ def test_invalid_family_config_names_the_key() -> None:
         ({"maxfl-requirement": "test"}, "'maxfl-requirement'"),
         ({"clients-per-round": 50, "num-users": 10}, "exceeds the 10 seen clients"),
         ({"maxfl-partition": "shards"}, "'maxfl-partition'"),
+        ({"algorithm": "mwfed", "maxfl-mw-eta": 0.0}, "'maxfl-mw-eta' = 0.0: must be > 0"),
+        ({"algorithm": "mwfed", "maxfl-mw-eta": -0.5}, "'maxfl-mw-eta' = -0.5: must be > 0"),
     ]:
         with pytest.raises(ConfigError, match=match):
             runner.settings(AppConfig.from_run_config({**SMALL, **override}))
@@ -219,3 +275,67 @@ def test_missing_rho_with_solo_training_disabled_fails_loudly() -> None:
     weights = runner._init(runner.settings(cfg))
     with pytest.raises(ValueError, match="ρ_k is missing"):
         client.fit(weights, {"server-round": 1, "users": [0], "algorithm": "maxfl"})
+
+
+# ------------------------------------------------------------------ Byzantine clients (Table 4)
+BYZANTINE = {
+    "dataset": "synthetic-emnist",
+    "num-users": 10,
+    "clients-per-round": 5,
+    "maxfl-rounds": 6,
+    "maxfl-eval-every": 6,
+    "maxfl-solo-steps": 1,
+    "maxfl-local-steps": 10,
+    "maxfl-participation": "all",
+    "maxfl-byzantine": 0.2,
+    "maxfl-tune-steps": 0,
+    "seed": 0,
+}
+
+
+class _RecordingTransport(runner.DirectTransport):
+    """The direct engine's transport, keeping every round's TrainOutcome."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.outcomes: list[TrainOutcome] = []
+
+    def train(self, *args, **kwargs) -> TrainOutcome:
+        outcome = super().train(*args, **kwargs)
+        self.outcomes.append(outcome)
+        return outcome
+
+
+def _byzantine_run(algorithm: str):
+    s = runner.settings(AppConfig.from_run_config({**BYZANTINE, "algorithm": algorithm}))
+    server, sampler = runner._server(s)
+    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
+    transport = _RecordingTransport(client, algorithm)
+    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    byz = set(byzantine_clients(s.n_seen, s.byzantine, s.seed).tolist())
+    assert len(byz) == 2  # 20 % of 10 seen clients
+    assert all(np.all(np.isfinite(w)) for w in server.weights)
+    assert rows[-1]["server-round"] == s.rounds and np.isfinite(rows[-1]["seen-acc"])
+    return server, transport.outcomes, byz
+
+
+def test_maxfl_gives_byzantine_clients_small_weights() -> None:
+    """An inflated loss means a large gap, hence q_k = σ'(gap) ≈ 0 (paper, Appendix D.2)."""
+    _, outcomes, byz = _byzantine_run("maxfl")
+    q_byz = [q for o in outcomes for u, q in zip(o.ids, o.q, strict=True) if u in byz]
+    q_honest = [q for o in outcomes for u, q in zip(o.ids, o.q, strict=True) if u not in byz]
+    assert q_byz and q_honest  # both kinds were sampled
+    assert np.mean(q_byz) < 0.1 * np.mean(q_honest)
+    assert max(q_byz) < 1e-3  # σ'(≥ 10) ≈ 4.5e-5
+
+
+def test_mwfed_gives_byzantine_clients_large_weights() -> None:
+    """The same lie raises a client's MW-Fed weight: it is never 'met' (the paper's point)."""
+    server, outcomes, byz = _byzantine_run("mwfed")
+    met_byz = [m for o in outcomes for u, m in zip(o.ids, o.met, strict=True) if u in byz]
+    met_honest = [m for o in outcomes for u, m in zip(o.ids, o.met, strict=True) if u not in byz]
+    assert met_byz and not any(met_byz)  # every Byzantine report is "unmet"
+    assert any(met_honest)
+    lam = server.mw_weights
+    honest = [k for k in range(len(lam)) if k not in byz]
+    assert np.mean(lam[sorted(byz)]) > np.mean(lam[honest])

@@ -49,7 +49,7 @@ def test_alg1_with_10pct_users_and_40pct_elements(tmp_path) -> None:
 
     It holds from k = 15 on; at k = 5 and 10 we measure 97.6 % and 97.7 % (mean of seeds
     0-2; 97.7 % and 97.8 % over seeds 0-5), so the claim does not reproduce there by about
-    0.3 points (see docs/results/fedsm-alg1.md). The test pins what we
+    0.3 points (see docs/reproductions/fedsm-alg1.md). The test pins what we
     measured: >= 97 % everywhere, >= 98 % for k >= 15.
     """
     mean = np.mean([_ratios(tmp_path, 0.1, 0.4, seed) for seed in (0, 1, 2)], axis=0)

@@ -2,7 +2,7 @@
 
 r = 200, all clients (K = 100 %), at most d = 200 pairs per client, ε = 0.405, τ = 0.006, the
 pseudo-code's j ∈ 1..r' and the authors' loop (no cap on threshold levels: until |S| = r).
-See docs/results/fedsm-alg2.md for the curves and the paper's statements.
+See docs/reproductions/fedsm-alg2.md for the curves and the paper's statements.
 """
 
 from __future__ import annotations

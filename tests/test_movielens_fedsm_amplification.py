@@ -2,7 +2,7 @@
 
 k = 20, K = 1 % of users, d = 10 % of movies, η = 0.1 (10 steps of Alg. 1 on the exact
 surrogate), seeds 0-2; Alg. 1 gets the same total budget as 10·K users per round. See
-docs/results/fedsm-amplification.md.
+docs/reproductions/fedsm-amplification.md.
 """
 
 from __future__ import annotations

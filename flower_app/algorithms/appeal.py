@@ -12,7 +12,9 @@ One round t = 1..T:
    the current model appeals to it (F_k(w) < ρ_k); the pool is those that do, else all
    seen clients;
 2. the server samples min(K, |pool|) clients from the pool (its own generator);
-3. the sampled clients train; the server steps (no step if none trained);
+3. the sampled clients train (with per-client settings from
+   :meth:`AppealServer.user_config`: MW-Fed's relative weights); the server steps (no step
+   if none trained);
 4. every ``eval_every`` rounds, and at round 0 and T, all clients (seen and unseen) are
    evaluated; at T also after local tuning (Table 3) if asked.
 """
@@ -27,7 +29,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from flower_app.algorithms.fl_baselines import (
+    check_mw_eta,
     fedavg_update,
+    mwfed_reweight,
+    mwfed_shares,
+    mwfed_update,
     qffl_update,
     scaffold_control_update,
 )
@@ -60,6 +66,10 @@ class TrainOutcome:
         Their reported losses F_k(w).
     h_sum : float
         Σ h_k (q-FFL).
+    ids : list of int
+        The clients whose arrays are in the sums, in the order of ``q`` and ``losses``.
+    met : list of bool
+        MW-Fed: whether each of them reported F_k(w) < ρ_k (empty for other algorithms).
     bad_replies : int
         Replies left out (errors, invalid content, timeouts).
     info : dict
@@ -71,6 +81,8 @@ class TrainOutcome:
     q: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     h_sum: float = 0.0
+    ids: list[int] = field(default_factory=list)
+    met: list[bool] = field(default_factory=list)
     bad_replies: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -79,9 +91,17 @@ class Transport(Protocol):
     """How the protocol reaches the clients."""
 
     def train(
-        self, server_round: int, users: np.ndarray, payload: list[np.ndarray]
+        self,
+        server_round: int,
+        users: np.ndarray,
+        payload: list[np.ndarray],
+        user_config: dict[str, list[float]] | None = None,
     ) -> TrainOutcome:
-        """Have ``users`` train from ``payload``; return the summed replies."""
+        """Have ``users`` train from ``payload``; return the summed replies.
+
+        ``user_config`` maps a config key to one value per entry of ``users`` (same order);
+        a node receives the values of its own clients.
+        """
         ...
 
     def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
@@ -102,15 +122,21 @@ class AppealServer:
     Parameters
     ----------
     algorithm : str
-        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl`` or ``scaffold``.
+        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold`` or ``mwfed``.
     weights : list of numpy.ndarray
         The initial global model w⁽⁰⁾ (float32).
     n_seen : int
-        Seen clients (SCAFFOLD's N).
+        Seen clients (SCAFFOLD's N; MW-Fed keeps one weight per seen client).
     server_lr : float, optional
         η_g (default 1.0; unused by q-FFL, whose step is Σ Δ_k / Σ h_k).
     eps : float, optional
         MaxFL's ε > 0 (default 1e-3).
+    mw_eta : float, optional
+        MW-Fed's η_mw > 0 (default 0.1; see :mod:`flower_app.algorithms.fl_baselines`).
+    control : list of numpy.ndarray, optional
+        SCAFFOLD's server control variate c (zeros if None).
+    mw_weights : numpy.ndarray, optional
+        MW-Fed's λ_k of the seen clients (ones if None).
     """
 
     algorithm: str
@@ -118,7 +144,10 @@ class AppealServer:
     n_seen: int
     server_lr: float = 1.0
     eps: float = 1e-3
+    mw_eta: float = 0.1
     control: list[np.ndarray] | None = None
+    mw_weights: np.ndarray | None = None
+    _shares: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -128,6 +157,13 @@ class AppealServer:
         self.weights = [np.asarray(w, np.float32) for w in self.weights]
         if self.algorithm == "scaffold" and self.control is None:
             self.control = [np.zeros_like(w) for w in self.weights]
+        if self.algorithm == "mwfed":
+            self.mw_eta = check_mw_eta(self.mw_eta)
+            if self.mw_weights is None:
+                self.mw_weights = np.ones(self.n_seen, dtype=np.float64)
+            self.mw_weights = np.asarray(self.mw_weights, dtype=np.float64)
+            if self.mw_weights.shape != (self.n_seen,):
+                raise ValueError(f"MW-Fed needs {self.n_seen} weights, got {self.mw_weights.shape}")
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -138,6 +174,31 @@ class AppealServer:
     def payload(self) -> list[np.ndarray]:
         """Return what the sampled clients receive: w (and c for SCAFFOLD)."""
         return list(self.weights) + (list(self.control) if self.control is not None else [])
+
+    def user_config(self, users: np.ndarray) -> dict[str, list[float]]:
+        """Return the per-client train settings of this round's sampled ``users``.
+
+        MW-Fed: ``{"mw-share": [s_k, ...]}``, the relative weights
+        s_k = |S| λ_k / Σ_{j∈S} λ_j in the order of ``users`` (remembered for
+        :meth:`step`); other algorithms: ``{}``.
+
+        Parameters
+        ----------
+        users : numpy.ndarray
+            The sampled seen clients S.
+
+        Returns
+        -------
+        dict
+            Config key -> one value per entry of ``users``.
+        """
+        if self.algorithm != "mwfed" or len(users) == 0:
+            return {}
+        assert self.mw_weights is not None
+        ids = [int(u) for u in users]
+        shares = mwfed_shares(self.mw_weights[ids])
+        self._shares = {u: float(s) for u, s in zip(ids, shares, strict=True)}
+        return {"mw-share": [float(s) for s in shares]}
 
     def step(self, outcome: TrainOutcome) -> dict[str, float]:
         """Apply the algorithm's server step to the round's summed replies.
@@ -150,7 +211,9 @@ class AppealServer:
         Returns
         -------
         dict
-            ``server-step``: the step size applied to the summed arrays (0 if no step).
+            ``server-step``: the step size applied to the summed arrays (0 if no step);
+            MW-Fed adds ``mw-unmet`` (clients not met this round), ``mw-share-max`` (the
+            largest s_k sent) and ``mw-weight-max`` (the largest λ_k after the update).
         """
         if outcome.sums is None or outcome.users == 0:
             return {"server-step": 0.0}
@@ -162,11 +225,34 @@ class AppealServer:
         if self.algorithm == "qffl":
             self.weights = qffl_update(self.weights, outcome.sums, outcome.h_sum)
             return {"server-step": 1.0 / outcome.h_sum}
+        if self.algorithm == "mwfed":
+            return self._mwfed_step(outcome)
         self.weights = fedavg_update(self.weights, outcome.sums[:n], outcome.users, self.server_lr)
         if self.algorithm == "scaffold":
             assert self.control is not None
             self.control = scaffold_control_update(self.control, outcome.sums[n:], self.n_seen)
         return {"server-step": self.server_lr / outcome.users}
+
+    def _mwfed_step(self, outcome: TrainOutcome) -> dict[str, float]:
+        assert self.mw_weights is not None and outcome.sums is not None
+        if len(outcome.ids) != outcome.users or len(outcome.met) != outcome.users:
+            raise ValueError("MW-Fed needs the ids and met flags of every aggregated client")
+        missing = [u for u in outcome.ids if u not in self._shares]
+        if missing:
+            raise ValueError(f"MW-Fed: clients {missing} were not sent a weight this round")
+        share_sum = float(sum(self._shares[u] for u in sorted(outcome.ids)))  # engine-free order
+        self.weights = mwfed_update(self.weights, outcome.sums, share_sum, self.server_lr)
+        ids = np.asarray(outcome.ids, dtype=np.int64)
+        unmet = ~np.asarray(outcome.met, dtype=bool)
+        self.mw_weights[ids] = mwfed_reweight(self.mw_weights[ids], unmet, self.mw_eta)
+        share_max = max(self._shares.values())
+        self._shares = {}
+        return {
+            "server-step": self.server_lr / share_sum,
+            "mw-unmet": int(unmet.sum()),
+            "mw-share-max": float(share_max),
+            "mw-weight-max": float(self.mw_weights.max()),
+        }
 
 
 def summarise_metrics(sums: dict[str, float]) -> dict[str, float]:
@@ -253,7 +339,7 @@ def run_protocol(
         }
         outcome = TrainOutcome(None, 0)
         if users.size:
-            outcome = transport.train(t, users, server.payload())
+            outcome = transport.train(t, users, server.payload(), server.user_config(users))
         row.update(server.step(outcome))
         row.update(
             {

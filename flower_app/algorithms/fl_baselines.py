@@ -14,6 +14,39 @@ All updates use Δw_k = w − w_k^(τ) (what a client moved *down* its loss), as
 * SCAFFOLD (Karimireddy et al. 2020, option II): the clients correct their gradients by
   c − c_k; w ← w − η_g (1/|S|) Σ Δw_k, c ← c − (1/N) Σ Δc_k with Δc_k = c_k − c_k⁺
   (sign convention of Δw_k).
+* MW-Fed (Blum, Haghtalab, Phillips & Shao, ICML 2021, "One for One, or All for All"),
+  the incentive baseline of the MaxFL paper: multiplicative weights on the clients whose
+  requirement is not met. The server keeps λ_k = 1 for every seen client k at the start.
+  In round t, with sampled clients S and the *current* weights λ_k (decided by rounds
+  < t, as in multiplicative weights: the distribution is fixed before the round's losses
+  are seen),
+
+  1. the server sends each k ∈ S its relative weight s_k = |S| λ_k / Σ_{j∈S} λ_j (mean 1
+     over S; :func:`mwfed_shares`);
+  2. client k reports whether its requirement is met at the received model,
+     F_k(w) < ρ_k (same split and test as MaxFL's opt-in, ``maxfl-requirement``), runs
+     τ_k = max(1, ⌊τ s_k + 1/2⌋) local SGD steps (:func:`mwfed_local_steps`) and sends
+     s_k Δw_k;
+  3. the server steps w ← w − η_g Σ_{k∈V} s_k Δw_k / Σ_{k∈V} s_k over the valid replies V
+     (:func:`mwfed_update`; = the λ-weighted average of the Δw_k), then multiplies the
+     weight of every k ∈ V whose requirement was not met by (1 + η_mw)
+     (:func:`mwfed_reweight`).
+
+  Why both the aggregation weight and the local steps: in Blum et al. an agent whose
+  constraint is violated contributes more *samples* in the next round, and the MaxFL paper
+  describes MW-Fed as clients "sending higher weights to the server and performing more
+  local updates". Scaling τ by s_k is what "more samples" means for local SGD; it is cheap,
+  because Σ_k τ_k ≈ |S| τ (the round's compute budget is unchanged, only shifted towards
+  the unsatisfied clients), and bounded (τ_k ≤ |S| τ). With equal weights MW-Fed is
+  exactly FedAvg with uniform client weights. A client that inflates its reported loss
+  (Byzantine, Table 4) is never "met", so its weight only grows: the opposite of MaxFL,
+  whose q_k = σ'(gap) vanishes for large gaps.
+
+  η_mw (``maxfl-mw-eta``, default 0.1) must be > 0. 0.1 is a conventional Hedge rate
+  (η ≤ 1/2 keeps the multiplicative-weights regret bound); in the paper's setting (K = 5
+  of 100 clients, T = 200) a client is sampled about 10 times, so a never-satisfied client
+  ends with at most 1.1¹⁰ ≈ 2.6 times the weight of an always-satisfied one: a clear
+  push towards the unsatisfied without letting one client take over a 5-client round.
 """
 
 from __future__ import annotations
@@ -23,7 +56,12 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
+    "check_mw_eta",
     "fedavg_update",
+    "mwfed_local_steps",
+    "mwfed_reweight",
+    "mwfed_shares",
+    "mwfed_update",
     "qffl_delta_h",
     "qffl_update",
     "scaffold_control_update",
@@ -154,4 +192,136 @@ def scaffold_control_update(
     return [
         (np.asarray(c, np.float64) - np.asarray(d, np.float64) / n_total).astype(np.float32)
         for c, d in zip(control, control_delta_sum, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------- MW-Fed
+def check_mw_eta(eta: float) -> float:
+    """Return η_mw as a float if it is finite and > 0.
+
+    Parameters
+    ----------
+    eta : float
+        The multiplicative-weights rate (run_config ``maxfl-mw-eta``).
+
+    Returns
+    -------
+    float
+        ``eta``.
+
+    Raises
+    ------
+    ValueError
+        If ``eta`` is not a finite number > 0 (the message names ``maxfl-mw-eta``).
+    """
+    ok = isinstance(eta, int | float | np.floating) and not isinstance(eta, bool)
+    if not (ok and np.isfinite(eta) and eta > 0):
+        raise ValueError(f"MW-Fed needs η_mw > 0 (run_config 'maxfl-mw-eta'), got {eta!r}")
+    return float(eta)
+
+
+def _check_mw_weights(mw_weights: np.ndarray) -> np.ndarray:
+    lam = np.asarray(mw_weights, dtype=np.float64)
+    if lam.ndim != 1 or not np.all(np.isfinite(lam)) or np.any(lam <= 0):
+        raise ValueError(f"MW-Fed weights must be a 1-d array of finite values > 0, got {lam}")
+    return lam
+
+
+def mwfed_reweight(mw_weights: np.ndarray, unmet: np.ndarray, eta: float) -> np.ndarray:
+    """Return λ_k · (1 + η_mw) for the clients whose requirement is not met, λ_k otherwise.
+
+    Parameters
+    ----------
+    mw_weights : numpy.ndarray
+        λ_k of the reporting clients (> 0).
+    unmet : numpy.ndarray
+        Booleans, same length: True where F_k(w) ≥ ρ_k.
+    eta : float
+        η_mw > 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        The new weights (float64).
+    """
+    eta = check_mw_eta(eta)
+    lam = _check_mw_weights(mw_weights)
+    unmet = np.asarray(unmet)
+    if unmet.shape != lam.shape or unmet.dtype != np.bool_:
+        raise ValueError(f"unmet must be {lam.shape[0]} booleans, got {unmet!r}")
+    return np.where(unmet, lam * (1.0 + eta), lam)
+
+
+def mwfed_shares(mw_weights: np.ndarray) -> np.ndarray:
+    """Return the relative weights s_k = |S| λ_k / Σ_{j∈S} λ_j of the sampled clients.
+
+    Parameters
+    ----------
+    mw_weights : numpy.ndarray
+        λ_k of the sampled clients S (> 0, at least one).
+
+    Returns
+    -------
+    numpy.ndarray
+        s_k (float64), mean 1; all ones when the weights are equal.
+    """
+    lam = _check_mw_weights(mw_weights)
+    if lam.size == 0:
+        raise ValueError("MW-Fed needs at least one sampled client")
+    return lam.size * lam / lam.sum()
+
+
+def mwfed_local_steps(share: float, local_steps: int) -> int:
+    """Return client k's local steps τ_k = max(1, ⌊τ s_k + 1/2⌋).
+
+    Parameters
+    ----------
+    share : float
+        s_k (> 0), see :func:`mwfed_shares`.
+    local_steps : int
+        τ, the steps of a client of average weight (≥ 1).
+
+    Returns
+    -------
+    int
+        τ_k ≥ 1 (τ when s_k = 1).
+    """
+    if not (np.isfinite(share) and share > 0):
+        raise ValueError(f"MW-Fed relative weight s_k must be finite and > 0, got {share!r}")
+    if local_steps < 1:
+        raise ValueError(f"local steps τ must be >= 1, got {local_steps}")
+    return max(1, int(np.floor(local_steps * float(share) + 0.5)))
+
+
+def mwfed_update(
+    weights: Sequence[np.ndarray],
+    weighted_update_sum: Sequence[np.ndarray],
+    share_sum: float,
+    server_lr: float = 1.0,
+) -> list[np.ndarray]:
+    """Return w − η_g · Σ s_k Δw_k / Σ s_k (MW-Fed server step).
+
+    Parameters
+    ----------
+    weights : sequence of numpy.ndarray
+        The global model.
+    weighted_update_sum : sequence of numpy.ndarray
+        Σ_k s_k Δw_k over the valid replies.
+    share_sum : float
+        Σ_k s_k over the same clients (> 0).
+    server_lr : float, optional
+        η_g (default 1).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The new model, in the dtypes of ``weights``.
+    """
+    _check(weights, weighted_update_sum)
+    if not (np.isfinite(share_sum) and share_sum > 0):
+        raise ValueError(f"Σ s_k must be finite and > 0, got {share_sum}")
+    scale = float(server_lr) / float(share_sum)
+    return [
+        (np.asarray(w, np.float64) - scale * np.asarray(u, np.float64)).astype(np.asarray(w).dtype)
+        for w, u in zip(weights, weighted_update_sum, strict=True)
     ]

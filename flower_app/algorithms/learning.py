@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from flower_app.algorithms.fl_baselines import qffl_delta_h
+from flower_app.algorithms.fl_baselines import mwfed_local_steps, qffl_delta_h
 from flower_app.algorithms.maxfl import aggregation_weight
 from flower_app.datasets.federated import ClientData
 from flower_app.models.mlp import MLP
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 TRAIN, SOLO, TUNE, BYZANTINE = 0, 1, 2, 3
-ALGORITHMS = ("maxfl", "fedavg", "fedprox", "qffl", "scaffold")
+ALGORITHMS = ("maxfl", "fedavg", "fedprox", "qffl", "scaffold", "mwfed")
 REQUIREMENTS = ("train", "heldout")
 
 
@@ -300,9 +300,14 @@ class UserResult:
         MaxFL aggregation weight (0 for other algorithms).
     h : float
         q-FFL h_k (0 for other algorithms).
+    met : bool
+        Whether F_k(w) < ρ_k at the received model, on the requirement split and with the
+        loss as reported (MW-Fed; False for other algorithms).
+    local_steps : int
+        Local SGD steps run (τ, or MW-Fed's τ_k).
     arrays : list of numpy.ndarray
         float64 arrays this client adds to the node's sum: q_k Δw_k (MaxFL), Δw_k
-        (FedAvg, FedProx), Δ_k (q-FFL), Δw_k then Δc_k (SCAFFOLD).
+        (FedAvg, FedProx), Δ_k (q-FFL), Δw_k then Δc_k (SCAFFOLD), s_k Δw_k (MW-Fed).
     new_control : list of numpy.ndarray, optional
         SCAFFOLD: the client's new control variate c_k⁺.
     """
@@ -311,6 +316,8 @@ class UserResult:
     train_loss: float
     q: float = 0.0
     h: float = 0.0
+    met: bool = False
+    local_steps: int = 0
     arrays: list[np.ndarray] = field(default_factory=list)
     new_control: list[np.ndarray] | None = None
 
@@ -328,6 +335,7 @@ def train_user(
     byzantine: bool = False,
     control: Sequence[np.ndarray] | None = None,
     client_control: Sequence[np.ndarray] | None = None,
+    mw_share: float = 1.0,
 ) -> UserResult:
     """Run one client's round of ``algorithm`` from the global model ``weights``.
 
@@ -350,14 +358,18 @@ def train_user(
     user : int
         Client id.
     solo : SoloResult or None
-        The client's solo results (ρ_k); required by MaxFL.
+        The client's solo results (ρ_k); required by MaxFL and MW-Fed.
     byzantine : bool, optional
         Report a loss inflated by ``cfg.byzantine_loss`` and add Gaussian noise of standard
-        deviation ``cfg.byzantine_noise`` to Δw (Table 4).
+        deviation ``cfg.byzantine_noise`` to Δw (Table 4). The inflated loss is what MaxFL's
+        q_k and MW-Fed's "met" flag are computed from (the attack: claim a large gap).
     control : sequence of numpy.ndarray, optional
         SCAFFOLD server control variate c.
     client_control : sequence of numpy.ndarray, optional
         SCAFFOLD client control variate c_k (zeros if None).
+    mw_share : float, optional
+        MW-Fed's relative weight s_k from the server (default 1): the client runs
+        τ_k = max(1, ⌊τ s_k + 1/2⌋) steps and sends s_k Δw_k.
 
     Returns
     -------
@@ -366,8 +378,11 @@ def train_user(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not known; choose one of {ALGORITHMS}")
-    if algorithm == "maxfl" and solo is None:
+    if algorithm in ("maxfl", "mwfed") and solo is None:
         raise ValueError(f"client {user}: ρ_k is missing (no solo model result)")
+    steps = (
+        mwfed_local_steps(mw_share, cfg.local_steps) if algorithm == "mwfed" else cfg.local_steps
+    )
     rng = user_rng(seed, server_round, user, TRAIN)
     with single_thread():
         model = make_model(weights, n_classes, cfg.dropout)
@@ -396,7 +411,7 @@ def train_user(
             model,
             data.x_train,
             data.y_train,
-            cfg.local_steps,
+            steps,
             cfg.lr,
             cfg.batch_size,
             rng,
@@ -411,8 +426,12 @@ def train_user(
     if byzantine:
         noise_rng = user_rng(seed, server_round, user, BYZANTINE)
         delta = [d + noise_rng.normal(0.0, cfg.byzantine_noise, size=d.shape) for d in delta]
-    result = UserResult(loss=float(loss), train_loss=float(train_loss))
-    if algorithm == "maxfl":
+    result = UserResult(loss=float(loss), train_loss=float(train_loss), local_steps=steps)
+    if algorithm == "mwfed":
+        assert solo is not None
+        result.met = bool(loss < solo.rho(cfg.requirement))
+        result.arrays = [float(mw_share) * d for d in delta]
+    elif algorithm == "maxfl":
         assert solo is not None
         result.q = float(aggregation_weight(loss, solo.rho(cfg.requirement)))
         result.arrays = [result.q * d for d in delta]

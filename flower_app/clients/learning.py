@@ -12,14 +12,18 @@ The NumPyClient methods and what they exchange (the strategy side is
 ``get_properties({"kind": "cohort"})``
     ``partition-id``, ``num-partitions``, ``first-user``, ``num-users``, ``n-users-total``,
     ``n-elements`` (= number of model parameters; checked by the server's discovery).
-``fit(parameters, {"server-round", "users", "algorithm"})``
+``fit(parameters, {"server-round", "users", "algorithm"[, "mw-share"]})``
     trains the listed seen clients from ``parameters`` (the model; for SCAFFOLD the model
     then the server control variate) and returns the float64 sums of their arrays (see
     :class:`~flower_app.algorithms.learning.UserResult`), ``len(users)`` and metrics
     ``users`` (list of int), ``q`` and ``loss`` (lists of float, one per user),
-    ``h-sum`` (float; q-FFL).
+    ``h-sum`` (float; q-FFL). MW-Fed: ``mw-share`` (list of float, one s_k > 0 per user,
+    required) sets each client's weight and local steps; the metrics add ``met`` (list
+    of int 0/1: F_k(w) < ρ_k with the loss as reported).
 ``evaluate(parameters, {"kind": "appeal", "users"})``
     metrics ``appealing``: the listed clients for which F_k(w) < ρ_k (requirement split).
+    Byzantine clients always opt in (an attacker wants to be sampled; they lie about their
+    loss only in ``fit``).
 ``evaluate(parameters, {"kind": "metrics", "server-round", "tuned"})``
     sums over the node's clients, per group g ∈ {seen, unseen}: ``g-count``, ``g-loss``,
     ``g-acc``, ``g-appeal`` (held-out loss of w below that of ŵ_k: Eq. 1 with true losses
@@ -143,7 +147,7 @@ class LearningClient(NumPyClient):
     num_users : int
         How many consecutive clients it serves.
     algorithm : str
-        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl`` or ``scaffold``.
+        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold`` or ``mwfed``.
     local : LocalConfig
         Hyperparameters of the clients.
     init_weights : sequence of numpy.ndarray
@@ -236,9 +240,17 @@ class LearningClient(NumPyClient):
         control = [np.asarray(p) for p in parameters[n_model:]] or None
         if self.algorithm == "scaffold" and control is None:
             raise ValueError("SCAFFOLD needs the server control variate after the model")
+        shares = [1.0] * len(users)
+        if self.algorithm == "mwfed":
+            if "mw-share" not in config:
+                raise ValueError("MW-Fed needs 'mw-share' (one relative weight per user)")
+            shares = [float(v) for v in config["mw-share"]]
+            if len(shares) != len(users):
+                raise ValueError(f"'mw-share' has {len(shares)} values for {len(users)} users")
+        needs_rho = self.algorithm in ("maxfl", "mwfed")
         sums: list[np.ndarray] | None = None
-        qs, losses, h_sum = [], [], 0.0
-        for u in users:
+        qs, losses, met, h_sum = [], [], [], 0.0
+        for u, share in zip(users, shares, strict=True):
             res = train_user(
                 self.algorithm,
                 weights,
@@ -248,10 +260,11 @@ class LearningClient(NumPyClient):
                 self.seed,
                 server_round,
                 u,
-                self.solo(u) if self.algorithm == "maxfl" else None,
+                self.solo(u) if needs_rho else None,
                 byzantine=u in self.byzantine,
                 control=control,
                 client_control=self.state.get_control(u) if control is not None else None,
+                mw_share=share,
             )
             if res.new_control is not None:
                 self.state.set_control(u, res.new_control)
@@ -262,9 +275,12 @@ class LearningClient(NumPyClient):
             )
             qs.append(res.q)
             losses.append(res.loss)
+            met.append(int(res.met))
             h_sum += res.h
         assert sums is not None, "fit needs at least one client"
-        metrics = {"users": users, "q": qs, "loss": losses, "h-sum": float(h_sum)}
+        metrics: dict[str, Any] = {"users": users, "q": qs, "loss": losses, "h-sum": float(h_sum)}
+        if self.algorithm == "mwfed":
+            metrics["met"] = met
         return sums, len(users), metrics
 
     def evaluate(
@@ -282,6 +298,8 @@ class LearningClient(NumPyClient):
         return self._metrics(weights, int(config.get("server-round", 0)), bool(config.get("tuned")))
 
     def _appeals(self, weights: Sequence[np.ndarray], user: int) -> bool:
+        if user in self.byzantine:
+            return True  # an attacker stays in the pool to be sampled
         data = self.fed.client(user)
         with single_thread():
             model = make_model(weights, self.fed.n_classes, self.local.dropout)

@@ -1,4 +1,4 @@
-"""Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold).
+"""Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed).
 
 ``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` over the grid,
 ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls one
@@ -74,6 +74,8 @@ class MaxFLSettings:
         Appeal-based flexible participation.
     server_lr, eps : float
         η_g and ε.
+    mw_eta : float
+        MW-Fed's multiplicative-weights rate η_mw.
     partition : str
         ``dirichlet`` or ``clusters``.
     alpha, label_flip, train_fraction, byzantine : float
@@ -97,6 +99,7 @@ class MaxFLSettings:
     flexible: bool
     server_lr: float
     eps: float
+    mw_eta: float
     partition: str
     alpha: float
     label_flip: float
@@ -147,7 +150,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
     Raises
     ------
     ConfigError
-        Naming the key for any invalid value (ε ≤ 0 included).
+        Naming the key for any invalid value (ε ≤ 0 and η_mw ≤ 0 included).
     """
     default_seen, n_classes = DATASETS[cfg.dataset]
     n_seen = cfg.num_users or default_seen
@@ -190,6 +193,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         flexible=_choice(cfg, "maxfl-participation", ("flexible", "all")) == "flexible",
         server_lr=_num(cfg, "maxfl-server-lr", float, 0.0, strict=True),
         eps=_num(cfg, "maxfl-eps", float, 0.0, strict=True),
+        mw_eta=_num(cfg, "maxfl-mw-eta", float, 0.0, strict=True),
         partition=_choice(cfg, "maxfl-partition", ("dirichlet", "clusters")),
         alpha=_num(cfg, "maxfl-alpha", float, 0.0, strict=True),
         label_flip=_num(cfg, "maxfl-label-flip", float, 0.0),
@@ -247,7 +251,9 @@ def _init(s: MaxFLSettings) -> list[np.ndarray]:
 
 
 def _server(s: MaxFLSettings) -> tuple[AppealServer, ParticipationSampler]:
-    server = AppealServer(s.algorithm, _init(s), s.n_seen, server_lr=s.server_lr, eps=s.eps)
+    server = AppealServer(
+        s.algorithm, _init(s), s.n_seen, server_lr=s.server_lr, eps=s.eps, mw_eta=s.mw_eta
+    )
     sampler = ParticipationSampler(
         s.n_seen, s.clients_per_round, s.flexible, s.mandatory_rounds, s.seed
     )
@@ -354,17 +360,28 @@ class DirectTransport:
         self.algorithm = algorithm
 
     def train(
-        self, server_round: int, users: np.ndarray, payload: list[np.ndarray]
+        self,
+        server_round: int,
+        users: np.ndarray,
+        payload: list[np.ndarray],
+        user_config: dict[str, list[float]] | None = None,
     ) -> TrainOutcome:
         """Train ``users`` from ``payload`` and return their summed arrays."""
-        config = {"server-round": server_round, "users": [int(u) for u in users]}
-        sums, n, metrics = self.client.fit(payload, {**config, "algorithm": self.algorithm})
+        config = {
+            "server-round": server_round,
+            "users": [int(u) for u in users],
+            "algorithm": self.algorithm,
+            **(user_config or {}),
+        }
+        sums, n, metrics = self.client.fit(payload, config)
         return TrainOutcome(
             sums=[np.asarray(a, np.float64) for a in sums],
             users=n,
             q=list(metrics["q"]),
             losses=list(metrics["loss"]),
             h_sum=float(metrics["h-sum"]),
+            ids=[int(u) for u in metrics["users"]],
+            met=[bool(v) for v in metrics.get("met", [])],
         )
 
     def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:

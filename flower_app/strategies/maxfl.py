@@ -16,7 +16,10 @@ their ``configure_*`` / ``aggregate_*``. Their server math does fit and is reuse
 spirit: FedAvg's average (with uniform client weights) and q-FedAvg's
 ``compute_delta_and_h`` are re-implemented without Flower in
 :mod:`flower_app.algorithms.fl_baselines`, and tests check them against Flower's
-functions. FedProx is FedAvg's server with μ passed to the clients, as in Flower.
+functions. FedProx is FedAvg's server with μ passed to the clients, as in Flower. MW-Fed
+(Blum et al. 2021) has no Flower counterpart: its multiplicative weights live in
+:mod:`flower_app.algorithms.fl_baselines` and :class:`~flower_app.algorithms.appeal.AppealServer`,
+and each node receives its clients' relative weights in the train config (``mw-share``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ __all__ = ["AppealStrategy", "MaxFLStrategy", "ReplyError", "decode_train_reply"
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
+#: train-config keys that hold one value per sampled client (sliced per node)
+PER_USER_KEYS = ("mw-share",)
+
 
 class ReplyError(ValueError):
     """A client reply that cannot be aggregated (it is counted and left out)."""
@@ -48,8 +54,8 @@ class ReplyError(ValueError):
 
 def decode_train_reply(
     reply: Message, sent_users: list[int], shapes: list[tuple[int, ...]], algorithm: str
-) -> tuple[list[np.ndarray], list[float], list[float], float]:
-    """Check one node's ``train`` reply and return its arrays, q's, losses and h-sum.
+) -> tuple[list[np.ndarray], list[float], list[float], float, list[bool]]:
+    """Check one node's ``train`` reply; return its arrays, q's, losses, h-sum and met flags.
 
     Parameters
     ----------
@@ -60,12 +66,12 @@ def decode_train_reply(
     shapes : list of tuple
         Expected array shapes (the model's; twice for SCAFFOLD).
     algorithm : str
-        The algorithm (MaxFL checks q_k ∈ [0, 1/4], q-FFL h > 0).
+        The algorithm (MaxFL checks q_k ∈ [0, 1/4], q-FFL h > 0, MW-Fed needs ``met``).
 
     Returns
     -------
     tuple
-        float64 arrays, q list, loss list, h-sum.
+        float64 arrays, q list, loss list, h-sum, met list (MW-Fed; empty otherwise).
 
     Raises
     ------
@@ -96,6 +102,14 @@ def decode_train_reply(
         raise ReplyError(f"q_k must lie in [0, 1/4], got {qs}")
     if algorithm == "qffl" and h_sum <= 0:
         raise ReplyError(f"q-FFL needs h > 0, got {h_sum}")
+    met: list[bool] = []
+    if algorithm == "mwfed":
+        raw = metrics.get("met")
+        if not isinstance(raw, list) or len(raw) != len(users):
+            raise ReplyError("MW-Fed metrics need 'met': one 0/1 per client")
+        if any(isinstance(v, float) or int(v) not in (0, 1) for v in raw):
+            raise ReplyError(f"'met' values must be 0 or 1, got {raw}")
+        met = [bool(int(v)) for v in raw]
     arrays = content.array_records["arrays"].to_numpy_ndarrays()
     if len(arrays) != len(shapes):
         raise ReplyError(f"{len(arrays)} arrays, expected {len(shapes)}")
@@ -106,7 +120,7 @@ def decode_train_reply(
         if a.dtype.kind != "f" or not np.all(np.isfinite(a)):
             raise ReplyError(f"array {i} is not a finite float array")
         out.append(a.astype(np.float64))
-    return out, qs, losses, h_sum
+    return out, qs, losses, h_sum, met
 
 
 class AppealStrategy(Strategy):
@@ -145,11 +159,14 @@ class AppealStrategy(Strategy):
       (``[W1 (64, 784), b1, W2 (30, 64), b2, W3 (C, 30), b3]``; SCAFFOLD appends the server
       control variate c in the same shapes, ``"6".."11"``); ``"config"`` ConfigRecord
       ``server-round`` (int), ``users`` (list of int: the node's sampled clients),
-      ``algorithm`` (str). Reply ``"arrays"``: float64 sums over the node's clients of
-      q_k Δw_k (MaxFL), Δw_k (FedAvg, FedProx), Δ_k (q-FFL) or Δw_k then Δc_k (SCAFFOLD),
-      Δw_k = w − w_k^(τ), in the model's shapes; ``"metrics"`` MetricRecord
-      ``num-examples`` (int), ``users`` (list of int, as sent), ``q`` and ``loss`` (list of
-      float, one per client; q_k ∈ [0, 1/4]), ``h-sum`` (float, q-FFL's Σ h_k).
+      ``algorithm`` (str); MW-Fed adds ``mw-share`` (list of float, one relative weight
+      s_k per client of ``users``). Reply ``"arrays"``: float64 sums over the node's
+      clients of q_k Δw_k (MaxFL), Δw_k (FedAvg, FedProx), Δ_k (q-FFL), Δw_k then Δc_k
+      (SCAFFOLD) or s_k Δw_k (MW-Fed), Δw_k = w − w_k^(τ), in the model's shapes;
+      ``"metrics"`` MetricRecord ``num-examples`` (int), ``users`` (list of int, as sent),
+      ``q`` and ``loss`` (list of float, one per client; q_k ∈ [0, 1/4]), ``h-sum``
+      (float, q-FFL's Σ h_k); MW-Fed adds ``met`` (list of int 0/1, one per client:
+      F_k(w) < ρ_k).
     * ``evaluate`` with ``"config"`` ``kind = "appeal"``, ``users`` (seen clients of the
       node) → reply ``"metrics"`` ``appealing`` (list of int: F_k(w) < ρ_k). Sent to every
       node with seen clients in each round after the mandatory ones (flexible participation).
@@ -158,7 +175,8 @@ class AppealStrategy(Strategy):
       ``seen-pref-acc``, ... and ``unseen-*``; see the client).
 
     A train reply with an error, a missing record, other clients than sent, a wrong number
-    or shape of arrays, non-finite values or q_k outside [0, 1/4] is logged, counted in
+    or shape of arrays, non-finite values, q_k outside [0, 1/4] or (MW-Fed) a missing or
+    malformed ``met`` list is logged, counted in
     ``bad-replies`` and left out; the step uses the valid replies only (no step if none).
     A failed appeal reply keeps that node's clients out of the pool; a failed metrics reply
     leaves its clients out of that evaluation (``eval-failed-nodes``).
@@ -203,7 +221,7 @@ class AppealStrategy(Strategy):
         log(
             INFO,
             "%s: %d seen + %d unseen clients, K=%d per round, T=%d rounds, participation=%s "
-            "(mandatory rounds %d), η_g=%s, ε=%s, seed=%d",
+            "(mandatory rounds %d), η_g=%s, ε=%s, η_mw=%s, seed=%d",
             type(self).__name__
             if self.algorithm == "maxfl"
             else f"AppealStrategy({self.algorithm})",
@@ -215,11 +233,18 @@ class AppealStrategy(Strategy):
             s.mandatory_rounds,
             self.server.server_lr,
             self.server.eps,
+            self.server.mw_eta if self.algorithm == "mwfed" else "-",
             s.seed,
         )
 
     def _messages(
-        self, users: np.ndarray, record: ArrayRecord, config: dict[str, Any], kind: str, rnd: int
+        self,
+        users: np.ndarray,
+        record: ArrayRecord,
+        config: dict[str, Any],
+        kind: str,
+        rnd: int,
+        per_user: dict[str, dict[int, Any]] | None = None,
     ) -> list[Message]:
         if self.cohorts is None:
             raise RuntimeError("discovery has not run: call start()")
@@ -227,12 +252,10 @@ class AppealStrategy(Strategy):
         self._sent = {}
         for node_id, node_users in self.cohorts.group(np.sort(users)).items():
             self._sent[node_id] = [int(u) for u in node_users]
-            content = RecordDict(
-                {
-                    "arrays": record,
-                    "config": ConfigRecord({**config, "users": self._sent[node_id]}),
-                }
-            )
+            node_cfg = {**config, "users": self._sent[node_id]}
+            for key, values in (per_user or {}).items():
+                node_cfg[key] = [values[u] for u in self._sent[node_id]]
+            content = RecordDict({"arrays": record, "config": ConfigRecord(node_cfg)})
             out.append(Message(content, dst_node_id=node_id, message_type=kind, group_id=str(rnd)))
         return out
 
@@ -241,12 +264,21 @@ class AppealStrategy(Strategy):
     ) -> Iterable[Message]:
         """Build one ``train`` message per node serving sampled clients.
 
-        ``config`` must hold ``users`` (list of int): the sampled clients.
+        ``config`` must hold ``users`` (list of int): the sampled clients; a key of
+        :data:`PER_USER_KEYS` (``mw-share``) holds one value per entry of ``users`` and each
+        node receives the values of its own clients.
         """
-        users = np.asarray(config["users"], dtype=np.int64)
-        cfg = {k: v for k, v in dict(config).items() if k != "users"}
-        cfg.update({"server-round": server_round, "algorithm": self.algorithm})
-        messages = self._messages(users, arrays, cfg, MessageType.TRAIN, server_round)
+        raw = dict(config)
+        users = np.asarray(raw.pop("users"), dtype=np.int64)
+        per_user: dict[str, dict[int, Any]] = {}
+        for key in PER_USER_KEYS:
+            if key in raw:
+                values = list(raw.pop(key))
+                if len(values) != len(users):
+                    raise ValueError(f"'{key}' has {len(values)} values for {len(users)} users")
+                per_user[key] = {int(u): v for u, v in zip(users, values, strict=True)}
+        cfg = {**raw, "server-round": server_round, "algorithm": self.algorithm}
+        messages = self._messages(users, arrays, cfg, MessageType.TRAIN, server_round, per_user)
         self._bytes_down = arrays.count_bytes() * len(messages)
         return messages
 
@@ -262,8 +294,10 @@ class AppealStrategy(Strategy):
         outcome = TrainOutcome(None, 0)
         outcome.bad_replies = checked.left_out
         bytes_up = 0
-        for _, (arrays, qs, losses, h, nbytes) in checked.accepted:
+        for src, (arrays, qs, losses, h, met, nbytes) in checked.accepted:
             sums = arrays if sums is None else [s + a for s, a in zip(sums, arrays, strict=True)]
+            outcome.ids += self._sent[src]
+            outcome.met += met
             outcome.users += len(qs)
             outcome.q += qs
             outcome.losses += losses
@@ -332,11 +366,15 @@ class AppealStrategy(Strategy):
 
     # ------------------------------------------------------------------ transport
     def train(
-        self, server_round: int, users: np.ndarray, payload: list[np.ndarray]
+        self,
+        server_round: int,
+        users: np.ndarray,
+        payload: list[np.ndarray],
+        user_config: dict[str, list[float]] | None = None,
     ) -> TrainOutcome:
         """Transport: send ``train`` messages, wait, validate and sum the replies."""
         assert self._grid is not None
-        config = ConfigRecord({"users": [int(u) for u in users]})
+        config = ConfigRecord({"users": [int(u) for u in users], **(user_config or {})})
         messages = self.configure_train(server_round, ArrayRecord(payload), config, self._grid)
         replies = self._grid.send_and_receive(messages, timeout=self.round_timeout)
         return self.collect_train(server_round, replies)

@@ -1,12 +1,27 @@
 """MaxFL reproductions and sensitivity sweeps on the direct engine (hook for ``run_sim.py``).
 
 ``main(argv)`` runs every combination of ``--algorithms`` × ``--seeds`` × the ``--grid``
-overrides for one ``--setting`` (the paper's Table 1, Table 2/3 or a custom one), writes one
-run folder per run under ``--out/runs/``, a CSV of the final metrics (``sweep.csv``) and a
-markdown table of mean ± std over seeds (``table.md``). Example::
+overrides for one ``--setting`` (the paper's Table 1, Table 2/3, Table 4 or a custom one),
+writes one run folder per run under ``--out/runs/`` and then the report:
 
-    python -m flower_app.sweeps.maxfl --setting table1 --algorithms maxfl fedavg \\
+* ``sweep.csv``: the final metrics of every finished run;
+* ``table.md``: mean ± std over seeds per algorithm and grid point (unfinished runs listed
+  under it);
+* ``curves.png`` (or ``curves-<grid point>.png``, one per grid point): seen and unseen
+  GM-Appeal and test accuracy against rounds, one line per algorithm (mean over seeds,
+  band = ± std), read from each run's ``metrics.jsonl`` (so unfinished runs show the
+  rounds they finished);
+* ``sweep.json``: the sweep's manifest (setting, grid keys, run names).
+
+``--jobs N`` runs the grid in N processes (each run is independent and seeded, and the
+report is written from the run folders, so the results are those of a serial sweep).
+``--report`` (or ``report`` as the first argument) rebuilds the report from an existing
+``--out`` without running anything, e.g. while a sweep is still running or after it was
+interrupted. Examples::
+
+    python -m flower_app.sweeps.maxfl --setting table1 --algorithms maxfl fedavg mwfed \\
         --seeds 0 1 2 --grid maxfl-requirement=train,heldout --out benchmarks/results/maxfl/t1
+    python run_sim.py maxfl report --out benchmarks/results/maxfl/t1
 """
 
 from __future__ import annotations
@@ -15,16 +30,28 @@ import argparse
 import csv
 import itertools
 import json
+import multiprocessing
+import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
+from flower_app.config import AppConfig, ConfigError
 
-__all__ = ["SETTINGS", "main", "parse_grid"]
+__all__ = [
+    "SETTINGS",
+    "RunRecord",
+    "collect_runs",
+    "main",
+    "parse_grid",
+    "plot_curves",
+    "report",
+    "table",
+]
 
 #: the paper's settings (Appendix D.1) as run_config overrides
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -40,6 +67,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "maxfl-partition": "clusters",
         "maxfl-participation": "all",
         "clients-per-round": 5,
+    },
+    "table4": {  # Table 1's setting with 20 % Byzantine seen clients (Appendix D.2)
+        "dataset": "fmnist",
+        "maxfl-partition": "dirichlet",
+        "maxfl-alpha": 0.5,
+        "maxfl-participation": "flexible",
+        "clients-per-round": 5,
+        "maxfl-byzantine": 0.2,
     },
     "emnist": {
         "dataset": "synthetic-emnist",
@@ -61,6 +96,17 @@ METRICS = (
     "unseen-tuned-gm-appeal",
 )
 
+#: the panels of the curves figure: (metric key in metrics.jsonl, title)
+CURVES = (
+    ("seen-gm-appeal", "seen GM-Appeal"),
+    ("unseen-gm-appeal", "unseen GM-Appeal"),
+    ("seen-acc", "seen test accuracy (%)"),
+    ("unseen-acc", "unseen test accuracy (%)"),
+)
+
+#: config.json keys that never define a grid point (per-run bookkeeping)
+_NOT_GRID = {"algorithm", "seed", "run-name", "output-dir", "data-dir", "engine", "settings"}
+
 
 def _value(text: str) -> Any:
     for kind in (int, float):
@@ -72,64 +118,257 @@ def _value(text: str) -> Any:
 
 
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
-    """Turn ``["key=a,b", "k2=c"]`` into the list of override dicts of their product."""
+    """Turn ``["key=a,b", "k2=c"]`` into the list of override dicts of their product.
+
+    Parameters
+    ----------
+    items : sequence of str
+        ``key=v1,v2,...`` strings.
+
+    Returns
+    -------
+    list of dict
+        One dict per combination (``[{}]`` for no items).
+
+    Raises
+    ------
+    ValueError
+        If an item has no ``=`` or no value.
+    """
     keys, values = [], []
     for item in items:
-        key, _, vals = item.partition("=")
+        key, sep, vals = item.partition("=")
+        if not sep or not key or not vals:
+            raise ValueError(f"grid item {item!r}: expected key=value[,value...]")
         keys.append(key)
         values.append([_value(v) for v in vals.split(",")])
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
+def _slug(overrides: dict[str, Any]) -> str:
+    return "-".join(f"{k.removeprefix('maxfl-')}{v}" for k, v in overrides.items()).replace(
+        ".", "p"
+    )
+
+
 def _name(algorithm: str, overrides: dict[str, Any], seed: int) -> str:
-    parts = [algorithm] + [f"{k.removeprefix('maxfl-')}{v}" for k, v in overrides.items()]
-    return "-".join(parts + [f"seed{seed}"]).replace(".", "p")
+    return "-".join([algorithm] + ([_slug(overrides)] if overrides else []) + [f"seed{seed}"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a MaxFL sweep; see the module docstring for the options."""
-    p = argparse.ArgumentParser(prog="maxfl-sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--setting", choices=sorted(SETTINGS), default="table1")
-    p.add_argument("--algorithms", nargs="+", default=["maxfl", "fedavg"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--grid", nargs="*", default=[], help="key=v1,v2 run_config overrides")
-    p.add_argument("--set", nargs="*", default=[], help="key=value fixed overrides")
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    fixed = {k: v for item in args.set for k, v in parse_grid([item])[0].items()}
-    rows = []
-    args.out.mkdir(parents=True, exist_ok=True)
-    for overrides in parse_grid(args.grid) or [{}]:
+# ---------------------------------------------------------------------- running
+def _run_one(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Worker: one direct-engine run (writes its run folder); returns its summary."""
+    from flower_app.experiment import run_direct
+
+    return run_direct(AppConfig.from_run_config(run_config))
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    fixed: dict[str, Any] = {}
+    for item in args.set:
+        fixed.update(parse_grid([item])[0])
+    grid = parse_grid(args.grid)
+    grid_keys = list(grid[0])
+    runs = []
+    for overrides in grid:
         for algorithm in args.algorithms:
             for seed in args.seeds:
-                run_config = {
-                    **SETTINGS[args.setting],
-                    **fixed,
-                    **overrides,
-                    "algorithm": algorithm,
-                    "seed": seed,
-                    "data-dir": args.data_dir,
-                    "output-dir": str((args.out / "runs").resolve()),
-                    "run-name": _name(algorithm, overrides, seed),
-                }
-                summary = run_direct(AppConfig.from_run_config(run_config))
-                row = {"algorithm": algorithm, "seed": seed, **overrides}
-                row.update({m: summary["final"].get(m) for m in METRICS})
-                row["final-pool-size"] = summary["final-pool-size"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    keys = list(rows[0])
-    with (args.out / "sweep.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    (args.out / "table.md").write_text(table(rows, [k for k in keys if k not in METRICS]))
-    return 0
+                runs.append(
+                    {
+                        **SETTINGS[args.setting],
+                        **fixed,
+                        **overrides,
+                        "algorithm": algorithm,
+                        "seed": seed,
+                        "data-dir": args.data_dir,
+                        "output-dir": str((args.out / "runs").resolve()),
+                        "run-name": _name(algorithm, overrides, seed),
+                    }
+                )
+    for run_config in runs:  # every config error before the first run
+        AppConfig.from_run_config(run_config)
+    return runs, grid_keys
+
+
+def run_sweep(args: argparse.Namespace) -> None:
+    """Run the planned runs (serially or in ``args.jobs`` processes) and write the manifest."""
+    runs, grid_keys = _plan(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "setting": args.setting,
+        "algorithms": list(args.algorithms),
+        "seeds": list(args.seeds),
+        "grid-keys": grid_keys,
+        "set": list(args.set),
+        "runs": [r["run-name"] for r in runs],
+    }
+    (args.out / "sweep.json").write_text(json.dumps(manifest, indent=2))
+    print(f"{len(runs)} runs, {args.jobs} job(s); run folders in {args.out / 'runs'}", flush=True)
+    if args.jobs == 1:
+        for i, run_config in enumerate(runs, 1):
+            _print_done(i, len(runs), _run_one(run_config))
+        return
+    # spawn: fresh interpreters, no torch/OpenMP state inherited through fork
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_run_one, r) for r in runs]
+        for i, future in enumerate(futures, 1):
+            _print_done(i, len(runs), future.result())
+
+
+def _print_done(i: int, n: int, summary: dict[str, Any]) -> None:
+    final = summary.get("final", {})
+    shown = {m: final.get(m) for m in ("seen-gm-appeal", "seen-acc", "unseen-gm-appeal")}
+    name = Path(summary["run-folder"]).name
+    print(f"[{i}/{n}] {name}: {json.dumps(shown)}", flush=True)
+
+
+# ---------------------------------------------------------------------- report
+@dataclass
+class RunRecord:
+    """One run folder of a sweep, finished or not.
+
+    Attributes
+    ----------
+    name : str
+        Folder name.
+    algorithm : str
+        ``algorithm`` of its config.
+    seed : int
+        ``seed`` of its config.
+    config : dict
+        ``config.json``.
+    rows : list of dict
+        The readable lines of ``metrics.jsonl``.
+    summary : dict or None
+        ``summary.json`` (None: unfinished).
+    overrides : dict
+        The run's values of the sweep's grid keys.
+    """
+
+    name: str
+    algorithm: str
+    seed: int
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by an interruption
+    return rows
+
+
+def collect_runs(out: Path) -> tuple[list[RunRecord], list[str]]:
+    """Read the run folders of the sweep in ``out`` and find its grid keys.
+
+    With ``out/sweep.json`` (written by the sweep) the runs and grid keys are the
+    manifest's; without it (a sweep of an older version) every folder under ``out/runs``
+    with a ``config.json`` is read and the grid keys are the config keys whose values
+    differ between runs.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The sweep's ``--out`` folder.
+
+    Returns
+    -------
+    tuple
+        The runs (sorted by name; run folders not started yet are skipped) and the grid
+        keys.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``out/runs`` holds no run folder.
+    """
+    runs_dir = Path(out) / "runs"
+    manifest_path = Path(out) / "sweep.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
+    if manifest is not None:
+        names = list(manifest["runs"])
+    else:
+        names = sorted(p.name for p in runs_dir.glob("*") if (p / "config.json").is_file())
+    runs = []
+    for name in names:
+        folder = runs_dir / name
+        if not (folder / "config.json").is_file():
+            continue  # not started yet
+        config = json.loads((folder / "config.json").read_text())
+        summary_path = folder / "summary.json"
+        runs.append(
+            RunRecord(
+                name=name,
+                algorithm=str(config["algorithm"]),
+                seed=int(config["seed"]),
+                config=config,
+                rows=_read_rows(folder / "metrics.jsonl"),
+                summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None,
+            )
+        )
+    if not runs:
+        raise FileNotFoundError(
+            f"no run folder with a config.json under {runs_dir}: run the sweep first"
+        )
+    grid_keys = list(manifest["grid-keys"]) if manifest is not None else _infer_grid_keys(runs)
+    for r in runs:
+        r.overrides = {k: r.config.get(k) for k in grid_keys}
+    return sorted(runs, key=lambda r: r.name), grid_keys
+
+
+def _infer_grid_keys(runs: list[RunRecord]) -> list[str]:
+    """Return the grid keys of a sweep without manifest.
+
+    They are the config keys that differ between runs, or that every run's name spells
+    (``<key without maxfl-><value>``, as :func:`_name` writes).
+    """
+    scalar = (str, int, float, bool)
+    first = runs[0].config
+    keys = [k for k, v in first.items() if k not in _NOT_GRID and isinstance(v, scalar)]
+
+    def named(key: str, run: RunRecord) -> bool:
+        return f"-{_slug({key: run.config.get(key)})}-" in f"-{run.name}-"
+
+    return [
+        k
+        for k in keys
+        if len({json.dumps(r.config.get(k)) for r in runs}) > 1 or all(named(k, r) for r in runs)
+    ]
+
+
+def _final_row(run: RunRecord, grid_keys: list[str]) -> dict[str, Any]:
+    assert run.summary is not None
+    row: dict[str, Any] = {"algorithm": run.algorithm, "seed": run.seed}
+    row.update({k: run.overrides[k] for k in grid_keys})
+    row.update({m: run.summary["final"].get(m) for m in METRICS})
+    row["final-pool-size"] = run.summary.get("final-pool-size")
+    return row
 
 
 def table(rows: list[dict[str, Any]], group_keys: list[str]) -> str:
-    """Return a markdown table: mean ± std over seeds of GM-Appeal and accuracies (%)."""
+    """Return a markdown table: mean ± std over seeds of GM-Appeal and accuracies (%).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of ``sweep.csv``.
+    group_keys : list of str
+        Columns that define a table row (``seed`` and ``final-pool-size`` are ignored).
+
+    Returns
+    -------
+    str
+        The markdown table.
+    """
     group_keys = [k for k in group_keys if k not in ("seed", "final-pool-size")]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
@@ -151,6 +390,176 @@ def table(rows: list[dict[str, Any]], group_keys: list[str]) -> str:
         cells.append(",".join(str(r["final-pool-size"]) for r in members))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _curve(runs: list[RunRecord], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and std over ``runs`` of ``metric`` per evaluated round (runs that reached it)."""
+    by_round: dict[int, list[float]] = {}
+    for run in runs:
+        for row in run.rows:
+            if row.get(metric) is not None:
+                by_round.setdefault(int(row["server-round"]), []).append(float(row[metric]))
+    rounds = np.array(sorted(by_round), dtype=int)
+    mean = np.array([np.mean(by_round[t]) for t in rounds])
+    std = np.array([np.std(by_round[t]) for t in rounds])
+    return rounds, mean, std
+
+
+def plot_curves(runs: list[RunRecord], path: Path, title: str) -> Path:
+    """Write a 2×2 figure of GM-Appeal and accuracy against rounds, one line per algorithm.
+
+    Parameters
+    ----------
+    runs : list of RunRecord
+        The runs of one grid point (any algorithms and seeds).
+    path : pathlib.Path
+        The PNG to write.
+    title : str
+        Figure title.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algorithms = sorted({r.algorithm for r in runs})
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    for ax, (metric, label) in zip(axes.flat, CURVES, strict=True):
+        scale = 100.0 if metric.endswith("acc") else 1.0
+        for algorithm in algorithms:
+            members = [r for r in runs if r.algorithm == algorithm]
+            rounds, mean, std = _curve(members, metric)
+            if rounds.size == 0:
+                continue
+            seeds = len({r.seed for r in members})
+            (line,) = ax.plot(rounds, scale * mean, label=f"{algorithm} ({seeds} seeds)")
+            ax.fill_between(
+                rounds,
+                scale * (mean - std),
+                scale * (mean + std),
+                color=line.get_color(),
+                alpha=0.2,
+            )
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("round")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6))
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def report(out: Path) -> dict[str, Any]:
+    """Write ``sweep.csv``, ``table.md`` and the curve PNGs from the run folders in ``out``.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The sweep's ``--out`` folder (finished, running or interrupted).
+
+    Returns
+    -------
+    dict
+        ``finished`` and ``unfinished`` run names, ``figures`` (paths written).
+    """
+    out = Path(out)
+    runs, grid_keys = collect_runs(out)
+    finished = [r for r in runs if r.summary is not None]
+    unfinished = [r for r in runs if r.summary is None]
+    rows = [_final_row(r, grid_keys) for r in finished]
+    keys = ["algorithm", "seed", *grid_keys, *METRICS, "final-pool-size"]
+    with (out / "sweep.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = table(rows, ["algorithm", *grid_keys]) if rows else "No finished run yet.\n"
+    if unfinished:
+        text += "\nUnfinished runs (curves only): " + ", ".join(
+            f"{r.name} (round {r.rows[-1]['server-round'] if r.rows else '-'})" for r in unfinished
+        )
+        text += "\n"
+    (out / "table.md").write_text(text)
+    points: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        points.setdefault(json.dumps([r.overrides[k] for k in grid_keys]), []).append(r)
+    figures = []
+    for members in points.values():
+        overrides = members[0].overrides
+        slug = _slug(overrides)
+        name = f"curves-{slug}.png" if slug else "curves.png"
+        title = ", ".join(f"{k}={v}" for k, v in overrides.items()) or out.name
+        figures.append(plot_curves(members, out / name, title))
+    return {
+        "finished": [r.name for r in finished],
+        "unfinished": [r.name for r in unfinished],
+        "figures": [str(f) for f in figures],
+    }
+
+
+# ---------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    """Return the sweep's argument parser."""
+    p = argparse.ArgumentParser(prog="maxfl-sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--setting", choices=sorted(SETTINGS), default="table1")
+    p.add_argument("--algorithms", nargs="+", default=["maxfl", "fedavg"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--grid", nargs="*", default=[], help="key=v1,v2 run_config overrides")
+    p.add_argument("--set", nargs="*", default=[], help="key=value fixed overrides")
+    p.add_argument("--data-dir", default="")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (>= 1)")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="only rebuild sweep.csv, table.md and the PNGs from the run folders in --out",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a MaxFL sweep or rebuild its report; see the module docstring for the options.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments (default: ``sys.argv[1:]``); a leading ``report`` means ``--report``.
+
+    Returns
+    -------
+    int
+        Exit status (0 on success, 2 on bad input).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":
+        argv = [*argv[1:], "--report"]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    try:
+        if not args.report:
+            run_sweep(args)
+        done = report(args.out)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"maxfl-sweep: error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{len(done['finished'])} finished, {len(done['unfinished'])} unfinished runs; "
+        f"wrote {args.out / 'sweep.csv'}, {args.out / 'table.md'} and "
+        f"{len(done['figures'])} figure(s)",
+        flush=True,
+    )
+    return 0
 
 
 if __name__ == "__main__":
