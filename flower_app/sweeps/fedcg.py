@@ -148,6 +148,15 @@ PRESETS: dict[str, Preset] = {
                 "FedCG T=40, 10% clients, exact gradients",
                 {"algorithm": "fedcg", "fedcg-rounds": 40, "clients-per-round": 0.1},
             ),
+            Variant(  # the other argmax vertex: no zero-gradient filler in v_i
+                "FedCG T=40, 10% clients, exact, no base fill",
+                {
+                    "algorithm": "fedcg",
+                    "fedcg-rounds": 40,
+                    "clients-per-round": 0.1,
+                    "fedcg-fill-base": False,
+                },
+            ),
             Variant(
                 "FedCG+ tau=5 (8 rounds), 10% clients",
                 {

@@ -15,6 +15,8 @@ writes one run folder per run under ``--out/runs/`` and then the report:
 
 ``--jobs N`` runs the grid in N processes (each run is independent and seeded, and the
 report is written from the run folders, so the results are those of a serial sweep).
+Runs whose folder already holds a ``summary.json`` are kept, not rerun: rerunning the same
+command resumes an interrupted sweep.
 ``--report`` (or ``report`` as the first argument) rebuilds the report from an existing
 ``--out`` without running anything, e.g. while a sweep is still running or after it was
 interrupted. Examples::
@@ -203,7 +205,13 @@ def run_sweep(args: argparse.Namespace) -> None:
         "runs": [r["run-name"] for r in runs],
     }
     (args.out / "sweep.json").write_text(json.dumps(manifest, indent=2))
-    print(f"{len(runs)} runs, {args.jobs} job(s); run folders in {args.out / 'runs'}", flush=True)
+    done = [r for r in runs if (args.out / "runs" / r["run-name"] / "summary.json").is_file()]
+    runs = [r for r in runs if r not in done]
+    print(
+        f"{len(runs)} runs to do ({len(done)} finished before, kept), {args.jobs} job(s); "
+        f"run folders in {args.out / 'runs'}",
+        flush=True,
+    )
     if args.jobs == 1:
         for i, run_config in enumerate(runs, 1):
             _print_done(i, len(runs), _run_one(run_config))
