@@ -103,3 +103,32 @@ def test_sweep_jobs_give_the_serial_results(tmp_path) -> None:
         a = json.loads((run / "summary.json").read_text())
         b = json.loads((parallel / "runs" / run.name / "summary.json").read_text())
         assert a["model-digest"] == b["model-digest"]
+
+
+def test_sweeps_into_one_folder_accumulate_and_resume(tmp_path, capsys) -> None:
+    """Each algorithm at its own grid point, one table; finished runs are not rerun."""
+    out = tmp_path / "sweep"
+    base = [a for a in TINY if a not in ("mwfed",)]
+    lr_at = base.index("maxfl-lr=0.05,0.1")
+    maxfl_only = [*base[:lr_at], "maxfl-lr=0.05", *base[lr_at + 1 :]]
+    assert sweep.main([*maxfl_only, "--out", str(out)]) == 0
+    first = (out / "runs" / "maxfl-lr0p05-seed0" / "summary.json").stat().st_mtime_ns
+    fedavg = [a if a != "maxfl" else "fedavg" for a in maxfl_only]
+    fedavg[fedavg.index("maxfl-lr=0.05")] = "maxfl-lr=0.1"
+    capsys.readouterr()
+    assert sweep.main([*fedavg, "--out", str(out)]) == 0
+    assert "1 runs to do (0 finished before" in capsys.readouterr().out
+    rows = _csv(out / "sweep.csv")
+    assert [(r["algorithm"], r["maxfl-lr"]) for r in rows] == [
+        ("fedavg", "0.1"),
+        ("maxfl", "0.05"),
+    ]
+    # the same command again: nothing is rerun
+    capsys.readouterr()
+    assert sweep.main([*maxfl_only, "--out", str(out)]) == 0
+    assert "0 runs to do (1 finished before, kept)" in capsys.readouterr().out
+    assert (out / "runs" / "maxfl-lr0p05-seed0" / "summary.json").stat().st_mtime_ns == first
+    # another grid in the same folder is refused with a clear message
+    other = [a if not a.startswith("maxfl-lr=") else "maxfl-local-steps=1" for a in maxfl_only]
+    assert sweep.main([*other, "--out", str(out)]) == 2
+    assert "use another --out" in capsys.readouterr().err

@@ -192,18 +192,49 @@ def _plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     return runs, grid_keys
 
 
+def _merged_manifest(path: Path, new: dict[str, Any]) -> dict[str, Any]:
+    """Return ``new`` joined with the manifest already at ``path`` (same setting and grid keys).
+
+    Several invocations into one ``--out`` (e.g. each algorithm at its own tuned grid point)
+    make one sweep: run names, algorithms and seeds accumulate. A different setting or
+    different grid keys would mix incomparable runs in one table, so they are refused.
+    """
+    if not path.is_file():
+        return new
+    old = json.loads(path.read_text())
+    for key in ("setting", "grid-keys", "set"):
+        if old.get(key) != new[key]:
+            raise ValueError(
+                f"{path} holds a sweep with {key}={old.get(key)!r}, this one has "
+                f"{key}={new[key]!r}: use another --out"
+            )
+
+    def union(a: list, b: list) -> list:
+        return a + [x for x in b if x not in a]
+
+    return {
+        **new,
+        "algorithms": union(old["algorithms"], new["algorithms"]),
+        "seeds": union(old["seeds"], new["seeds"]),
+        "runs": union(old["runs"], new["runs"]),
+    }
+
+
 def run_sweep(args: argparse.Namespace) -> None:
     """Run the planned runs (serially or in ``args.jobs`` processes) and write the manifest."""
     runs, grid_keys = _plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "setting": args.setting,
-        "algorithms": list(args.algorithms),
-        "seeds": list(args.seeds),
-        "grid-keys": grid_keys,
-        "set": list(args.set),
-        "runs": [r["run-name"] for r in runs],
-    }
+    manifest = _merged_manifest(
+        args.out / "sweep.json",
+        {
+            "setting": args.setting,
+            "algorithms": list(args.algorithms),
+            "seeds": list(args.seeds),
+            "grid-keys": grid_keys,
+            "set": list(args.set),
+            "runs": [r["run-name"] for r in runs],
+        },
+    )
     (args.out / "sweep.json").write_text(json.dumps(manifest, indent=2))
     done = [r for r in runs if (args.out / "runs" / r["run-name"] / "summary.json").is_file()]
     runs = [r for r in runs if r not in done]
