@@ -104,6 +104,8 @@ CURVES = (
     ("unseen-gm-appeal", "unseen GM-Appeal"),
     ("seen-acc", "seen test accuracy (%)"),
     ("unseen-acc", "unseen test accuracy (%)"),
+    ("seen-pref-acc", "seen preferred-model accuracy (%)"),
+    ("unseen-pref-acc", "unseen preferred-model accuracy (%)"),
 )
 
 #: config.json keys that never define a grid point (per-run bookkeeping)
@@ -445,7 +447,7 @@ def _curve(runs: list[RunRecord], metric: str) -> tuple[np.ndarray, np.ndarray, 
 
 
 def plot_curves(runs: list[RunRecord], path: Path, title: str) -> Path:
-    """Write a 2×2 figure of GM-Appeal and accuracy against rounds, one line per algorithm.
+    """Write a 3×2 figure of GM-Appeal, accuracy and preferred-model accuracy per round.
 
     Parameters
     ----------
@@ -467,7 +469,7 @@ def plot_curves(runs: list[RunRecord], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     algorithms = sorted({r.algorithm for r in runs})
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    fig, axes = plt.subplots(3, 2, figsize=(10, 10), sharex=True)
     for ax, (metric, label) in zip(axes.flat, CURVES, strict=True):
         scale = 100.0 if metric.endswith("acc") else 1.0
         for algorithm in algorithms:
@@ -486,7 +488,7 @@ def plot_curves(runs: list[RunRecord], path: Path, title: str) -> Path:
             )
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel("round")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     if handles:
