@@ -414,7 +414,7 @@ def table(rows: list[dict[str, Any]], group_keys: list[str]) -> str:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(tuple(row[k] for k in group_keys), []).append(row)
-    shown = ["seen-gm-appeal", "seen-acc", "seen-pref-acc", "unseen-gm-appeal", "unseen-acc"]
+    shown = list(METRICS)
     lines = [
         "| " + " | ".join(group_keys + shown + ["seeds", "final pool"]) + " |",
         "|" + "---|" * (len(group_keys) + len(shown) + 2),
