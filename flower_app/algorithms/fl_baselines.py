@@ -103,7 +103,13 @@ def fedavg_update(
     _check(weights, update_sum)
     if n_clients < 1:
         raise ValueError("FedAvg needs at least one client update")
-    scale = float(server_lr) / n_clients
+    return _step(weights, update_sum, float(server_lr) / n_clients)
+
+
+def _step(
+    weights: Sequence[np.ndarray], update_sum: Sequence[np.ndarray], scale: float
+) -> list[np.ndarray]:
+    """Return w − scale · Σ Δw in float64, cast back to each weight's dtype."""
     return [
         (np.asarray(w, np.float64) - scale * np.asarray(u, np.float64)).astype(np.asarray(w).dtype)
         for w, u in zip(weights, update_sum, strict=True)
@@ -320,8 +326,4 @@ def mwfed_update(
     _check(weights, weighted_update_sum)
     if not (np.isfinite(share_sum) and share_sum > 0):
         raise ValueError(f"Σ s_k must be finite and > 0, got {share_sum}")
-    scale = float(server_lr) / float(share_sum)
-    return [
-        (np.asarray(w, np.float64) - scale * np.asarray(u, np.float64)).astype(np.asarray(w).dtype)
-        for w, u in zip(weights, weighted_update_sum, strict=True)
-    ]
+    return _step(weights, weighted_update_sum, float(server_lr) / float(share_sum))
