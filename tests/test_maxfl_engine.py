@@ -339,3 +339,67 @@ def test_mwfed_gives_byzantine_clients_large_weights() -> None:
     lam = server.mw_weights
     honest = [k for k in range(len(lam)) if k not in byz]
     assert np.mean(lam[sorted(byz)]) > np.mean(lam[honest])
+
+
+# ------------------------------------------------------------------ opt-in pool reuse
+class _CountingTransport(runner.DirectTransport):
+    """The direct engine's transport, counting the opt-in requests per round."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.appeal_rounds: list[int] = []
+
+    def appeal(self, server_round, users, weights):
+        self.appeal_rounds.append(server_round)
+        return super().appeal(server_round, users, weights)
+
+
+def test_unchanged_model_reuses_the_opt_in_pool() -> None:
+    """After a round without training the pool is not asked for again (F_k(w) is fixed).
+
+    Solo models of 100 steps against one mandatory round of one local step: no client
+    finds the global model appealing, the pool empties at round 2 and stays empty; the
+    clients are asked once, not once per round.
+    """
+    cfg = {
+        **BYZANTINE,
+        "maxfl-byzantine": 0.0,
+        "maxfl-participation": "flexible",
+        "maxfl-mandatory-rounds": 1,
+        "maxfl-local-steps": 1,
+        "maxfl-solo-steps": 100,
+        "maxfl-requirement": "heldout",
+        "algorithm": "maxfl",
+    }
+    s = runner.settings(AppConfig.from_run_config(cfg))
+    server, sampler = runner._server(s)
+    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
+    transport = _CountingTransport(client, "maxfl")
+    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    assert [r["pool-size"] for r in rows[2:]] == [0] * (s.rounds - 1)
+    assert transport.appeal_rounds == [2]
+    # the reused answer is the one the clients give for the final (unchanged) model
+    assert transport.appeal(0, np.arange(s.n_seen), server.weights).size == 0
+
+
+def test_changed_model_asks_for_the_pool_again() -> None:
+    """Every round that trained is followed by a fresh opt-in request."""
+    cfg = {
+        **BYZANTINE,
+        "maxfl-byzantine": 0.0,
+        "maxfl-participation": "flexible",
+        "maxfl-mandatory-rounds": 1,
+        "algorithm": "fedavg",
+    }
+    s = runner.settings(AppConfig.from_run_config(cfg))
+    server, _ = runner._server(s)
+    sampler = ParticipationSampler(s.n_seen, s.clients_per_round, True, 1, s.seed)
+    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
+    transport = _CountingTransport(client, "fedavg")
+    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    expected: list[int] = []
+    for t in range(2, s.rounds + 1):
+        if not expected or any(rows[u]["server-step"] > 0 for u in range(expected[-1], t)):
+            expected.append(t)
+    assert len(expected) > 1  # the model moved, so the clients were asked again
+    assert transport.appeal_rounds == expected

@@ -10,7 +10,8 @@ One round t = 1..T:
 
 1. with flexible participation and t > ``mandatory_rounds``, every seen client says whether
    the current model appeals to it (F_k(w) < ρ_k); the pool is those that do, else all
-   seen clients;
+   seen clients (F_k(w) is deterministic, so when no client trained since the last opt-in
+   request the model is unchanged and the previous pool is reused without asking again);
 2. the server samples min(K, |pool|) clients from the pool (its own generator);
 3. the sampled clients train (with per-client settings from
    :meth:`AppealServer.user_config`: MW-Fed's relative weights); the server steps (no step
@@ -282,6 +283,10 @@ def summarise_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def _same_model(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def run_protocol(
     server: AppealServer,
     sampler: ParticipationSampler,
@@ -328,9 +333,16 @@ def run_protocol(
 
     seen = np.arange(server.n_seen)
     emit({"server-round": 0, **summarise_metrics(transport.evaluate(0, server.weights, False))})
+    asked: tuple[list[np.ndarray], np.ndarray] | None = None  # (model asked about, its pool)
     for t in range(1, num_rounds + 1):
         r0 = time.perf_counter()
-        pool = transport.appeal(t, seen, server.weights) if sampler.needs_pool(t) else None
+        pool = None
+        if sampler.needs_pool(t):
+            if asked is not None and _same_model(asked[0], server.weights):
+                pool = asked[1]
+            else:
+                pool = transport.appeal(t, seen, server.weights)
+                asked = ([np.array(w, copy=True) for w in server.weights], pool)
         users = sampler.sample(pool)
         row: dict[str, Any] = {
             "server-round": t,

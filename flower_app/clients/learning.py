@@ -53,6 +53,7 @@ from flower_app.algorithms.learning import (
     tuned_eval,
 )
 from flower_app.datasets.federated import Federation
+from flower_app.models.mlp import MLP
 
 __all__ = ["DictState", "LearningClient", "RecordState", "byzantine_clients"]
 
@@ -291,18 +292,19 @@ class LearningClient(NumPyClient):
         weights = [np.asarray(p) for p in parameters[: len(self.init)]]
         if kind == "appeal":
             users = self._own(config["users"], seen_only=True)
-            appealing = [u for u in users if self._appeals(weights, u)]
+            with single_thread():
+                model = make_model(weights, self.fed.n_classes, self.local.dropout)
+            appealing = [u for u in users if self._appeals(model, u)]
             return 0.0, len(users), {"appealing": appealing}
         if kind != "metrics":
             raise ValueError(f"unknown evaluate kind {kind!r}")
         return self._metrics(weights, int(config.get("server-round", 0)), bool(config.get("tuned")))
 
-    def _appeals(self, weights: Sequence[np.ndarray], user: int) -> bool:
+    def _appeals(self, model: MLP, user: int) -> bool:
         if user in self.byzantine:
             return True  # an attacker stays in the pool to be sampled
         data = self.fed.client(user)
         with single_thread():
-            model = make_model(weights, self.fed.n_classes, self.local.dropout)
             if self.local.requirement == "train":
                 loss, _ = evaluate(model, data.x_train, data.y_train)
             else:

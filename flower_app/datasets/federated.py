@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -134,7 +135,9 @@ def _dirichlet(labels: np.ndarray, n_clients: int, alpha: float, seed: int) -> l
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    ds = Dataset.from_dict({"label": labels, "idx": np.arange(labels.size)})
+    # arrow format: the partitioner reads the label column in one piece (datasets 4 would
+    # otherwise iterate it row by row); the partitions are the same
+    ds = Dataset.from_dict({"label": labels, "idx": np.arange(labels.size)}).with_format("arrow")
     part = DirichletPartitioner(
         num_partitions=n_clients,
         partition_by="label",
@@ -145,7 +148,13 @@ def _dirichlet(labels: np.ndarray, n_clients: int, alpha: float, seed: int) -> l
         seed=seed,
     )
     part.dataset = ds
-    return [np.sort(np.asarray(part.load_partition(i)["idx"])) for i in range(n_clients)]
+    return [_indices(part.load_partition(i)) for i in range(n_clients)]
+
+
+def _indices(partition: Any) -> np.ndarray:
+    """Return a partition's sorted ``idx`` column as int64 (read as one numpy column)."""
+    column = partition.with_format("arrow")[:]["idx"]
+    return np.sort(np.asarray(column.to_numpy(), dtype=np.int64))
 
 
 def _clusters(
@@ -167,7 +176,7 @@ def _clusters(
         part = IidPartitioner(num_partitions=members.size)
         part.dataset = Dataset.from_dict({"idx": rng.permutation(rows)})
         for j, client in enumerate(members):
-            out[int(client)] = np.sort(np.asarray(part.load_partition(j)["idx"]))
+            out[int(client)] = _indices(part.load_partition(j))
     return out
 
 
@@ -236,7 +245,10 @@ def build_federation(
         n_train = min(max(int(round(train_fraction * rows.size)), 1), rows.size - 1)
         train_idx.append(np.sort(perm[:n_train]))
         test_idx.append(np.sort(perm[n_train:]))
-    counts = np.bincount(data.images.ravel(), minlength=256).astype(np.float64)
+    pixels = data.images.reshape(-1)
+    counts = np.zeros(256, dtype=np.float64)
+    for start in range(0, pixels.size, 1 << 24):  # in chunks: no int64 copy of every pixel
+        counts += np.bincount(pixels[start : start + (1 << 24)], minlength=256)
     values = np.arange(256) / 255.0
     mean = float(counts @ values / counts.sum())
     std = float(np.sqrt(counts @ (values - mean) ** 2 / counts.sum()))
