@@ -60,6 +60,10 @@ MAXFL_CONFIG: dict[str, Any] = {
     "maxfl-byzantine-loss": 10.0,
     "maxfl-byzantine-noise": 0.1,
     "maxfl-mw-eta": 0.1,
+    "maxfl-perfedavg-alpha": 0.01,
+    "maxfl-pfedme-lambda": 15.0,
+    "maxfl-pfedme-k": 5,
+    "maxfl-pfedme-lr": 0.01,
 }
 
 
@@ -156,6 +160,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                 ("qffl", "q-FFL (q-FedAvg) baseline of the MaxFL experiments"),
                 ("scaffold", "SCAFFOLD baseline of the MaxFL experiments"),
                 ("mwfed", "MW-Fed (Blum et al. 2021): multiplicative weights on unmet clients"),
+                ("perfedavg", "Per-FedAvg (FO) baseline of the MaxFL experiments"),
+                ("pfedme", "pFedMe baseline of the MaxFL experiments"),
             )
         ),
         # fedcg: Rafiey (ICML 2024), one runner for the three algorithms

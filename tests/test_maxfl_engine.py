@@ -61,7 +61,7 @@ def _model(folder) -> list[np.ndarray]:
 
 
 # ------------------------------------------------------------------ engines agree
-@pytest.mark.parametrize("algorithm", ["maxfl", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["maxfl", "scaffold", "perfedavg", "pfedme"])
 def test_in_process_flower_grid_equals_direct_engine(tmp_path, algorithm) -> None:
     direct = run_direct(_cfg(tmp_path, "direct", algorithm=algorithm))
     cfg = _cfg(tmp_path, "grid", algorithm=algorithm)

@@ -123,7 +123,8 @@ class AppealServer:
     Parameters
     ----------
     algorithm : str
-        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold`` or ``mwfed``.
+        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold``, ``mwfed``, ``perfedavg`` or
+        ``pfedme`` (the last two step as FedAvg; their clients differ).
     weights : list of numpy.ndarray
         The initial global model w⁽⁰⁾ (float32).
     n_seen : int

@@ -46,6 +46,8 @@ __all__ = [
     "evaluate",
     "local_sgd",
     "make_model",
+    "perfedavg_steps",
+    "pfedme_steps",
     "single_thread",
     "solo_requirement",
     "train_user",
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 TRAIN, SOLO, TUNE, BYZANTINE = 0, 1, 2, 3
-ALGORITHMS = ("maxfl", "fedavg", "fedprox", "qffl", "scaffold", "mwfed")
+ALGORITHMS = ("maxfl", "fedavg", "fedprox", "qffl", "scaffold", "mwfed", "perfedavg", "pfedme")
 REQUIREMENTS = ("train", "heldout")
 
 
@@ -86,6 +88,15 @@ class LocalConfig:
         What a Byzantine client adds to its reported loss.
     byzantine_noise : float
         Standard deviation of the Gaussian noise a Byzantine client adds to Δw.
+    perfedavg_alpha : float
+        Per-FedAvg's inner (adaptation) step size α; the outer step that moves w uses
+        ``lr`` (β).
+    pfedme_lambda : float
+        pFedMe's regularisation λ between the personalised model θ and the local model.
+    pfedme_k : int
+        pFedMe's inner steps K that approximate θ per local step.
+    pfedme_lr : float
+        pFedMe's personal learning rate (the inner steps on θ).
     """
 
     lr: float = 0.05
@@ -99,6 +110,10 @@ class LocalConfig:
     qffl_q: float = 1.0
     byzantine_loss: float = 10.0
     byzantine_noise: float = 0.1
+    perfedavg_alpha: float = 0.01
+    pfedme_lambda: float = 15.0
+    pfedme_k: int = 5
+    pfedme_lr: float = 0.01
 
     def __post_init__(self) -> None:
         if self.requirement not in REQUIREMENTS:
@@ -107,6 +122,10 @@ class LocalConfig:
             raise ValueError("lr must be > 0, batch_size and local_steps >= 1")
         if self.solo_steps < 0 or self.tune_steps < 0:
             raise ValueError("solo_steps and tune_steps must be >= 0")
+        if self.perfedavg_alpha <= 0 or self.pfedme_lambda <= 0 or self.pfedme_lr <= 0:
+            raise ValueError("perfedavg_alpha, pfedme_lambda and pfedme_lr must be > 0")
+        if self.pfedme_k < 1:
+            raise ValueError("pfedme_k must be >= 1")
 
 
 def user_rng(seed: int, server_round: int, user: int, purpose: int = TRAIN) -> np.random.Generator:
@@ -160,6 +179,11 @@ def evaluate(model: MLP, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(loss), float(acc)
 
 
+def _batch(rng: np.random.Generator, n: int, batch_size: int) -> torch.Tensor:
+    """Draw min(b, n) example indices without replacement."""
+    return torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
+
+
 def local_sgd(
     model: MLP,
     x: np.ndarray,
@@ -199,7 +223,7 @@ def local_sgd(
     anchor = [p.detach().clone() for p in params] if prox_mu > 0 else None
     model.train()
     for _ in range(steps):
-        idx = torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
+        idx = _batch(rng, n, batch_size)
         loss = F.cross_entropy(model(xt[idx], generator=gen), yt[idx])
         if anchor is not None:
             loss = loss + 0.5 * prox_mu * sum(
@@ -211,6 +235,136 @@ def local_sgd(
                 if correction is not None:
                     g = g + correction[i]
                 p.sub_(lr * g)
+
+
+def perfedavg_steps(
+    model: MLP,
+    x: np.ndarray,
+    y: np.ndarray,
+    steps: int,
+    alpha: float,
+    beta: float,
+    batch_size: int,
+    rng: np.random.Generator,
+) -> None:
+    """Run ``steps`` first-order Per-FedAvg steps on ``model`` in place.
+
+    Per-FedAvg (FO) (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020, Algorithm 1 with the
+    first-order approximation): with two independent mini-batches D and D′,
+
+        w̃ = w − α ∇f(w; D),    w ← w − β ∇f(w̃; D′).
+
+    The server averages the resulting models (FedAvg). The MaxFL paper evaluates the global
+    model as it is (Table 1) and after 5 local steps (Table 3), like every baseline.
+
+    Which step size is the grid's learning rate is a choice (the MaxFL paper does not say):
+    here β = ``maxfl-lr``, the step that moves w, so the shared η_l grid means the same
+    thing for Per-FedAvg as for FedAvg's SGD, and α = ``maxfl-perfedavg-alpha`` (default
+    0.01) is the personalisation step. Common implementations (e.g. FL-bench) instead use
+    the local learning rate for α and a fixed β = 10⁻³; ``maxfl-lr=0.001
+    maxfl-perfedavg-alpha=<η_l>`` gives that reading.
+
+    Parameters
+    ----------
+    model : MLP
+        Trained in place.
+    x, y : numpy.ndarray
+        The client's training data.
+    steps : int
+        Number of meta steps (each uses two mini-batches).
+    alpha : float
+        α, the inner (adaptation) step size (``maxfl-perfedavg-alpha``).
+    beta : float
+        β, the outer (meta) step size (``maxfl-lr``).
+    batch_size : int
+        b, for each of the two mini-batches.
+    rng : numpy.random.Generator
+        Draws the batches and seeds the dropout generator.
+    """
+    n = len(y)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    params = list(model.parameters())
+    model.train()
+    for _ in range(steps):
+        start = [p.detach().clone() for p in params]
+        idx = _batch(rng, n, batch_size)
+        grads = torch.autograd.grad(F.cross_entropy(model(xt[idx], generator=gen), yt[idx]), params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p.sub_(alpha * g)
+        idx = _batch(rng, n, batch_size)
+        grads = torch.autograd.grad(F.cross_entropy(model(xt[idx], generator=gen), yt[idx]), params)
+        with torch.no_grad():
+            for p, w, g in zip(params, start, grads, strict=True):
+                p.copy_(w - beta * g)
+
+
+def pfedme_steps(
+    model: MLP,
+    x: np.ndarray,
+    y: np.ndarray,
+    steps: int,
+    lr: float,
+    lam: float,
+    k: int,
+    personal_lr: float,
+    batch_size: int,
+    rng: np.random.Generator,
+) -> None:
+    """Run ``steps`` pFedMe local steps; leave the local model w in ``model``.
+
+    pFedMe (Dinh, Tran & Nguyen, NeurIPS 2020, Algorithm 1): the client keeps a local model
+    w (from the global model) and a personalised model θ (from w). Each local step draws a
+    mini-batch D, approximates θ = argmin f(θ; D) + (λ/2)‖θ − w‖² by K gradient steps
+
+        θ ← θ − personal_lr · (∇f(θ; D) + λ (θ − w)),
+
+    then moves w ← w − η λ (w − θ). θ carries over between local steps, as in the
+    authors' code. The server step w ← (1 − β) w + β · mean_k w_k is FedAvg with server
+    learning rate β (``maxfl-server-lr``, default 1).
+
+    Parameters
+    ----------
+    model : MLP
+        In: the received model; out: the local model w after ``steps`` steps.
+    x, y : numpy.ndarray
+        The client's training data.
+    steps : int
+        Local steps R (``maxfl-local-steps``).
+    lr : float
+        η, the local model's step size (``maxfl-lr``).
+    lam : float
+        λ (``maxfl-pfedme-lambda``).
+    k : int
+        K inner steps (``maxfl-pfedme-k``).
+    personal_lr : float
+        The inner steps' size (``maxfl-pfedme-lr``).
+    batch_size : int
+        b.
+    rng : numpy.random.Generator
+        Draws the batches and seeds the dropout generator.
+    """
+    n = len(y)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    theta = list(model.parameters())
+    local = [p.detach().clone() for p in theta]
+    model.train()
+    for _ in range(steps):
+        idx = _batch(rng, n, batch_size)
+        xb, yb = xt[idx], yt[idx]
+        for _ in range(k):
+            grads = torch.autograd.grad(F.cross_entropy(model(xb, generator=gen), yb), theta)
+            with torch.no_grad():
+                for p, w, g in zip(theta, local, grads, strict=True):
+                    p.sub_(personal_lr * (g + lam * (p - w)))
+        with torch.no_grad():
+            for p, w in zip(theta, local, strict=True):
+                w.sub_(lr * lam * (w - p))
+    with torch.no_grad():
+        for p, w in zip(theta, local, strict=True):
+            p.copy_(w)
 
 
 @dataclass(frozen=True)
@@ -407,17 +561,28 @@ def train_user(
                 torch.from_numpy(np.asarray(c, np.float32) - np.asarray(k, np.float32))
                 for c, k in zip(control, ck, strict=True)
             ]
-        local_sgd(
-            model,
-            data.x_train,
-            data.y_train,
-            steps,
-            cfg.lr,
-            cfg.batch_size,
-            rng,
-            prox_mu=cfg.prox_mu if algorithm == "fedprox" else 0.0,
-            correction=correction,
-        )
+        if algorithm == "perfedavg":
+            perfedavg_steps(
+                model, data.x_train, data.y_train, steps, cfg.perfedavg_alpha, cfg.lr,
+                cfg.batch_size, rng,
+            )  # fmt: skip
+        elif algorithm == "pfedme":
+            pfedme_steps(
+                model, data.x_train, data.y_train, steps, cfg.lr, cfg.pfedme_lambda,
+                cfg.pfedme_k, cfg.pfedme_lr, cfg.batch_size, rng,
+            )  # fmt: skip
+        else:
+            local_sgd(
+                model,
+                data.x_train,
+                data.y_train,
+                steps,
+                cfg.lr,
+                cfg.batch_size,
+                rng,
+                prox_mu=cfg.prox_mu if algorithm == "fedprox" else 0.0,
+                correction=correction,
+            )
         new = model.get_weights()
     delta = [
         np.asarray(w, np.float64) - np.asarray(v, np.float64)
@@ -435,7 +600,7 @@ def train_user(
         assert solo is not None
         result.q = float(aggregation_weight(loss, solo.rho(cfg.requirement)))
         result.arrays = [result.q * d for d in delta]
-    elif algorithm in ("fedavg", "fedprox"):
+    elif algorithm in ("fedavg", "fedprox", "perfedavg", "pfedme"):
         result.arrays = delta
     elif algorithm == "qffl":
         delta_k, h = qffl_delta_h(delta, train_loss, cfg.qffl_q, 1.0 / cfg.lr)

@@ -148,7 +148,8 @@ class LearningClient(NumPyClient):
     num_users : int
         How many consecutive clients it serves.
     algorithm : str
-        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold`` or ``mwfed``.
+        ``maxfl``, ``fedavg``, ``fedprox``, ``qffl``, ``scaffold``, ``mwfed``, ``perfedavg`` or
+        ``pfedme``.
     local : LocalConfig
         Hyperparameters of the clients.
     init_weights : sequence of numpy.ndarray

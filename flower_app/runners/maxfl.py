@@ -1,4 +1,4 @@
-"""Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed).
+"""Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed, perfedavg, pfedme).
 
 ``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` over the grid,
 ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls one
@@ -174,6 +174,10 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         qffl_q=_num(cfg, "maxfl-qffl-q", float, 0.0),
         byzantine_loss=_num(cfg, "maxfl-byzantine-loss", float),
         byzantine_noise=_num(cfg, "maxfl-byzantine-noise", float, 0.0),
+        perfedavg_alpha=_num(cfg, "maxfl-perfedavg-alpha", float, 0.0, strict=True),
+        pfedme_lambda=_num(cfg, "maxfl-pfedme-lambda", float, 0.0, strict=True),
+        pfedme_k=_num(cfg, "maxfl-pfedme-k", int, 1),
+        pfedme_lr=_num(cfg, "maxfl-pfedme-lr", float, 0.0, strict=True),
     )
     if local.dropout >= 1:
         raise ConfigError("run_config 'maxfl-dropout' must be < 1")
