@@ -179,9 +179,34 @@ def evaluate(model: MLP, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(loss), float(acc)
 
 
-def _batch(rng: np.random.Generator, n: int, batch_size: int) -> torch.Tensor:
-    """Draw min(b, n) example indices without replacement."""
-    return torch.from_numpy(rng.choice(n, size=min(batch_size, n), replace=False))
+class _LocalData:
+    """A client's training data for local steps on ``model`` (put in training mode).
+
+    The first draw of ``rng`` seeds the dropout generator; every mini-batch after it comes
+    from ``rng`` too (min(b, n) examples without replacement), in the order the steps ask.
+    """
+
+    def __init__(
+        self, model: MLP, x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator
+    ) -> None:
+        self.gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        self.model, self.params = model, list(model.parameters())
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        self.batch_size, self.rng = batch_size, rng
+        model.train()
+
+    def batch(self) -> torch.Tensor:
+        """Draw the next mini-batch's example indices."""
+        n = len(self.y)
+        return torch.from_numpy(self.rng.choice(n, size=min(self.batch_size, n), replace=False))
+
+    def loss(self, idx: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the model on examples ``idx`` (dropout on)."""
+        return F.cross_entropy(self.model(self.x[idx], generator=self.gen), self.y[idx])
+
+    def grads(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Gradient of :meth:`loss` with respect to the model's parameters."""
+        return torch.autograd.grad(self.loss(idx), self.params)
 
 
 def local_sgd(
@@ -216,15 +241,11 @@ def local_sgd(
     correction : sequence of torch.Tensor, optional
         SCAFFOLD: added to every gradient (c − c_k).
     """
-    n = len(y)
-    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    params = list(model.parameters())
+    data = _LocalData(model, x, y, batch_size, rng)
+    params = data.params
     anchor = [p.detach().clone() for p in params] if prox_mu > 0 else None
-    model.train()
     for _ in range(steps):
-        idx = _batch(rng, n, batch_size)
-        loss = F.cross_entropy(model(xt[idx], generator=gen), yt[idx])
+        loss = data.loss(data.batch())
         if anchor is not None:
             loss = loss + 0.5 * prox_mu * sum(
                 torch.sum((p - a) ** 2) for p, a in zip(params, anchor, strict=True)
@@ -281,22 +302,16 @@ def perfedavg_steps(
     rng : numpy.random.Generator
         Draws the batches and seeds the dropout generator.
     """
-    n = len(y)
-    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    params = list(model.parameters())
-    model.train()
+    data = _LocalData(model, x, y, batch_size, rng)
     for _ in range(steps):
-        start = [p.detach().clone() for p in params]
-        idx = _batch(rng, n, batch_size)
-        grads = torch.autograd.grad(F.cross_entropy(model(xt[idx], generator=gen), yt[idx]), params)
+        start = [p.detach().clone() for p in data.params]
+        grads = data.grads(data.batch())  # at w, batch D
         with torch.no_grad():
-            for p, g in zip(params, grads, strict=True):
+            for p, g in zip(data.params, grads, strict=True):
                 p.sub_(alpha * g)
-        idx = _batch(rng, n, batch_size)
-        grads = torch.autograd.grad(F.cross_entropy(model(xt[idx], generator=gen), yt[idx]), params)
+        grads = data.grads(data.batch())  # at w̃, batch D′
         with torch.no_grad():
-            for p, w, g in zip(params, start, grads, strict=True):
+            for p, w, g in zip(data.params, start, grads, strict=True):
                 p.copy_(w - beta * g)
 
 
@@ -345,17 +360,13 @@ def pfedme_steps(
     rng : numpy.random.Generator
         Draws the batches and seeds the dropout generator.
     """
-    n = len(y)
-    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    theta = list(model.parameters())
+    data = _LocalData(model, x, y, batch_size, rng)
+    theta = data.params
     local = [p.detach().clone() for p in theta]
-    model.train()
     for _ in range(steps):
-        idx = _batch(rng, n, batch_size)
-        xb, yb = xt[idx], yt[idx]
+        idx = data.batch()
         for _ in range(k):
-            grads = torch.autograd.grad(F.cross_entropy(model(xb, generator=gen), yb), theta)
+            grads = data.grads(idx)
             with torch.no_grad():
                 for p, w, g in zip(theta, local, grads, strict=True):
                     p.sub_(personal_lr * (g + lam * (p - w)))
