@@ -354,6 +354,16 @@ class _CountingTransport(runner.DirectTransport):
         return super().appeal(server_round, users, weights)
 
 
+def _counted_run(cfg: dict):
+    """Run ``cfg`` on the direct engine's protocol, counting the opt-in requests."""
+    s = runner.settings(AppConfig.from_run_config(cfg))
+    server, sampler = runner._server(s)
+    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
+    transport = _CountingTransport(client, s.algorithm)
+    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    return s, server, transport, rows
+
+
 def test_unchanged_model_reuses_the_opt_in_pool() -> None:
     """After a round without training the pool is not asked for again (F_k(w) is fixed).
 
@@ -371,11 +381,7 @@ def test_unchanged_model_reuses_the_opt_in_pool() -> None:
         "maxfl-requirement": "heldout",
         "algorithm": "maxfl",
     }
-    s = runner.settings(AppConfig.from_run_config(cfg))
-    server, sampler = runner._server(s)
-    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
-    transport = _CountingTransport(client, "maxfl")
-    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    s, server, transport, rows = _counted_run(cfg)
     assert [r["pool-size"] for r in rows[2:]] == [0] * (s.rounds - 1)
     assert transport.appeal_rounds == [2]
     # the reused answer is the one the clients give for the final (unchanged) model
@@ -391,12 +397,7 @@ def test_changed_model_asks_for_the_pool_again() -> None:
         "maxfl-mandatory-rounds": 1,
         "algorithm": "fedavg",
     }
-    s = runner.settings(AppConfig.from_run_config(cfg))
-    server, _ = runner._server(s)
-    sampler = ParticipationSampler(s.n_seen, s.clients_per_round, True, 1, s.seed)
-    client = runner._client(s, 0, s.n_clients, DictState(), 0, 1)
-    transport = _CountingTransport(client, "fedavg")
-    rows = run_protocol(server, sampler, transport, s.rounds, eval_every=s.eval_every)
+    s, _, transport, rows = _counted_run(cfg)
     expected: list[int] = []
     for t in range(2, s.rounds + 1):
         if not expected or any(rows[u]["server-step"] > 0 for u in range(expected[-1], t)):
