@@ -17,13 +17,20 @@ from flower_app.client_app import app as client_app
 class LocalGrid(Grid):
     """In-process grid that calls the real ClientApp (no Ray); one Context per node."""
 
-    def __init__(self, num_nodes: int, run_config: dict) -> None:
+    def __init__(self, num_nodes: int, run_config: dict, app=None, node_config=None) -> None:
+        """``app``: the ClientApp to call (default: this package's); ``node_config(i)``:
+        the i-th node's node_config (default: partition-id / num-partitions)."""
+        self.app = client_app if app is None else app
         self.node_ids = list(range(1000, 1000 + num_nodes))
         self.contexts = {
             nid: Context(
                 run_id=1,
                 node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config=(
+                    {"partition-id": i, "num-partitions": num_nodes}
+                    if node_config is None
+                    else node_config(i)
+                ),
                 state=RecordDict(),
                 run_config=dict(run_config),
             )
@@ -51,7 +58,7 @@ class LocalGrid(Grid):
             mid = str(uuid.uuid4())
             msg.metadata.__dict__["_message_id"] = mid
             try:
-                reply = client_app(msg, self.contexts[msg.metadata.dst_node_id])
+                reply = self.app(msg, self.contexts[msg.metadata.dst_node_id])
             except Exception as ex:  # noqa: BLE001
                 reply = Message(Error(code=0, reason=repr(ex)), reply_to=msg)
             if self.tamper is not None:

@@ -1,28 +1,47 @@
-"""The small adapter that drives a NumPyClient from Message API messages.
+"""Drive a NumPyClient from Message-API messages: the NumPyClient path for legacy apps.
 
-Message contract (shared by the strategies of this package):
+A Flower ``ClientApp(client_fn=...)`` built the legacy way answers only the compat messages
+(``fitins.parameters`` records, no ``query``), so it cannot serve a Message-API strategy,
+Flower's own ``FedAvg`` included. :func:`numpy_client_app` turns the same NumPyClient
+factory into a Message-API ``ClientApp`` instead: every message type a strategy of this
+package sends is routed to the client's methods, with the message's action (the part after
+the dot of ``"query.cohort"``) given to the client as ``config["kind"]``:
 
-* ``query``: request ``"config"`` ConfigRecord; reply ``"properties"`` ConfigRecord
-  = ``client.get_properties(config)``.
-* ``train``: request ``"arrays"`` ArrayRecord (keys "0".."n") and ``"config"`` ConfigRecord;
-  reply ``"arrays"`` ArrayRecord and ``"metrics"`` MetricRecord with ``num-examples``
-  (``client.fit``).
-* ``evaluate``: request as for ``train``; reply ``"metrics"`` MetricRecord with ``loss`` and
-  ``num-examples`` (``client.evaluate``).
+==============================  =================================  ==========================
+message type                    request                            reply (client method)
+==============================  =================================  ==========================
+``query`` / ``query.<action>``  ``"config"`` ConfigRecord          ``"properties"``
+                                                                   ConfigRecord
+                                                                   (``get_properties``)
+``train`` / ``train.<action>``  ``"arrays"`` ArrayRecord (keys     ``"arrays"`` ArrayRecord,
+                                "0".."n"), ``"config"``            ``"metrics"`` MetricRecord
+                                                                   with ``num-examples``
+                                                                   (``fit``)
+``evaluate`` /                  as for ``train``                   ``"metrics"`` with
+``evaluate.<action>``                                              ``loss``, ``num-examples``
+                                                                   (``evaluate``)
+==============================  =================================  ==========================
 
 Arrays travel in the order the NumPyClient takes and returns them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
+from flwr.clientapp import ClientApp
 
-__all__ = ["handle_evaluate", "handle_query", "handle_train", "to_record_value"]
+__all__ = [
+    "handle_evaluate",
+    "handle_query",
+    "handle_train",
+    "numpy_client_app",
+    "to_record_value",
+]
 
 ClientFactory = Callable[[Context], NumPyClient]
 
@@ -45,9 +64,13 @@ def _metrics(values: dict[str, Any]) -> MetricRecord:
 
 
 def _config(msg: Message) -> dict[str, Any]:
-    if "config" not in msg.content.config_records:
-        return {}
-    return dict(msg.content.config_records["config"])
+    config = {}
+    if "config" in msg.content.config_records:
+        config = dict(msg.content.config_records["config"])
+    _, _, action = msg.metadata.message_type.partition(".")
+    if action:
+        config.setdefault("kind", action)
+    return config
 
 
 def _arrays(msg: Message) -> list[np.ndarray]:
@@ -80,3 +103,46 @@ def handle_evaluate(msg: Message, context: Context, factory: ClientFactory) -> M
     loss, num_examples, metrics = factory(context).evaluate(_arrays(msg), _config(msg))
     record = _metrics({**metrics, "loss": float(loss), "num-examples": int(num_examples)})
     return Message(RecordDict({"metrics": record}), reply_to=msg)
+
+
+#: the named actions the strategies of this package send, by message category
+ACTIONS: dict[str, tuple[str, ...]] = {
+    "query": ("cohort", "feature_heat", "submodel"),
+    "train": ("direction", "histogram", "importance", "discrete"),
+    "evaluate": ("appeal", "metrics"),
+}
+
+
+def numpy_client_app(
+    factory: ClientFactory, actions: dict[str, Iterable[str]] | None = None
+) -> ClientApp:
+    """Return a Message-API ClientApp whose handlers call a NumPyClient.
+
+    Parameters
+    ----------
+    factory : callable
+        ``factory(context) -> NumPyClient``, the legacy ``client_fn`` without
+        ``.to_client()``.
+    actions : dict, optional
+        Named actions to register per category (``"query"``, ``"train"``, ``"evaluate"``)
+        besides the default one (default: :data:`ACTIONS`, what this package's strategies
+        send).
+
+    Returns
+    -------
+    ClientApp
+        Answers ``train``, ``evaluate`` and ``query`` messages, plain or with an action.
+    """
+    app = ClientApp()
+    handlers = {"query": handle_query, "train": handle_train, "evaluate": handle_evaluate}
+    named = ACTIONS if actions is None else actions
+    for category, handle in handlers.items():
+        register = getattr(app, category)
+        for action in ("default", *named.get(category, ())):
+
+            def handler(msg: Message, context: Context, _h: Any = handle) -> Message:
+                return _h(msg, context, factory)
+
+            handler.__name__ = f"{category}_{action}"
+            register(action)(handler)
+    return app

@@ -2,7 +2,7 @@
 
 Simulation starts the ServerApp before every virtual SuperNode has registered, and node ids
 say nothing about partitions; so the server asks every node it sees for its cohort
-(``query`` → ``get_properties``) until the cohorts cover all n users exactly once.
+(``query.cohort`` → ``get_properties``) until the cohorts cover all n users exactly once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-__all__ = ["CohortMap", "DiscoveryError", "discover_cohorts"]
+from flower_app.strategies.base import MissingHandlerError, handler_hint
+
+__all__ = ["COHORT_QUERY", "CohortMap", "DiscoveryError", "discover_cohorts"]
 
 
 class DiscoveryError(RuntimeError):
@@ -63,10 +65,14 @@ class CohortMap:
         }
 
 
+#: the message type of discovery: a ClientApp answers it with ``@app.query("cohort")``
+COHORT_QUERY = f"{MessageType.QUERY}.cohort"
+
+
 def _query_nodes(grid: Grid, node_ids: list[int], timeout: float) -> list[Message]:
     content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
     msgs = [
-        Message(content, dst_node_id=int(n), message_type=MessageType.QUERY, group_id="discovery")
+        Message(content, dst_node_id=int(n), message_type=COHORT_QUERY, group_id="discovery")
         for n in node_ids
     ]
     return list(grid.send_and_receive(msgs, timeout=timeout))
@@ -113,7 +119,15 @@ def discover_cohorts(
             for reply in _query_nodes(grid, new, max(deadline - time.monotonic(), 1.0)):
                 src = int(reply.metadata.src_node_id)
                 if reply.has_error():
-                    log(WARNING, "discovery: node %s failed: %s", src, reply.error.reason)
+                    reason = str(reply.error.reason)
+                    hint = handler_hint(reason, COHORT_QUERY)
+                    if hint is not None:
+                        raise MissingHandlerError(
+                            f"discovery: node {src}: {hint} (cohort mode needs every node to "
+                            "say which users it serves; a node that is one client needs "
+                            "plain mode, the strategies' default)"
+                        )
+                    log(WARNING, "discovery: node %s failed: %s", src, reason)
                     continue
                 props = reply.content.config_records["properties"]
                 if int(props["n-users-total"]) != n_users or int(props["n-elements"]) != n_elements:

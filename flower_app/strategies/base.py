@@ -1,0 +1,588 @@
+"""The one strategy loop of this package: ``start()`` with Flower's signature and meaning.
+
+Every strategy of :mod:`flower_app.strategies` subclasses :class:`RoundStrategy` and supplies
+only its own steps, as Flower's ``FedAvg`` does:
+
+``setup(grid, arrays, num_rounds)``
+    work before round 1 (discovery of cohorts, a counting round, the importance protocol);
+    returns the number of rounds the protocol will run (the protocol may fix it: FedSM
+    Algorithm 1 runs k rounds, whatever ``num_rounds`` says; it says so at construction).
+``before_round(server_round, arrays, grid)``
+    an exchange that must precede sampling (MaxFL's opt-in test, FedSubAvg's index sets);
+    optional.
+``configure_train`` / ``decode_train_reply`` / ``aggregate_accepted``
+    the round: messages out, one reply checked (raise to reject it), the accepted replies
+    aggregated.
+``configure_evaluate`` / ``aggregate_evaluate``
+    federated evaluation; return ``[]`` to skip it in a round (the default).
+``finalize(arrays)``
+    the ``Result.arrays`` of the run (e.g. FedCG's rounding); default: the last arrays.
+
+The loop here does the rest, once: ``train_config``/``evaluate_config`` merged into every
+message (with ``server-round``), ``evaluate_fn(server_round, arrays)`` at round 0 and after
+every round, the :class:`~flwr.serverapp.strategy.Result`, reply checking (a bad reply is
+counted in ``bad-replies`` and left out, never averaged in), a history of per-round rows
+(``self.history``) passed to ``on_round`` as each round ends, and the log lines.
+
+Loud failures: a round in which *every* reply was rejected raises
+:class:`AllRepliesRejectedError` carrying the first rejection's reason; a node whose ClientApp
+has no handler for a message raises :class:`MissingHandlerError` naming the decorator to add,
+as soon as its reply arrives.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+__all__ = [
+    "AllRepliesRejectedError",
+    "CheckedReplies",
+    "EvaluateFn",
+    "InitialArraysError",
+    "MissingHandlerError",
+    "NotEnoughNodesError",
+    "RoundStrategy",
+    "check_initial_arrays",
+    "check_replies",
+    "handler_hint",
+    "sample_nodes",
+    "to_metric",
+    "to_metric_record",
+]
+
+#: Flower's ``evaluate_fn``: ``(server_round, arrays) -> MetricRecord | None``
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+RoundCallback = Callable[[dict[str, Any]], None]
+
+# what a ClientApp answers when it has no handler for a message type / action
+_NO_HANDLER = re.compile(
+    r"No (?P<kind>train|evaluate|query) function registered with name '(?P<action>[^']*)'"
+)
+_INVALID_TYPE = re.compile(r"Invalid message type: '?(?P<type>[a-z]+)")
+
+
+class AllRepliesRejectedError(RuntimeError):
+    """A round in which every node that was asked failed or sent a reply that was left out."""
+
+
+class MissingHandlerError(RuntimeError):
+    """A node's ClientApp has no handler for a message this strategy sends."""
+
+
+class InitialArraysError(ValueError):
+    """``initial_arrays`` does not have the keys, shapes or dtypes the strategy needs."""
+
+
+class NotEnoughNodesError(RuntimeError):
+    """Fewer nodes connected than the strategy needs, after waiting ``timeout`` seconds."""
+
+
+# ---------------------------------------------------------------------------- replies
+@dataclass
+class CheckedReplies:
+    """The replies of one exchange, sorted into accepted and left out.
+
+    Attributes
+    ----------
+    accepted : list of (int, Any)
+        Node id and decoded content of every valid reply, in arrival order.
+    bad : int
+        Replies left out: unexpected sender, error reply, or rejected by the decoder.
+    missing : int
+        Nodes that were asked and did not reply.
+    first_error : str or None
+        The reason of the first reply left out (or of the missing replies).
+    """
+
+    accepted: list[tuple[int, Any]] = field(default_factory=list)
+    bad: int = 0
+    missing: int = 0
+    first_error: str | None = None
+
+    @property
+    def left_out(self) -> int:
+        """Bad plus missing replies (what a round records as ``bad-replies``)."""
+        return self.bad + self.missing
+
+
+def handler_hint(reason: str, message_type: str) -> str | None:
+    """Return how to fix a 'no handler' client error, or None if it is another error."""
+    m = _NO_HANDLER.search(reason)
+    if m:
+        kind, action = m["kind"], m["action"]
+        deco = f"@app.{kind}()" if action == "default" else f'@app.{kind}("{action}")'
+        return f"its ClientApp has no {deco} handler for '{message_type}' messages: add one"
+    m = _INVALID_TYPE.search(reason)
+    if m:
+        return (
+            f"its ClientApp cannot answer '{message_type}' messages ({reason.strip()}); a legacy "
+            "ClientApp(client_fn=...) answers only Flower's compat messages: wrap the "
+            "NumPyClient with flower_app.clients.numpy_client_app, or use the Message-API "
+            "client helpers of flower_app.clients"
+        )
+    return None
+
+
+def check_replies(
+    replies: Iterable[Message],
+    decode: Callable[[int, Message], Any],
+    expected: Iterable[int],
+    context: str,
+) -> CheckedReplies:
+    """Decode the replies of one exchange, leaving out (and counting) the bad ones.
+
+    Parameters
+    ----------
+    replies : iterable of Message
+        What ``grid.send_and_receive`` returned.
+    decode : callable
+        ``decode(src_node_id, reply) -> T``; raises ``ValueError`` (or ``KeyError`` /
+        ``TypeError`` for missing or mistyped records) to reject a reply. Called only on
+        replies without an error from nodes in ``expected``.
+    expected : iterable of int
+        The nodes the messages went to.
+    context : str
+        Prefix of the log lines, e.g. ``"round 3"``.
+
+    Returns
+    -------
+    CheckedReplies
+        Accepted replies with their decoded content, and the counts of the others.
+
+    Raises
+    ------
+    MissingHandlerError
+        If a node's ClientApp has no handler for the message it was sent.
+    """
+    expected = {int(n) for n in expected}
+    out = CheckedReplies()
+    answered: set[int] = set()
+    for reply in replies:
+        src = int(reply.metadata.src_node_id)
+        answered.add(src)
+        try:
+            if reply.has_error():
+                reason = str(reply.error.reason)
+                hint = handler_hint(reason, reply.metadata.message_type)
+                if hint is not None:
+                    raise MissingHandlerError(f"{context}: node {src}: {hint}")
+                if src not in expected:
+                    # Flower reports an unreachable node with the SuperLink as the sender
+                    raise ValueError(f"delivery failed: {reason}")
+                raise ValueError(f"client error: {reason}")
+            if src not in expected:
+                raise ValueError("reply from a node that was not sent anything")
+            value = decode(src, reply)
+        except (ValueError, KeyError, TypeError) as err:
+            out.bad += 1
+            if out.first_error is None:
+                out.first_error = f"node {src}: {err}"
+            log(WARNING, "%s: reply of node %s left out: %s", context, src, err)
+            continue
+        out.accepted.append((src, value))
+    out.missing = len(expected - answered)
+    if out.missing:
+        log(WARNING, "%s: %d nodes did not reply in time", context, out.missing)
+        if out.first_error is None:
+            out.first_error = f"{out.missing} nodes did not reply in time"
+    return out
+
+
+# ---------------------------------------------------------------------------- records
+def to_metric(value: Any) -> Any:
+    """Turn a value into what a MetricRecord accepts (Python int/float or lists of them)."""
+    if isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [to_metric(v) for v in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [to_metric(v) for v in value]
+    return value
+
+
+def to_metric_record(values: Mapping[str, Any]) -> MetricRecord:
+    """Return a MetricRecord of the numeric entries of ``values`` (None and strings dropped)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        value = to_metric(value)
+        if isinstance(value, int | float) or (
+            isinstance(value, list) and all(isinstance(v, int | float) for v in value)
+        ):
+            out[key] = value
+    return MetricRecord(out)
+
+
+def check_initial_arrays(
+    arrays: ArrayRecord | None, expected: Mapping[str, tuple[tuple[int, ...], str]] | None
+) -> None:
+    """Check ``initial_arrays`` against the keys, shapes and dtype kinds a strategy needs.
+
+    Parameters
+    ----------
+    arrays : ArrayRecord or None
+        What the user passed to ``start``.
+    expected : mapping or None
+        key -> (shape, dtype kinds, e.g. ``"f"`` or ``"iu"``); None accepts anything.
+
+    Raises
+    ------
+    InitialArraysError
+        Naming the missing, extra or mis-shaped keys.
+    """
+    if expected is None:
+        return
+    got = {} if arrays is None else {k: arrays[k] for k in arrays}
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    if missing or extra:
+        raise InitialArraysError(
+            f"initial_arrays has keys {sorted(got)}; expected {list(expected)}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (unexpected {extra})" if extra else "")
+        )
+    for key, (shape, kinds) in expected.items():
+        a = got[key]
+        if tuple(a.shape) != tuple(shape):
+            raise InitialArraysError(
+                f"initial_arrays['{key}'] has shape {tuple(a.shape)}, expected {tuple(shape)}"
+            )
+        if np.dtype(a.dtype).kind not in kinds:
+            raise InitialArraysError(
+                f"initial_arrays['{key}'] has dtype {a.dtype}, expected kind {kinds!r}"
+            )
+
+
+# ---------------------------------------------------------------------------- sampling
+def sample_nodes(
+    grid: Grid,
+    rng: random.Random,
+    fraction: float,
+    min_nodes: int,
+    min_available: int,
+    timeout: float = 300.0,
+    poll_interval: float = 0.5,
+) -> list[int]:
+    """Sample nodes as Flower's ``FedAvg`` does, with a seeded ``random.Random``.
+
+    Waits until at least ``max(min_nodes, min_available)`` nodes are connected, then draws
+    ``max(int(fraction · available), min_nodes)`` of them without replacement from the
+    sorted node ids (node ids are 64-bit: sampled with Python's ``random``, never numpy).
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    rng : random.Random
+        The strategy's node sampler.
+    fraction : float
+        Fraction of available nodes, in (0, 1].
+    min_nodes : int
+        Least number of nodes to sample.
+    min_available : int
+        Least number of connected nodes before sampling.
+    timeout : float
+        Seconds to wait for enough nodes.
+    poll_interval : float
+        Seconds between looks at the grid.
+
+    Returns
+    -------
+    list of int
+        The sampled node ids.
+
+    Raises
+    ------
+    NotEnoughNodesError
+        If not enough nodes connected within ``timeout``.
+    """
+    need = max(int(min_nodes), int(min_available), 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        if len(nodes) >= need:
+            break
+        if time.monotonic() > deadline:
+            raise NotEnoughNodesError(
+                f"{len(nodes)} nodes connected after {timeout:.0f} s; the strategy needs "
+                f"{need} (min_available_nodes / min_train_nodes)"
+            )
+        time.sleep(poll_interval)
+    count = min(len(nodes), max(int(fraction * len(nodes)), int(min_nodes), 1))
+    return sorted(rng.sample(nodes, count))
+
+
+# ---------------------------------------------------------------------------- the loop
+class RoundStrategy(Strategy):
+    """Base of every strategy here: Flower's ``start()`` loop, written once.
+
+    Subclasses implement ``configure_train``, ``decode_train_reply`` and
+    ``aggregate_accepted`` (and optionally ``setup``, ``before_round``,
+    ``configure_evaluate``/``aggregate_evaluate``, ``finalize``, ``round_summary``).
+
+    Parameters
+    ----------
+    on_round : callable, optional
+        Receives each round's row (a dict of the round's metrics) as the round ends, e.g. to
+        append it to ``metrics.jsonl``.
+    """
+
+    #: also send ``configure_evaluate(0, ...)`` before round 1 (federated initial evaluation)
+    evaluate_initial: bool = False
+
+    def __init__(self, on_round: RoundCallback | None = None) -> None:
+        self.on_round = on_round
+        self.history: list[dict[str, Any]] = []
+        self._expected: set[int] = set()
+        self._timeout = 3600.0
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Prepare the run before round 1; return the number of rounds to run.
+
+        Parameters
+        ----------
+        grid : Grid
+            The ServerApp's grid.
+        arrays : ArrayRecord
+            ``initial_arrays`` (already checked by :meth:`expected_initial_arrays`).
+        num_rounds : int
+            What the caller asked for.
+
+        Returns
+        -------
+        int
+            Rounds to run (``num_rounds`` unless the protocol fixes its length).
+        """
+        return num_rounds
+
+    def expected_initial_arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]] | None:
+        """Return key -> (shape, dtype kinds) that ``initial_arrays`` must have, or None."""
+        return None
+
+    def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
+        """Exchange what must precede the round's sampling (default: nothing)."""
+
+    def decode_train_reply(self, src: int, reply: Message) -> Any:
+        """Check one train reply and return its decoded content (raise to reject it)."""
+        raise NotImplementedError
+
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the accepted train replies of a round."""
+        raise NotImplementedError
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Return no messages: no federated evaluation unless a subclass asks for it."""
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Return None (no federated evaluation by default)."""
+        return None
+
+    def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return ``Result.arrays`` of the run (default: the last round's arrays)."""
+        return arrays
+
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the short text of a round's log line (the strategy's key numbers)."""
+        return ""
+
+    # ------------------------------------------------------------------ helpers
+    def send(
+        self, grid: Grid, messages: Iterable[Message], timeout: float | None = None
+    ) -> list[Message]:
+        """Send messages, remember whom they went to, and return the replies."""
+        messages = list(messages)
+        self._expected = {int(m.metadata.dst_node_id) for m in messages}
+        if not messages:
+            return []
+        wait = self._timeout if timeout is None else timeout
+        return list(grid.send_and_receive(messages, timeout=wait))
+
+    def check(
+        self,
+        replies: Iterable[Message],
+        decode: Callable[[int, Message], Any],
+        context: str,
+        expected: Iterable[int] | None = None,
+        all_rejected_fails: bool = True,
+    ) -> CheckedReplies:
+        """Check replies against the nodes last sent to; fail loudly if none is usable.
+
+        Raises
+        ------
+        AllRepliesRejectedError
+            If ``all_rejected_fails`` and nodes were asked but no reply was accepted.
+        """
+        expected = self._expected if expected is None else {int(n) for n in expected}
+        checked = check_replies(replies, decode, expected, context)
+        if all_rejected_fails and expected and not checked.accepted:
+            raise AllRepliesRejectedError(
+                f"{context}: all {len(expected)} replies were rejected; first: "
+                f"{checked.first_error}"
+            )
+        return checked
+
+    @staticmethod
+    def merged_config(config: ConfigRecord | None, server_round: int, **extra: Any) -> ConfigRecord:
+        """Return the user's config with ``server-round`` and the strategy's entries."""
+        return ConfigRecord({**dict(config or {}), **extra, "server-round": int(server_round)})
+
+    # ------------------------------------------------------------------ Strategy API
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Check the replies (bad ones counted, all bad fails) and aggregate the rest."""
+        checked = self.check(replies, self.decode_train_reply, f"round {server_round}")
+        arrays, metrics = self.aggregate_accepted(server_round, checked)
+        if metrics is not None and "bad-replies" not in metrics:
+            metrics["bad-replies"] = int(checked.left_out)
+        return arrays, metrics
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run the strategy over the grid, as Flower's ``Strategy.start`` does.
+
+        Parameters
+        ----------
+        grid : Grid
+            The ServerApp's grid.
+        initial_arrays : ArrayRecord, optional
+            The starting model (learning strategies: required, its keys come back in
+            ``Result.arrays``) or starting point; see the strategy's docstring.
+        num_rounds : int, optional
+            Rounds to run (default 3); a protocol that fixes its own length says so in its
+            docstring and logs the length it runs.
+        timeout : float, optional
+            Seconds to wait for the replies of one exchange (default 3600).
+        train_config, evaluate_config : ConfigRecord, optional
+            Entries merged into every train / evaluate message (``server-round`` added).
+        evaluate_fn : callable, optional
+            ``evaluate_fn(server_round, arrays) -> MetricRecord | None``, called with the
+            initial arrays (round 0) and after every round.
+
+        Returns
+        -------
+        Result
+            ``arrays`` (see the strategy), per-round ``train_metrics_clientapp``,
+            ``evaluate_metrics_clientapp`` and ``evaluate_metrics_serverapp``.
+
+        Raises
+        ------
+        InitialArraysError, AllRepliesRejectedError, MissingHandlerError
+            See the module docstring.
+        """
+        check_initial_arrays(initial_arrays, self.expected_initial_arrays())
+        arrays = ArrayRecord() if initial_arrays is None else initial_arrays
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        self._timeout = float(timeout)
+        log(INFO, "Starting %s strategy:", type(self).__name__)
+        self.summary()
+        self._t0 = time.perf_counter()
+        total = int(self.setup(grid, arrays, int(num_rounds)))
+        result = Result()
+        row0: dict[str, Any] = {}
+        if self.evaluate_initial:
+            row0.update(self._evaluate(0, arrays, evaluate_config, grid, result))
+        if evaluate_fn is not None:
+            res = evaluate_fn(0, arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+                row0.update(dict(res))
+        if row0:
+            self._emit({"server-round": 0, **row0}, total)
+        for t in range(1, total + 1):
+            r0 = time.perf_counter()
+            self.before_round(t, arrays, grid)
+            messages = self.configure_train(t, arrays, train_config, grid)
+            replies = self.send(grid, messages)
+            new_arrays, metrics = self.aggregate_train(t, replies)
+            if new_arrays is not None:
+                arrays = new_arrays
+                result.arrays = new_arrays
+            row: dict[str, Any] = {"server-round": t}
+            if metrics is not None:
+                result.train_metrics_clientapp[t] = metrics
+                row.update(dict(metrics))
+            row.update(self._evaluate(t, arrays, evaluate_config, grid, result))
+            if evaluate_fn is not None:
+                res = evaluate_fn(t, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[t] = res
+                    row.update(dict(res))
+            row["round-time"] = time.perf_counter() - r0
+            self._emit(row, total)
+        result.arrays = self.finalize(arrays)
+        log(INFO, "%s finished in %.2f s", type(self).__name__, time.perf_counter() - self._t0)
+        return result
+
+    def _evaluate(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        result: Result,
+    ) -> dict[str, Any]:
+        messages = list(self.configure_evaluate(server_round, arrays, config, grid))
+        if not messages:
+            return {}
+        res = self.aggregate_evaluate(server_round, self.send(grid, messages))
+        if res is None:
+            return {}
+        result.evaluate_metrics_clientapp[server_round] = res
+        return dict(res)
+
+    def _emit(self, row: dict[str, Any], total: int) -> None:
+        row["wall-time"] = time.perf_counter() - self._t0
+        self.history.append(row)
+        log(
+            INFO,
+            "[round %d/%d] %s  bad=%s  %.2f s",
+            row["server-round"],
+            total,
+            self.round_summary(row),
+            row.get("bad-replies", 0),
+            row.get("round-time", 0.0),
+        )
+        if self.on_round is not None:
+            self.on_round(row)
+
+    def summary(self) -> None:
+        """Log the strategy's settings (subclasses say more)."""
+        log(INFO, "%s", type(self).__name__)
+
+
+def warn_fixed_length(name: str, asked: int, runs: int, why: str) -> None:
+    """Log that a protocol runs ``runs`` rounds although ``asked`` were requested."""
+    if asked != runs:
+        log(WARNING, "%s runs %d rounds (%s); num_rounds=%d is not used", name, runs, why, asked)
