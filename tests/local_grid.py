@@ -10,6 +10,7 @@ import uuid
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
 
 from flower_app.client_app import app as client_app
 
@@ -21,6 +22,8 @@ class LocalGrid(Grid):
         """``app``: the ClientApp to call (default: this package's); ``node_config(i)``:
         the i-th node's node_config (default: partition-id / num-partitions)."""
         self.app = client_app if app is None else app
+        # Message() outside a ServerApp process needs a task identity
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.node_ids = list(range(1000, 1000 + num_nodes))
         self.contexts = {
             nid: Context(
