@@ -12,10 +12,12 @@ import time
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from local_grid import LocalGrid
 
+from flower_app.clients.adapter import numpy_client_app
 from flower_app.strategies.base import (
     AllRepliesRejectedError,
     InitialArraysError,
@@ -213,3 +215,38 @@ def test_metric_record_takes_numpy_values():
          "f": "text"}
     )
     assert dict(record) == {"a": 3, "b": 0.5, "c": [1, 2], "d": 1}
+
+
+class _AddOne(NumPyClient):
+    """A legacy NumPyClient: fit adds 1, get_properties echoes the config."""
+
+    def get_properties(self, config):
+        return {"kind": str(config.get("kind", "")), "n": 7}
+
+    def fit(self, parameters, config):
+        return [p + 1.0 for p in parameters], 1, {"lr": float(config["lr"])}
+
+    def evaluate(self, parameters, config):
+        return float(parameters[0].sum()), 3, {}
+
+
+def test_numpy_client_app_serves_a_legacy_numpy_client():
+    app = numpy_client_app(lambda context: _AddOne())
+    grid = LocalGrid(2, {}, app=app)
+    node = grid.node_ids[0]
+    for mtype in ("train", "train.direction"):
+        msg = Message(
+            RecordDict({"arrays": ArrayRecord([np.zeros(2)]),
+                        "config": ConfigRecord({"lr": 0.5})}),
+            dst_node_id=node, message_type=mtype,
+        )
+        (reply,) = grid.send_and_receive([msg])
+        np.testing.assert_allclose(reply.content.array_records["arrays"]["0"].numpy(), 1.0)
+        assert dict(reply.content.metric_records["metrics"]) == {"lr": 0.5, "num-examples": 1}
+    query = Message(RecordDict({}), dst_node_id=node, message_type="query.cohort")
+    (reply,) = grid.send_and_receive([query])
+    assert dict(reply.content.config_records["properties"]) == {"kind": "cohort", "n": 7}
+    ev = Message(RecordDict({"arrays": ArrayRecord([np.ones(2)])}), dst_node_id=node,
+                 message_type="evaluate")
+    (reply,) = grid.send_and_receive([ev])
+    assert dict(reply.content.metric_records["metrics"]) == {"loss": 2.0, "num-examples": 3}
