@@ -39,6 +39,8 @@ __all__ = [
     "importance_factors",
     "participation_probabilities",
     "run_discrete_greedy_direct",
+    "set_function_importance",
+    "set_function_report",
 ]
 
 #: reports are integers in units of 2^-20
@@ -298,6 +300,86 @@ class DiscreteGreedyServer:
         self.selected.append(e)
         self.rounds.append(record)
         return record
+
+
+def set_function_importance(singletons: np.ndarray, histogram: np.ndarray) -> float:
+    """Return w_i = max_j f_i({j}) / O_j of one user from its singleton values O_i.
+
+    The second round of Algs. 4/5 for any set function (``singletons`` = ``gains(∅)``).
+
+    Parameters
+    ----------
+    singletons : numpy.ndarray
+        O_i = (f_i({j}))_j of the user (length m, ≥ 0).
+    histogram : numpy.ndarray
+        O = Σ over all users of O_i.
+
+    Returns
+    -------
+    float
+        w_i ∈ [0, 1] (0 when f_i({j}) = 0 for every j).
+
+    Raises
+    ------
+    ValueError
+        On a histogram of the wrong shape, not finite, or 0 where the user's O_i is not.
+    """
+    own = np.asarray(singletons, dtype=np.float64)
+    o = np.asarray(histogram, dtype=np.float64)
+    if o.shape != own.shape or not np.all(np.isfinite(o)) or (o < 0).any():
+        raise ValueError(f"the histogram must be a finite non-negative vector of length {own.size}")
+    support = own > 0
+    if (o[support] <= 0).any():
+        raise ValueError("the histogram is 0 on an element a user values: it is not Σ_i O_i")
+    return float((own[support] / o[support]).max(initial=0.0))
+
+
+def set_function_report(
+    gains: np.ndarray,
+    selected: Sequence[int],
+    matroid: Matroid,
+    kappa_i: float,
+    seed: int,
+    server_round: int,
+    user_id: int,
+) -> tuple[np.ndarray, int]:
+    """Return one user's fixed-point report Δ_i of Alg. 3 and whether it participates (0/1).
+
+    The same coin and encoding as :func:`discrete_report_sum`, for a user whose f_i is
+    given by its marginal gains ``gains = f_i(S ∪ {e}) − f_i(S)`` (length m).
+
+    Parameters
+    ----------
+    gains : numpy.ndarray
+        The user's marginal gains at S for every element.
+    selected : sequence of int
+        The current set S.
+    matroid : Matroid
+        Only elements e with S ∪ {e} independent get reports.
+    kappa_i : float
+        The user's participation probability.
+    seed, server_round, user_id : int
+        Seed the user's coin ``default_rng([seed, server_round, user_id])``.
+
+    Returns
+    -------
+    tuple
+        ``(report, participants)``: int64 vector in units of 2^-20; 1 or 0.
+    """
+    m = matroid.n_elements
+    gain = np.asarray(gains, dtype=np.float64)
+    if gain.shape != (m,) or not np.all(np.isfinite(gain)):
+        raise ValueError(f"gains(S) must return a finite float vector of length {m}")
+    out = np.zeros(m, dtype=np.int64)
+    coin = kappa_i >= 1.0 or user_rng(seed, server_round, int(user_id)).random() < kappa_i
+    if not coin or kappa_i <= 0:
+        return out, 0
+    keep = np.flatnonzero((gain > 0) & matroid.feasible_mask(list(selected)))
+    scaled = np.rint(gain[keep] / kappa_i * FIXED_POINT_SCALE)
+    if scaled.max(initial=0.0) >= _INT_LIMIT:
+        raise OverflowError("a report exceeds the fixed-point range: raise κ")
+    out[keep] = scaled.astype(np.int64)
+    return out, 1
 
 
 def run_discrete_greedy_direct(

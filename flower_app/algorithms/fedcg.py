@@ -41,7 +41,7 @@ import numpy as np
 
 from flower_app.algorithms.counts import resolve_count
 from flower_app.algorithms.fedsm import user_rng
-from flower_app.submodular.matroids import Matroid
+from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from flower_app.submodular.polytope import (
     batched_linear_maximizer,
@@ -60,9 +60,17 @@ __all__ = [
     "complete_to_base",
     "entry_gradient",
     "round_point",
+    "matroid_from_spec",
+    "matroid_spec",
     "run_fedcg_direct",
+    "sampled_set_gradient",
+    "set_function_direction",
     "user_direction_sum",
 ]
+
+#: a per-user set function given by its marginal gains: ``gains(S) -> f(S ∪ {e}) − f(S)``
+#: for every element e (float64, length m; the entries of S itself are not used)
+GainsFn = Callable[[np.ndarray], np.ndarray]
 
 GRADIENTS = ("exact", "sampled")
 ROUNDINGS = ("pipage", "greedy")
@@ -420,6 +428,141 @@ def _general_lmo(
         rows.append(np.full(base.size, i, dtype=np.int64))
         cols.append(base)
     return np.concatenate(rows), np.concatenate(cols)
+
+
+# ---------------------------------------------------------------------------- any set function
+def _gains(gains: GainsFn, selected: np.ndarray, m: int) -> np.ndarray:
+    out = np.asarray(gains(np.asarray(selected, dtype=np.int64)), dtype=np.float64)
+    if out.shape != (m,) or not np.all(np.isfinite(out)):
+        raise ValueError(f"gains(S) must return a finite float vector of length {m}")
+    return np.maximum(out, 0.0)
+
+
+def sampled_set_gradient(
+    gains: GainsFn, x: np.ndarray, samples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Estimate ∇F(x) of any monotone set function from its marginal gains (App. C.3).
+
+    ∂F/∂x_j = E_{R∼x}[f(R ∪ {j}) − f(R ∖ {j})]: for each of ``samples`` sets R (j ∈ R with
+    probability x_j), one call ``gains(R)`` gives the terms of every j ∉ R and one call
+    ``gains(R ∖ {j})`` per j ∈ R the others.
+
+    Parameters
+    ----------
+    gains : callable
+        ``gains(S) -> f(S ∪ {e}) − f(S)`` for every e (float64, length m).
+    x : numpy.ndarray
+        The point, in [0, 1]^m.
+    samples : int
+        Sets R drawn.
+    rng : numpy.random.Generator
+        The user's stream.
+
+    Returns
+    -------
+    numpy.ndarray
+        Unbiased float64 estimate of the gradient (≥ 0).
+    """
+    m = x.size
+    total = np.zeros(m)
+    for _ in range(samples):
+        in_r = rng.random(m) < x
+        members = np.flatnonzero(in_r)
+        g = _gains(gains, members, m)
+        g[members] = 0.0
+        for j in members:
+            g[j] = _gains(gains, members[members != j], m)[j]
+        total += g
+    return total / max(samples, 1)
+
+
+def set_function_direction(
+    gains: GainsFn,
+    x: np.ndarray,
+    matroid: Matroid,
+    local: LocalSteps,
+    seed: int,
+    server_round: int,
+    user_id: int,
+    gradient: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, int]:
+    """Return τ · Δ_i of one user whose f_i is known only through its marginal gains.
+
+    The same τ local continuous-greedy steps as :func:`user_direction_sum`, for any
+    monotone submodular f_i: the gradient is ``gradient(x)`` when the user can compute it
+    exactly (and ``local.gradient == "exact"``), else the sampling estimate of
+    :func:`sampled_set_gradient` with ``local.samples`` sets; the LMO is
+    :func:`~flower_app.submodular.polytope.linear_maximizer` with random tie keys.
+
+    Parameters
+    ----------
+    gains : callable
+        ``gains(S) -> f_i(S ∪ {e}) − f_i(S)`` for every e.
+    x : numpy.ndarray
+        The server's point (clipped to [0, 1]).
+    matroid : Matroid
+        The constraint.
+    local : LocalSteps
+        τ, gradient kind, samples, base completion.
+    seed, server_round, user_id : int
+        Seed the user's stream ``default_rng([seed, server_round, user_id])``.
+    gradient : callable, optional
+        ``gradient(x) -> ∇F_i(x)`` (float64, length m), the exact multilinear gradient.
+
+    Returns
+    -------
+    tuple
+        ``(vector, ids_sent)``: the sum of the τ vertices (float64, length m) and the
+        number of element ids in them.
+    """
+    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
+    m = matroid.n_elements
+    if x.shape != (m,):
+        raise ValueError(f"x has shape {x.shape}, expected ({m},)")
+    rng = user_rng(seed, server_round, int(user_id))
+    total = np.zeros(m)
+    sent = 0
+    for _ in range(local.steps):
+        xi = np.minimum(x + total / local.steps, 1.0)
+        if gradient is not None and local.gradient == "exact":
+            g = np.asarray(gradient(xi), dtype=np.float64)
+            if g.shape != (m,) or not np.all(np.isfinite(g)):
+                raise ValueError(f"gradient(x) must return a finite vector of length {m}")
+        else:
+            g = sampled_set_gradient(gains, xi, local.samples, rng)
+        base = linear_maximizer(
+            matroid, np.maximum(g, 0.0), tie_keys=rng.random(m), complete=local.fill_base
+        )
+        total[base] += 1.0
+        sent += int(base.size)
+    return total, sent
+
+
+def matroid_spec(matroid: Matroid) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    """Describe a uniform or partition matroid for a message: ``(k, groups, capacities)``.
+
+    Returns ``(k, None, None)`` for a uniform matroid of rank k (the client knows m), and
+    ``(0, groups int64 (m,), capacities int64 (G,))`` for a partition matroid.
+    """
+    if isinstance(matroid, UniformMatroid):
+        return int(matroid.k), None, None
+    if isinstance(matroid, PartitionMatroid):
+        return 0, matroid.groups.astype(np.int64), matroid.capacities.astype(np.int64)
+    raise ValueError(f"{matroid} cannot be sent to clients: use a uniform or partition matroid")
+
+
+def matroid_from_spec(
+    n_elements: int, k: int, groups: np.ndarray | None, capacities: np.ndarray | None
+) -> Matroid:
+    """Rebuild the matroid of :func:`matroid_spec` (checked against the client's m)."""
+    if groups is None:
+        return UniformMatroid(int(n_elements), int(k))
+    groups = np.asarray(groups)
+    if groups.shape != (n_elements,) or groups.dtype.kind not in "iu":
+        raise ValueError(f"matroid groups must be {n_elements} integer block ids")
+    if capacities is None:
+        raise ValueError("a partition matroid needs its capacities")
+    return PartitionMatroid(groups, np.asarray(capacities).astype(np.int64))
 
 
 # ---------------------------------------------------------------------------- server side

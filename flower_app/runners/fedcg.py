@@ -58,7 +58,8 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import Experiment, finish_run, open_run, partition_of
 from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
-from flower_app.strategies.fedcg import FedCGStrategy, FedDiscreteGreedyStrategy
+from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
 
@@ -209,26 +210,26 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
         strategy = FedDiscreteGreedyStrategy(
-            server,
+            cohorts=True,
+            server=server,
             objective_fn=exp.problem.objective.mean_value,
             on_round=exp.writer.log_round,
-            round_timeout=cfg.round_timeout,
             discovery_timeout=cfg.discovery_timeout,
         )
-        strategy.start(grid=grid)
+        strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
         extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
         return _finish(exp, list(server.selected), strategy.history, extra)
     fedcg = FedCGStrategy(
-        server,
-        exp.problem.n_users,
+        cohorts=True,
+        server=server,
         objective_fn=_multilinear(exp),
         on_round=exp.writer.log_round,
-        round_timeout=cfg.round_timeout,
         discovery_timeout=cfg.discovery_timeout,
         evaluate_every=10,
     )
-    fedcg.start(grid=grid)
-    return _finish(exp, fedcg.selected, fedcg.history, _continuous_extra(server, exp))
+    fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
+    selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
+    return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))
 
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:

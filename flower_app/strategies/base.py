@@ -370,6 +370,15 @@ class RoundStrategy(Strategy):
         """
         return num_rounds
 
+    def initial_state(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return the arrays of round 0, after ``setup`` (default: ``initial_arrays``).
+
+        A strategy whose starting point exists only after ``setup`` (e.g. x = 0 of a ground
+        set whose size the nodes reported) returns it here; ``evaluate_fn(0, ...)`` and round
+        1 receive it.
+        """
+        return arrays
+
     def expected_initial_arrays(self) -> Mapping[str, tuple[tuple[int, ...], str]] | None:
         """Return key -> (shape, dtype kinds) that ``initial_arrays`` must have, or None."""
         return None
@@ -398,6 +407,14 @@ class RoundStrategy(Strategy):
     ) -> MetricRecord | None:
         """Return None (no federated evaluation by default)."""
         return None
+
+    def finished(self) -> bool:
+        """Return True once the protocol has ended, before the rounds ``setup`` returned.
+
+        For protocols whose length shows only as they run (FedSM Algorithm 2 stops when its
+        thresholds are used up): ``setup`` returns an upper bound, this says when to stop.
+        """
+        return False
 
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return ``Result.arrays`` of the run (default: the last round's arrays)."""
@@ -509,6 +526,7 @@ class RoundStrategy(Strategy):
         self.summary()
         self._t0 = time.perf_counter()
         total = int(self.setup(grid, arrays, int(num_rounds)))
+        arrays = self.initial_state(arrays)
         result = Result()
         row0: dict[str, Any] = {}
         if self.evaluate_initial:
@@ -521,6 +539,8 @@ class RoundStrategy(Strategy):
         if row0:
             self._emit({"server-round": 0, **row0}, total)
         for t in range(1, total + 1):
+            if self.finished():
+                break
             r0 = time.perf_counter()
             self.before_round(t, arrays, grid)
             messages = self.configure_train(t, arrays, train_config, grid)

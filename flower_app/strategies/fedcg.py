@@ -1,638 +1,494 @@
-"""FedCGStrategy (FedCG Alg. 1, FedCG+ Alg. 2) and FedDiscreteGreedyStrategy (Algs. 3-5).
+"""FedCGStrategy (FedCG Alg. 1, FedCG+ Alg. 2), and the message contract of the ICML 2024 paper.
+
+The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which lives in
+:mod:`flower_app.strategies.discrete_greedy`.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
 lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
-this module moves it over Flower's Message API. Both strategies first ask every node which
-users it serves (:mod:`flower_app.strategies.discovery`); a node answers for its users with
-one sum (what secure aggregation reveals).
+this module moves it over Flower's Message API on
+:class:`~flower_app.strategies.base.RoundStrategy`.
+
+Two client modes:
+
+*plain* (the default)
+    one node is one client i with its own utility f_i (its ClientApp uses the helpers of
+    :mod:`flower_app.clients.fedcg`); nodes are sampled from ``grid.get_node_ids()``
+    like Flower's ``FedAvg``; the ground-set size m comes from the replies (metric
+    ``n-elements``; the most common value among the first round's replies is taken and
+    replies with another m are left out), or from ``initial_arrays["x"]`` / ``groups``.
+*cohort* (``cohorts=True`` with a prebuilt server state)
+    a node serves many users (the simulation of :mod:`flower_app.runners.fedcg`): the
+    server asks every node which users it serves (``query.cohort``) and samples users;
+    a node answers for its users with one sum (what secure aggregation reveals).
+
+Message contract. Requests carry ``"arrays"`` (ArrayRecord) and ``"config"`` (ConfigRecord:
+the user's ``train_config``, ``server-round`` and the entries below); replies carry
+``"arrays"`` and ``"metrics"`` (MetricRecord). Plain-mode arrays are named; cohort mode
+sends the same arrays positionally (``"0"``, ``"1"``, ...) in the order given, and its
+direction request adds ``"1"`` int64 user ids and ``"2"`` float64 weights c_i.
+
+=====================  ==============================  ======================================
+message type           request                         reply
+=====================  ==============================  ======================================
+``train.direction``    ``"x"`` float64 (m,) [#x]_;      ``"values"`` float64 (m,), or ``"ids"``
+(FedCG, each round)    config ``seed``,                int32 + ``"values"`` float64: the sum
+                       ``local-steps``, ``gradient``,  of the τ LMO vertices (cohort: τ·Σ c_i
+                       ``gradient-samples``,           Δ_i); metrics ``num-examples``,
+                       ``fill-base`` (0/1) [#m]_        ``ids-sent``, ``n-elements`` (m;
+                                                       plain), ``weight`` (Σ c_i; cohort)
+``train.histogram``    no arrays                       ``"values"`` float64 (m,) or sparse:
+(discrete, setup)                                      Σ_i O_i, O_i = (f_i({j}))_j; metrics
+                                                       ``num-examples``, ``n-elements``
+``train.importance``   ``"histogram"`` float64 O       no arrays; metrics ``num-examples``,
+(discrete, setup)      (m,); config ``kappa``          ``expected-participants`` (Σ κ_i),
+                                                       ``max-w``
+``train.discrete``     ``"selected"`` int64 S;         ``"values"`` int64 (m,) or ``"ids"``
+(discrete, each        config ``seed``, ``kappa``      int32 + ``"values"`` int64: Σ Δ_i in
+round)                 [#m]_                           2^-20 units; metrics ``participants``,
+                                                       ``num-examples``, ``n-elements``
+=====================  ==============================  ======================================
+
+.. [#x] shape (0,) = the zero vector while the server does not know m yet (round 1).
+.. [#m] plain mode: config ``matroid-k`` (rank of the uniform matroid; 0 for a partition
+   matroid) and, for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
+   ``"matroid-capacities"`` int64 (G,).
+
+``Result.arrays`` and the arrays given to ``evaluate_fn(server_round, arrays)``: FedCG
+``"x"`` float64 (m,) and ``"selected"`` int64 (after round T the configured rounding;
+before, the greedy rounding of the current x, as a preview); discrete greedy
+``"selected"`` int64 (S in order). At round 0 ``evaluate_fn`` gets ``initial_arrays`` as
+given.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MetricRecord,
+)
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer
+from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
+from flower_app.strategies.base import (
+    CheckedReplies,
+    InitialArraysError,
+    RoundStrategy,
+    sample_nodes,
+    warn_fixed_length,
+)
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.fedsm import decode_report
-from flower_app.strategies.replies import check_replies
+from flower_app.strategies.submodular_records import (
+    build_matroid,
+    check_common,
+    drop_replies,
+    majority_m,
+    matroid_entries,
+    named_record,
+    positional_record,
+    reply_parts,
+    report_arrays,
+    reported_n_elements,
+    train_message,
+)
+from flower_app.submodular.rounding import check_in_polytope, greedy_rounding
 
-__all__ = ["FedCGStrategy", "FedDiscreteGreedyStrategy", "decode_int_report"]
+__all__ = ["FedCGStrategy"]
 
 RoundCallback = Callable[[dict[str, Any]], None]
 _TOL = 1e-6
 
 
-def decode_int_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
-    """Decode a fixed-point report (``[index, value]`` or ``[value]``, integer values).
-
-    Parameters
-    ----------
-    arrays : list of numpy.ndarray
-        The reply's arrays.
-    n_elements : int
-        Ground-set size m.
-
-    Returns
-    -------
-    numpy.ndarray
-        Dense int64 vector of length m.
-
-    Raises
-    ------
-    ValueError
-        On wrong shapes or dtypes, ids out of range or repeated, or negative values.
-    """
-    if len(arrays) == 1:
-        value = np.asarray(arrays[0])
-        if value.shape != (n_elements,) or value.dtype.kind not in "iu":
-            raise ValueError(f"dense report must be integers of shape ({n_elements},)")
-        dense = value.astype(np.int64)
-    elif len(arrays) == 2:
-        index, value = (np.asarray(a) for a in arrays)
-        if index.ndim != 1 or value.shape != index.shape or index.dtype.kind not in "iu":
-            raise ValueError("sparse report needs 1-D integer ids and values of equal length")
-        if value.dtype.kind not in "iu":
-            raise ValueError("report values must be fixed-point integers")
-        if index.size and (index.min() < 0 or index.max() >= n_elements):
-            raise ValueError(f"sparse report has element ids outside 0..{n_elements - 1}")
-        if np.unique(index).size != index.size:
-            raise ValueError("sparse report repeats element ids")
-        dense = np.zeros(n_elements, dtype=np.int64)
-        dense[index.astype(np.int64)] = value.astype(np.int64)
-    else:
-        raise ValueError(f"a report has 1 (dense) or 2 (sparse) arrays, got {len(arrays)}")
-    if (dense < 0).any():
-        raise ValueError("report values must be non-negative")
-    return dense
-
-
-class _CohortStrategy(Strategy):
-    """Shared plumbing: discovery, message building, per-round logging."""
-
-    n_users: int
-    n_elements: int
-    cohorts: CohortMap | None
-    history: list[dict[str, Any]]
-    on_round: RoundCallback | None
-    discovery_timeout: float
-
-    def _discover(self, grid: Grid) -> None:
-        self.cohorts = discover_cohorts(
-            grid, self.n_users, self.n_elements, timeout=self.discovery_timeout
-        )
-
-    @staticmethod
-    def _message(node: int, arrays: list[np.ndarray], config: dict, group: str) -> Message:
-        content = RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord(config)})
-        return Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=group)
-
-    @staticmethod
-    def _reply(reply: Message) -> tuple[list[np.ndarray], MetricRecord, int]:
-        if reply.has_error():
-            raise ValueError(f"client error: {reply.error.reason}")
-        record = reply.content.array_records["arrays"]
-        return (
-            record.to_numpy_ndarrays(),
-            reply.content.metric_records["metrics"],
-            int(record.count_bytes()),
-        )
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Not used: F(S) is evaluated by the server's oracle (``objective_fn``)."""
-        return []
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Not used (see ``configure_evaluate``)."""
-        return None
-
-    def _log(self, row: dict[str, Any], total_rounds: int, what: str) -> None:
-        self.history.append(row)
-        log(
-            INFO,
-            "[round %d/%d] %s  users=%d nodes=%d  up=%d B down=%d B  bad=%d  %.2f s",
-            row["server-round"],
-            total_rounds,
-            what,
-            row.get("users", 0),
-            row.get("nodes", 0),
-            row.get("bytes-up", 0),
-            row.get("bytes-down", 0),
-            row.get("bad-replies", 0),
-            row.get("round-time", 0.0),
-        )
-        if self.on_round is not None:
-            self.on_round(row)
-
-
-class FedCGStrategy(_CohortStrategy):
+class FedCGStrategy(RoundStrategy):
     """Federated continuous greedy: FedCG (τ = 1, Alg. 1) and FedCG+ (τ > 1, Alg. 2).
 
-    Each round the server picks users by the client sampling scheme (K draws with
-    replacement, probability p_i; or everyone with weight p_i), sends x to the nodes that
-    serve them, and each user takes τ local continuous-greedy steps from x; a node replies
-    with τ · Σ_i c_i Δ_i over its users; the server sets x ← x + η Σ c_i Δ_i / Σ c_i. After
-    the last round x is rounded without the objective (Remark 4.4).
+    Each round the server sends x to the round's clients; each takes τ local
+    continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
+    matroid) and replies with the sum of its τ vertices; the server sets
+    x ← x + η Σ c_i Δ_i / Σ c_i. After round T, x is rounded without the objective
+    (Remark 4.4). T is ``num_rounds`` of :meth:`start` (cohort mode: the server's T).
+    Message contract: the table of :mod:`flower_app.strategies.fedcg`.
 
     Parameters
     ----------
-    server : FedCGServer
-        The server state (η, T, τ, sampling, rounding, seed; validated on construction).
-    n_users : int
-        Users over all nodes (must equal ``server.n_users``).
+    k : int, optional
+        Cardinality bound of the uniform matroid (default 10); with ``groups``, the
+        default capacity of each block.
+    groups : sequence of int, optional
+        Block of every element (length m): a partition matroid (m is then known).
+    capacities : int, sequence or mapping, optional
+        Block capacities of the partition matroid (see :func:`build_matroid`).
+    eta : float, optional
+        Server step η with η·T ≤ 1; 0 (default) means 1/T.
+    local_steps : int, optional
+        τ: 1 (default) is FedCG, τ > 1 FedCG+.
+    gradient : str, optional
+        Clients' gradient: ``"exact"`` (default) or ``"sampled"`` (Appendix C.3).
+    gradient_samples : int, optional
+        Sets per sampled gradient (default 10).
+    fill_base : bool, optional
+        Clients complete each LMO answer to a base with random zero-gradient elements
+        (default True).
+    rounding : str, optional
+        Final rounding, ``"greedy"`` (default) or ``"pipage"``.
+    fraction_train : float, optional
+        Fraction of connected nodes sampled per round (plain mode; default 1.0: all,
+        FedCG's full participation with uniform weights).
+    min_train_nodes : int, optional
+        Least nodes per round (plain mode; default 2).
+    min_available_nodes : int, optional
+        Least connected nodes before a round starts (plain mode; default 2).
+    seed : int, optional
+        Seeds the node sampler (``random.Random(seed)``), the server's generator
+        (rounding) and the clients' streams (``default_rng([seed, round, user_id])``).
+    cohorts : bool, optional
+        Cohort mode (default False: plain mode).
+    server : FedCGServer, optional
+        Cohort mode's prebuilt server state (users N, p_i, K draws, matroid, T, η, τ;
+        its data-derived sizes come from the dataset); required with ``cohorts=True``,
+        and then the hyperparameters above are not used.
     objective_fn : callable, optional
-        ``objective_fn(x) -> float``: an experiment oracle recorded per round (e.g. the
-        mean multilinear value F̂(x)); the algorithm never uses it.
-    on_round : callable, optional
-        Receives each round's metrics dict.
-    round_timeout : float, optional
-        Seconds to wait for one round's replies (default 600).
-    discovery_timeout : float, optional
-        Seconds to wait until the nodes' cohorts cover all users (default 300).
+        ``objective_fn(x) -> float``: an oracle recorded per round as ``multilinear``
+        (e.g. the mean F̂(x)); the algorithm never uses it.
     evaluate_every : int, optional
         Call ``objective_fn`` every this many rounds and after the last (default 1).
+    discovery_timeout : float, optional
+        Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
+    on_round : callable, optional
+        Receives each round's row as the round ends.
 
     Notes
     -----
-    Message contract (see also :mod:`flower_app.clients.continuous`):
-
-    * ``query`` → discovery, as in :class:`~flower_app.strategies.fedsm.FedSMStrategy`.
-    * ``train`` → ``"arrays"``: ``"0"`` float64 x (m,), ``"1"`` int64 user ids on that
-      node (K_node,), ``"2"`` float64 weights c_i (K_node,); ``"config"``: ``kind`` =
-      ``"direction"``, ``server-round``, ``seed``, ``local-steps``, ``gradient``,
-      ``gradient-samples``, ``fill-base`` (int). Reply ``"arrays"``: ``"0"`` int32 ids,
-      ``"1"`` float64 values (sparse) or ``"0"`` float64 (m,) (dense); ``"metrics"``:
-      ``num-examples`` (= K_node), ``weight`` (Σ c_i), ``ids-sent``.
-
-    A reply with an error, a malformed or non-finite report, a weight or user count that
-    does not match what was sent, a coordinate above τ·Σ c_i, or a total mass that is not
-    that of τ bases (τ r Σ c_i; at most that without base completion) is logged, counted in
-    ``bad-replies`` and left out; the step is then normalised by the weight that arrived.
+    A reply with an error, a malformed or non-finite report, another m, a weight or user
+    count that does not match what was sent, a coordinate above τ·Σ c_i, or a total mass
+    that is not that of τ bases (τ r Σ c_i; at most that without base completion) is
+    counted in ``bad-replies`` and left out; the step is normalised by the weight that
+    arrived. In plain mode every client has weight c_i = 1.
     """
 
     def __init__(
         self,
-        server: FedCGServer,
-        n_users: int,
+        k: int = 10,
+        groups: Sequence[int] | np.ndarray | None = None,
+        capacities: int | Sequence[int] | Mapping[int, int] | None = None,
+        eta: float = 0.0,
+        local_steps: int = 1,
+        gradient: str = "exact",
+        gradient_samples: int = 10,
+        fill_base: bool = True,
+        rounding: str = "greedy",
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        seed: int = 0,
+        cohorts: bool = False,
+        server: FedCGServer | None = None,
         objective_fn: Callable[[np.ndarray], float] | None = None,
-        on_round: RoundCallback | None = None,
-        round_timeout: float = 600.0,
-        discovery_timeout: float = 300.0,
         evaluate_every: int = 1,
+        discovery_timeout: float = 300.0,
+        on_round: RoundCallback | None = None,
     ) -> None:
-        if n_users != server.n_users:
-            raise ValueError(f"n_users={n_users} differs from the server's {server.n_users}")
-        self.server = server
-        self.n_users = int(n_users)
-        self.n_elements = server.matroid.n_elements
+        super().__init__(on_round=on_round)
+        if cohorts and server is None:
+            raise ValueError("cohort mode needs the prebuilt server state: pass server=")
+        if server is not None and not cohorts:
+            raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+        self.cohort_mode = bool(cohorts)
+        self.server: FedCGServer | None = server
+        if server is None:
+            check_common(seed, min_available_nodes)
+            self.local = LocalSteps(
+                steps=local_steps, gradient=gradient, samples=gradient_samples,
+                fill_base=bool(fill_base),
+            )  # fmt: skip
+            if rounding not in ROUNDINGS:
+                raise ValueError(f"rounding={rounding!r}: choose one of {', '.join(ROUNDINGS)}")
+            if not 0.0 < fraction_train <= 1.0:
+                raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
+            if not np.isfinite(eta) or eta < 0:
+                raise ValueError(f"eta={eta!r} must be >= 0 (0 selects 1/T)")
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"k={k!r} must be a positive int")
+        else:
+            self.local, seed, rounding = server.local, server.seed, server.rounding
+        self.k, self.groups, self.capacities = k, groups, capacities
+        self.eta, self.rounding, self.seed = float(eta), rounding, int(seed)
+        self.fraction_train = float(fraction_train)
+        self.min_train_nodes = int(min_train_nodes)
+        self.min_available_nodes = int(min_available_nodes)
         self.objective_fn = objective_fn
-        self.on_round = on_round
-        self.round_timeout = float(round_timeout)
-        self.discovery_timeout = float(discovery_timeout)
-        self.cohorts = None
-        self.history = []
-        self.selected: list[int] = []
         self.evaluate_every = max(1, int(evaluate_every))
+        self.discovery_timeout = float(discovery_timeout)
+        self.cohorts: CohortMap | None = None
+        self.selected: list[int] | None = None
+        self._node_rng = random.Random(self.seed)
+        self._rounds = 0
+        self._x0: np.ndarray | None = None
         self._sent: dict[int, tuple[int, float]] = {}
         self._bytes_down = 0
+        self._draws = 0
 
+    # ------------------------------------------------------------------ setup
     def summary(self) -> None:
         """Log the strategy's settings."""
-        s = self.server
+        s, local = self.server, self.local
         log(
             INFO,
-            "FedCGStrategy(%s): N=%d users, m=%d, T=%d rounds, eta=%.4g, tau=%d, %s, "
-            "gradient=%s, rounding=%s, matroid=%s, seed=%d",
-            "FedCG" if s.local.steps == 1 else "FedCG+",
-            s.n_users,
-            self.n_elements,
-            s.rounds,
-            s.eta,
-            s.local.steps,
-            "full participation" if s.full else f"K={s.K} draws",
-            s.local.gradient,
-            s.rounding,
-            s.matroid,
-            s.seed,
+            "FedCGStrategy(%s, %s mode): %s, eta=%s, tau=%d, gradient=%s, rounding=%s, seed=%d",
+            "FedCG" if local.steps == 1 else "FedCG+",
+            "cohort" if self.cohort_mode else "plain",
+            s.matroid if s is not None else f"k={self.k}",
+            "1/T" if self.eta == 0 and s is None else (s.eta if s else self.eta),
+            local.steps,
+            local.gradient,
+            self.rounding,
+            self.seed,
         )
+
+    def _build_server(self, n_elements: int, n_users: int) -> FedCGServer:
+        matroid = build_matroid(n_elements, self.k, self.groups, self.capacities)
+        server = FedCGServer(
+            max(1, n_users), matroid, self._rounds, self.eta, self.local, 1.0,
+            seed=self.seed, rounding=self.rounding,
+        )  # fmt: skip
+        if self._x0 is not None:
+            self._start_at(server, self._x0)
+        return server
+
+    @staticmethod
+    def _start_at(server: FedCGServer, x0: np.ndarray) -> None:
+        """Start from x0, checked to lie in (1 − η·T)·P so that x_T stays in P."""
+        m = server.matroid.n_elements
+        if x0.shape != (m,):
+            raise InitialArraysError(f"initial_arrays['x'] has shape {x0.shape}; m is {m}")
+        room = 1.0 - server.eta * server.rounds
+        if np.any(x0 != 0):
+            try:
+                if room <= _TOL:
+                    raise ValueError("η·T = 1 leaves no room")
+                check_in_polytope(x0 / room, server.matroid)
+            except ValueError as err:
+                raise InitialArraysError(
+                    f"initial_arrays['x'] must lie in (1 − η·T)·P = {room:.3g}·P so that x "
+                    f"stays in the matroid polytope: {err}"
+                ) from err
+        server.x = x0.astype(np.float64).copy()
+
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Check ``initial_arrays``; cohort mode: discovery; return T.
+
+        ``initial_arrays`` is empty (x starts at 0) or has ``"x"`` float64 (m,) (and
+        optionally ``"selected"``, ignored: the keys of ``Result.arrays``).
+        """
+        keys = set(arrays)
+        if not keys <= {"x", "selected"} or (keys and "x" not in keys):
+            raise InitialArraysError(
+                f"initial_arrays has keys {sorted(keys)}; expected none (x = 0) or 'x' "
+                "float64 (m,) (and optionally 'selected')"
+            )
+        if "x" in keys:
+            x0 = np.asarray(arrays["x"].numpy())
+            if x0.ndim != 1 or x0.dtype.kind != "f" or not np.all(np.isfinite(x0)):
+                raise InitialArraysError("initial_arrays['x'] must be a finite float vector")
+            self._x0 = x0
+        self.selected = None
+        if self.cohort_mode:
+            assert self.server is not None
+            warn_fixed_length("FedCG", num_rounds, self.server.rounds, "T of the server state")
+            if self._x0 is not None:
+                self._start_at(self.server, self._x0)
+            self.cohorts = discover_cohorts(
+                grid, self.server.n_users, self.server.matroid.n_elements,
+                timeout=self.discovery_timeout,
+            )  # fmt: skip
+            return self.server.rounds - self.server.t
+        self._rounds = int(num_rounds)
+        if self._rounds < 1:
+            return 0
+        self.server = None
+        self._node_rng = random.Random(self.seed)
+        m = self._x0.size if self._x0 is not None else None
+        if m is None and self.groups is not None:
+            m = len(self.groups)
+        if m is not None:
+            self.server = self._build_server(m, len(grid.get_node_ids()))
+        return self._rounds
+
+    # ------------------------------------------------------------------ round
+    def _config(self, config: ConfigRecord, server_round: int, **extra: Any) -> ConfigRecord:
+        local = self.local
+        return self.merged_config(
+            config, server_round, seed=self.seed, **{
+                "local-steps": local.steps,
+                "gradient": local.gradient,
+                "gradient-samples": local.samples,
+                "fill-base": int(local.fill_base),
+            }, **extra,
+        )  # fmt: skip
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Pick the round's users and build one ``train`` message per node serving some."""
-        if self.cohorts is None:
-            raise RuntimeError("discovery has not run: call start()")
-        users, weights = self.server.sample()
-        local = self.server.local
-        cfg = {
-            **dict(config),
-            "kind": "direction",
-            "server-round": server_round,
-            "seed": self.server.seed,
-            "local-steps": local.steps,
-            "gradient": local.gradient,
-            "gradient-samples": local.samples,
-            "fill-base": int(local.fill_base),
-        }
-        x = self.server.x.astype(np.float64)
-        messages, self._sent, self._bytes_down = [], {}, 0
-        for node, node_users in self.cohorts.group(users).items():
-            at = np.searchsorted(users, node_users)
-            node_weights = weights[at]
-            msg = self._message(
-                node, [x, node_users.astype(np.int64), node_weights], cfg, str(server_round)
-            )
-            self._bytes_down += msg.content.array_records["arrays"].count_bytes()
-            self._sent[node] = (int(node_users.size), float(node_weights.sum()))
-            messages.append(msg)
+        """Pick the round's users (cohort) or nodes (plain); one message per node."""
+        self._sent, self._bytes_down = {}, 0
+        if self.cohort_mode:
+            messages = self._cohort_messages(server_round, config)
+        else:
+            messages = self._plain_messages(server_round, config, grid)
+        self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in messages)
+        self._expected = set(self._sent)
         return messages
 
-    def _check(self, vec: np.ndarray, metrics: MetricRecord, src: int) -> tuple[int, float]:
-        n_sent, w_sent = self._sent.get(src, (None, None))
-        n_ex, weight = int(metrics["num-examples"]), float(metrics["weight"])
-        if n_ex != n_sent or abs(weight - w_sent) > _TOL * max(1.0, w_sent):
-            raise ValueError(f"update for {n_ex} users / weight {weight}, sent {n_sent} / {w_sent}")
-        tau, rank = self.server.local.steps, self.server.matroid.rank
-        cap = tau * weight
-        if vec.max(initial=0.0) > cap * (1 + _TOL):
-            raise ValueError(f"a coordinate exceeds τ·Σc = {cap:g}: not a sum of τ vertices")
+    def _cohort_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
+        if self.cohorts is None or self.server is None:
+            raise RuntimeError("discovery has not run: call start()")
+        users, weights = self.server.sample()
+        self._draws = self.server.K
+        cfg = self._config(config, server_round)
+        x = self.server.x.astype(np.float64)
+        messages = []
+        for node, node_users in self.cohorts.group(users).items():
+            node_weights = weights[np.searchsorted(users, node_users)]
+            arrays = positional_record(x, node_users.astype(np.int64), node_weights)
+            messages.append(train_message(node, arrays, cfg, "direction"))
+            self._sent[node] = (int(node_users.size), float(node_weights.sum()))
+        return messages
+
+    def _plain_messages(self, server_round: int, config: ConfigRecord, grid: Grid) -> list[Message]:
+        nodes = sample_nodes(
+            grid, self._node_rng, self.fraction_train, self.min_train_nodes,
+            self.min_available_nodes, timeout=self._timeout,
+        )  # fmt: skip
+        self._draws = len(nodes)
+        if self.server is None:  # m not known yet: x = 0 travels as an empty vector
+            x = np.zeros(0)
+            entries: dict[str, Any] = {"matroid-k": int(self.k)}
+            extra: dict[str, np.ndarray | None] = {}
+        else:
+            x = self.server.x.astype(np.float64)
+            entries, extra = matroid_entries(self.server.matroid)
+        cfg = self._config(config, server_round, **entries)
+        arrays = named_record(x=x, **extra)
+        for node in nodes:
+            self._sent[node] = (1, 1.0)
+        return [train_message(node, arrays, cfg, "direction") for node in nodes]
+
+    def decode_train_reply(self, src: int, reply: Message) -> tuple:
+        """Decode one direction report: ``(vector, users, weight, bytes, ids, m)``."""
+        record, metrics, nbytes = reply_parts(reply)
+        if self.cohort_mode or self.server is not None:
+            m = self.server.matroid.n_elements  # type: ignore[union-attr]
+            if not self.cohort_mode and reported_n_elements(metrics) != m:
+                raise ValueError(f"reply for m={metrics['n-elements']}; the run has m={m}")
+        else:
+            m = reported_n_elements(metrics)
+        vec = decode_report(report_arrays(record), m)
+        n_sent, w_sent = self._sent[src]
+        if self.cohort_mode:
+            n_ex, weight = int(metrics["num-examples"]), float(metrics["weight"])
+            if n_ex != n_sent or abs(weight - w_sent) > _TOL * max(1.0, w_sent):
+                raise ValueError(
+                    f"update for {n_ex} users / weight {weight}, sent {n_sent} / {w_sent}"
+                )
+        else:
+            n_ex, weight = n_sent, w_sent
+        if self.server is not None:
+            self._check_mass(vec, weight)
+        return vec, n_ex, weight, nbytes, int(metrics.get("ids-sent", 0)), m
+
+    def _check_mass(self, vec: np.ndarray, weight: float) -> None:
+        assert self.server is not None
+        tau, rank = self.local.steps, self.server.matroid.rank
+        if vec.max(initial=0.0) > tau * weight * (1 + _TOL):
+            raise ValueError(
+                f"a coordinate exceeds τ·Σc = {tau * weight:g}: not a sum of τ vertices"
+            )
         mass, full = float(vec.sum()), tau * rank * weight
         if mass > full * (1 + _TOL) + _TOL or (
-            self.server.local.fill_base and abs(mass - full) > _TOL * max(1.0, full)
+            self.local.fill_base and abs(mass - full) > _TOL * max(1.0, full)
         ):
             raise ValueError(f"total mass {mass:g} is not that of τ bases ({full:g})")
-        return n_ex, weight
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
+        """Plain mode, first replies: fix m and the matroid; leave out the others."""
+        m = majority_m(checked, lambda value: value[5])
+        self.server = self._build_server(m, grid_nodes)
+
+        def keep(src: int, value: tuple) -> str | None:
+            if value[5] != m:
+                return f"reply for m={value[5]}; the run has m={m}"
+            try:
+                self._check_mass(value[0], value[2])
+            except ValueError as err:
+                return str(err)
+            return None
+
+        drop_replies(checked, keep, f"round {server_round}")
+
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Sum the valid updates and take the server step."""
-
-        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, float, int, int]:
-            arrays, metrics, nbytes = self._reply(reply)
-            vec = decode_report(arrays, self.n_elements)
-            n_ex, w = self._check(vec, metrics, src)
-            return vec, n_ex, w, nbytes, int(metrics.get("ids-sent", 0))
-
-        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
-        total, users, weight, bytes_up, ids_sent = np.zeros(self.n_elements), 0, 0.0, 0, 0
-        for _, (vec, n_ex, w, nbytes, ids) in checked.accepted:
+        """Sum the valid updates and take the server step (x ← x + η·Σ c_i Δ_i / Σ c_i)."""
+        if self.server is None:
+            self._resolve_m(server_round, checked, len(self._sent))
+        server = self.server
+        assert server is not None
+        m = server.matroid.n_elements
+        total, weight, users, ids_sent, bytes_up = np.zeros(m), 0.0, 0, 0, 0
+        for _, (vec, n_ex, w, nbytes, ids, _m) in checked.accepted:
             total += vec
-            users += n_ex
             weight += w
+            users += n_ex
             bytes_up += nbytes
             ids_sent += ids
-        rnd = self.server.step(total, weight, users, ids_sent)
-        metrics = MetricRecord(
-            {
-                "users": users,
-                "draws": rnd.draws,
-                "nodes": len(self._sent),
-                "weight": weight,
-                "ids-sent": ids_sent,
-                "step-mass": rnd.step_norm,
-                "bytes-down": self._bytes_down,
-                "bytes-up": bytes_up,
-                "bad-replies": checked.left_out,
-            }
-        )
-        return ArrayRecord([self.server.x.copy()]), metrics
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run discovery, the T rounds, and the final rounding.
-
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-        initial_arrays : ArrayRecord, optional
-            Ignored (x starts at 0, as in the paper).
-        num_rounds : int, optional
-            Must be None or equal to the server's T.
-        timeout : float, optional
-            Overrides ``round_timeout``.
-        train_config : ConfigRecord, optional
-            Extra entries for the train messages.
-        evaluate_config : ConfigRecord, optional
-            Unused (evaluation is the server's oracle).
-        evaluate_fn : callable, optional
-            Flower-style ``evaluate_fn(round, arrays)`` called with x after each round.
-
-        Returns
-        -------
-        Result
-            ``arrays``: ``"0"`` final x, ``"1"`` the rounded set; per-round metrics in
-            ``train_metrics_clientapp``.
-        """
-        if num_rounds is not None and num_rounds != self.server.rounds:
-            raise ValueError(f"num_rounds={num_rounds} differs from T={self.server.rounds}")
-        round_timeout = self.round_timeout if timeout is None else float(timeout)
-        self.summary()
-        t0 = time.perf_counter()
-        self._discover(grid)
-        result = Result()
-        arrays = ArrayRecord([self.server.x.copy()])
-        while not self.server.done:
-            t = self.server.t + 1
-            r0 = time.perf_counter()
-            messages = self.configure_train(t, arrays, train_config or ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages, timeout=round_timeout)
-            arrays, metrics = self.aggregate_train(t, replies)
-            row: dict[str, Any] = {"server-round": t, **dict(metrics)}
-            if self.objective_fn is not None and (
-                t % self.evaluate_every == 0 or t == self.server.rounds
-            ):
-                row["multilinear"] = float(self.objective_fn(self.server.x))
-            if evaluate_fn is not None:
-                res = evaluate_fn(t, arrays)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[t] = res
-            row["round-time"] = time.perf_counter() - r0
-            row["wall-time"] = time.perf_counter() - t0
-            result.train_metrics_clientapp[t] = metrics
-            what = f"F^(x)={row['multilinear']:.6g}" if "multilinear" in row else ""
-            self._log(row, self.server.rounds, what)
-        self.selected = self.server.round_solution()
-        result.arrays = ArrayRecord(
-            [self.server.x.copy(), np.asarray(self.selected, dtype=np.int64)]
-        )
-        return result
-
-
-class FedDiscreteGreedyStrategy(_CohortStrategy):
-    """Federated discrete greedy with importance factors (Algs. 4/5, then Alg. 3).
-
-    Two protocol rounds compute the importance factors: every node sends Σ_i O_i over its
-    users (ratings or memberships), the server broadcasts the sum O, every node computes
-    its users' w_i locally, keeps O in its ``context.state`` and reports only Σ_i κ_i
-    (the expected participants). Then k greedy rounds: the server sends S to every node;
-    each user participates with probability κ_i = min(1, κ w_i) and sends its marginal
-    gains / κ_i (fixed point, 2^-20 units); the server adds the argmax.
-
-    Parameters
-    ----------
-    server : DiscreteGreedyServer
-        The server state (k, κ, seed, matroid).
-    objective_fn : callable, optional
-        ``objective_fn(selected) -> float``: the true F(S), recorded per round (oracle).
-    on_round : callable, optional
-        Receives each round's metrics dict.
-    round_timeout : float, optional
-        Seconds to wait for one round's replies (default 600).
-    discovery_timeout : float, optional
-        Seconds to wait for all nodes (default 300).
-
-    Notes
-    -----
-    Message contract (all ``train``; ``"config"`` carries ``kind``):
-
-    * ``kind="histogram"``: no arrays. Reply ``"arrays"`` ``"0"`` float64 (m,) = Σ_i O_i;
-      ``"metrics"`` ``num-examples`` (= cohort size).
-    * ``kind="importance"``: ``"arrays"`` ``"0"`` float64 O (m,); config ``kappa``. Reply
-      ``"metrics"`` ``expected-participants``, ``max-w``, ``num-examples``.
-    * ``kind="discrete"``: ``"arrays"`` ``"0"`` int64 S; config ``server-round``, ``seed``,
-      ``kappa``. Reply ``"arrays"`` ``"0"`` int32 ids, ``"1"`` int64 fixed-point sums
-      (sparse) or ``"0"`` int64 (m,); ``"metrics"`` ``participants``, ``num-examples``.
-
-    A histogram must come from every node (O is a sum over all users): a missing or bad
-    histogram stops the run before the first greedy round with a clear error. Later bad
-    replies are counted in ``bad-replies`` and left out.
-    """
-
-    def __init__(
-        self,
-        server: DiscreteGreedyServer,
-        objective_fn: Callable[[list[int]], float] | None = None,
-        on_round: RoundCallback | None = None,
-        round_timeout: float = 600.0,
-        discovery_timeout: float = 300.0,
-    ) -> None:
-        self.server = server
-        self.n_users = int(server.n_users)
-        self.n_elements = server.matroid.n_elements
-        self.objective_fn = objective_fn
-        self.on_round = on_round
-        self.round_timeout = float(round_timeout)
-        self.discovery_timeout = float(discovery_timeout)
-        self.cohorts = None
-        self.history = []
-        self.protocol_bytes = 0
-
-    def summary(self) -> None:
-        """Log the strategy's settings."""
-        s = self.server
-        log(
-            INFO,
-            "FedDiscreteGreedyStrategy: N=%d users, m=%d, k=%d, kappa=%g, matroid=%s, seed=%d",
-            s.n_users,
-            self.n_elements,
-            s.k,
-            s.kappa,
-            s.matroid,
-            s.seed,
-        )
-
-    def _broadcast(
-        self, grid: Grid, arrays: list[np.ndarray], cfg: dict, group: str, timeout: float
-    ) -> list[Message]:
-        assert self.cohorts is not None
-        msgs = [self._message(int(n), arrays, cfg, group) for n in self.cohorts.node_ids]
-        self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in msgs)
-        self.protocol_bytes += self._bytes_down
-        return list(grid.send_and_receive(msgs, timeout=timeout))
-
-    def importance_protocol(self, grid: Grid, timeout: float) -> None:
-        """Run the two rounds of Algs. 4/5; set the histogram and the expected participation.
-
-        Raises
-        ------
-        RuntimeError
-            If a node's histogram is missing or malformed (O would be wrong for everyone).
-        """
-        assert self.cohorts is not None
-        counts = dict(
-            zip((int(n) for n in self.cohorts.node_ids), self.cohorts.counts, strict=True)
-        )
-        histogram, seen = np.zeros(self.n_elements), set()
-        for reply in self._broadcast(grid, [], {"kind": "histogram"}, "histogram", timeout):
-            src = int(reply.metadata.src_node_id)
-            try:
-                arrays, metrics, nbytes = self._reply(reply)
-                vec = decode_report(arrays, self.n_elements)
-                if int(metrics["num-examples"]) != counts.get(src):
-                    raise ValueError("histogram over the wrong number of users")
-            except (ValueError, KeyError, TypeError) as err:
-                raise RuntimeError(
-                    f"importance factors (Alg. 4/5): node {src} sent no valid histogram ({err}); "
-                    "the histogram must sum over all users, so the run stops here"
-                ) from err
-            histogram += vec
-            seen.add(src)
-            self.protocol_bytes += nbytes
-        if len(seen) != len(counts):
-            raise RuntimeError(
-                f"importance factors: only {len(seen)} of {len(counts)} nodes sent a histogram"
-            )
-        self.server.set_histogram(histogram)
-        cfg = {"kind": "importance", "kappa": float(self.server.kappa)}
-
-        def decode(src: int, reply: Message) -> float:
-            _, metrics, _ = self._reply(reply)
-            value = float(metrics["expected-participants"])
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"expected participants {value}")
-            return value
-
-        replies = self._broadcast(grid, [histogram], cfg, "importance", timeout)
-        checked = check_replies(replies, decode, counts, "importance")
-        expected, bad = sum(v for _, v in checked.accepted), checked.left_out
-        self.server.expected = expected
-        log(
-            INFO, "importance factors: expected participants per round %.1f (bad %d)", expected, bad
-        )
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Sum the valid fixed-point reports and add the best feasible element."""
-        assert self.cohorts is not None
-
-        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, int]:
-            arrays, metrics, nbytes = self._reply(reply)
-            vec = decode_int_report(arrays, self.n_elements)
-            count = int(metrics["participants"])
-            if count < 0 or count > int(metrics["num-examples"]):
-                raise ValueError(f"{count} participants")
-            return vec, count, nbytes
-
-        nodes = {int(n) for n in self.cohorts.node_ids}
-        checked = check_replies(replies, decode, nodes, f"round {server_round}")
-        total = np.zeros(self.n_elements, dtype=np.int64)
-        participants, bytes_up = 0, 0
-        for _, (vec, count, nbytes) in checked.accepted:
-            total += vec
-            participants += count
-            bytes_up += nbytes
-        rnd = self.server.select(total, participants)
-        metrics = MetricRecord(
-            {
-                "element": rnd.element,
-                "estimate": rnd.estimate,
-                "participants": participants,
-                "expected-participants": rnd.expected,
-                "nodes": len(self.cohorts.node_ids),
-                "bytes-down": self._bytes_down,
-                "bytes-up": bytes_up,
-                "bad-replies": checked.left_out,
-            }
-        )
-        return ArrayRecord([np.asarray(self.server.selected, dtype=np.int64)]), metrics
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Build one ``discrete`` message per node (every user may participate)."""
-        assert self.cohorts is not None
-        cfg = {
-            **dict(config),
-            "kind": "discrete",
-            "server-round": server_round,
-            "seed": self.server.seed,
-            "kappa": float(self.server.kappa),
+        rnd = server.step(total, weight, users, ids_sent)
+        values: dict[str, Any] = {
+            "users": users,
+            "draws": int(self._draws),
+            "nodes": len(self._sent),
+            "weight": float(weight),
+            "ids-sent": ids_sent,
+            "step-mass": rnd.step_norm,
+            "bytes-down": int(self._bytes_down),
+            "bytes-up": bytes_up,
+            "bad-replies": checked.left_out,
         }
-        selected = np.asarray(self.server.selected, dtype=np.int64)
-        msgs = [
-            self._message(int(n), [selected], cfg, str(server_round)) for n in self.cohorts.node_ids
-        ]
-        self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in msgs)
-        return msgs
+        last = server.done
+        if self.objective_fn is not None and (server_round % self.evaluate_every == 0 or last):
+            values["multilinear"] = float(self.objective_fn(server.x))
+        return self._arrays(), MetricRecord(values)
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run discovery, the importance protocol and the k greedy rounds.
+    def _arrays(self) -> ArrayRecord:
+        """``{"x", "selected"}``: the final rounding once the last round is done."""
+        server = self.server
+        assert server is not None
+        if server.done and self.selected is None:
+            self.selected = server.round_solution()
+        chosen = self.selected if server.done else greedy_rounding(server.x, server.matroid)
+        return named_record(x=server.x.copy(), selected=np.asarray(chosen, dtype=np.int64))
 
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-        initial_arrays : ArrayRecord, optional
-            Ignored (S starts empty).
-        num_rounds : int, optional
-            Must be None or equal to k.
-        timeout : float, optional
-            Overrides ``round_timeout``.
-        train_config : ConfigRecord, optional
-            Extra entries for the greedy rounds' messages.
-        evaluate_config : ConfigRecord, optional
-            Unused.
-        evaluate_fn : callable, optional
-            Flower-style ``evaluate_fn(round, arrays)`` called with S after each round.
+    def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return ``{"x", "selected"}`` of the run (the last round already rounded x)."""
+        if self.server is None or self._rounds == 0 and not self.cohort_mode:
+            return arrays
+        return self._arrays()
 
-        Returns
-        -------
-        Result
-            ``arrays["0"]``: the selected set in order; per-round metrics in
-            ``train_metrics_clientapp``.
-        """
-        if num_rounds is not None and num_rounds != self.server.k:
-            raise ValueError(f"num_rounds={num_rounds} differs from k={self.server.k}")
-        round_timeout = self.round_timeout if timeout is None else float(timeout)
-        self.summary()
-        t0 = time.perf_counter()
-        self._discover(grid)
-        self.importance_protocol(grid, round_timeout)
-        result = Result()
-        arrays = ArrayRecord([np.zeros(0, dtype=np.int64)])
-        while not self.server.done:
-            t = len(self.server.selected) + 1
-            r0 = time.perf_counter()
-            messages = self.configure_train(t, arrays, train_config or ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages, timeout=round_timeout)
-            arrays, metrics = self.aggregate_train(t, replies)
-            row: dict[str, Any] = {"server-round": t, **dict(metrics)}
-            if self.objective_fn is not None:
-                row["objective"] = float(self.objective_fn(list(self.server.selected)))
-            if evaluate_fn is not None:
-                res = evaluate_fn(t, arrays)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[t] = res
-            row["users"] = row["participants"]
-            row["round-time"] = time.perf_counter() - r0
-            row["wall-time"] = time.perf_counter() - t0
-            result.train_metrics_clientapp[t] = metrics
-            what = f"+element {row['element']}" + (
-                f" F(S)={row['objective']:.6g}" if "objective" in row else ""
-            )
-            self._log(row, self.server.k, what)
-        result.arrays = arrays
-        return result
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the users, nodes and F̂(x) of a round."""
+        if "users" not in row:
+            return ""
+        text = f"users={row.get('users', 0)} nodes={row.get('nodes', 0)}"
+        if "multilinear" in row:
+            text += f"  F^(x)={row['multilinear']:.6g}"
+        return text
+
+
