@@ -57,13 +57,17 @@ def _cfg(**extra) -> AppConfig:
 def _strategy(cls, cfg: AppConfig, **kwargs):
     task = load_task(cfg)
     return cls(
-        task.n_clients,
-        task.n_params,
-        int(cfg.get("fsa-rounds")),
-        cfg.clients_per_round,
+        cohorts=True,
+        n_clients=task.n_clients,
+        n_params=task.n_params,
+        clients_per_round=cfg.clients_per_round,
         seed=cfg.seed,
         **kwargs,
     )
+
+
+def _rounds(cfg: AppConfig) -> int:
+    return int(cfg.get("fsa-rounds"))
 
 
 @pytest.mark.parametrize(
@@ -81,7 +85,7 @@ def test_strategy_over_message_api_equals_direct_engine(cls, algorithm, kwargs) 
     cfg = _cfg(algorithm=algorithm)
     task = load_task(cfg)
     strategy = _strategy(cls, cfg, **kwargs)
-    strategy.start(LocalGrid(3, cfg.to_dict()))
+    strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=_rounds(cfg))
     local = LocalConfig(proximal_mu=0.01 if algorithm == "fedprox-sub" else 0.0)
     spec = RunSpec(
         algorithm, 4, 8, seed=5, local=local, weighting=kwargs.get("weighting", "clients")
@@ -103,7 +107,7 @@ def test_result_does_not_depend_on_how_users_are_split_over_nodes() -> None:
     models = []
     for nodes in (1, 4, 45):
         strategy = _strategy(FedSubAvgStrategy, cfg)
-        strategy.start(LocalGrid(nodes, cfg.to_dict()))
+        strategy.start(LocalGrid(nodes, cfg.to_dict()), num_rounds=_rounds(cfg))
         models.append(strategy.x)
         assert max(r["nodes"] for r in strategy.history) <= min(nodes, 8)
     np.testing.assert_allclose(models[0], models[1], rtol=1e-9, atol=1e-12)
@@ -168,7 +172,7 @@ def test_bad_replies_are_rejected_counted_and_left_out(attack) -> None:
 
     grid.tamper = tamper
     strategy = _strategy(FedSubAvgStrategy, cfg)
-    strategy.start(grid)
+    strategy.start(grid, num_rounds=_rounds(cfg))
     row = strategy.history[0]
     assert row["bad-replies"] == 1 and strategy.bad_replies == 1
     assert np.all(np.isfinite(strategy.x))
@@ -180,7 +184,7 @@ def test_bad_replies_are_rejected_counted_and_left_out(attack) -> None:
         if msg.metadata.dst_node_id == victim and msg.metadata.message_type == "train"
         else reply
     )
-    honest.start(honest_grid)
+    honest.start(honest_grid, num_rounds=_rounds(cfg))
     np.testing.assert_array_equal(strategy.x, honest.x)
     assert row["clients"] == honest.history[0]["clients"] < 8
 
@@ -195,7 +199,7 @@ def test_victim_users_are_not_counted_in_k() -> None:
         else reply
     )
     strategy = _strategy(FedSubAvgStrategy, cfg)
-    strategy.start(grid)
+    strategy.start(grid, num_rounds=_rounds(cfg))
     row = strategy.history[0]
     assert row["bad-replies"] == 1 and 0 < row["clients"] < 8
 
@@ -206,8 +210,7 @@ def test_bad_index_set_reply_is_counted() -> None:
 
     def tamper(msg: Message, reply: Message) -> Message:
         if (
-            msg.metadata.message_type == "query"
-            and msg.content["config"]["kind"] == "submodel"
+            msg.metadata.message_type == "query.submodel"
             and msg.metadata.dst_node_id == grid.node_ids[0]
         ):
             props = dict(reply.content["properties"])
@@ -217,7 +220,7 @@ def test_bad_index_set_reply_is_counted() -> None:
 
     grid.tamper = tamper
     strategy = _strategy(FedSubAvgStrategy, cfg)
-    strategy.start(grid)
+    strategy.start(grid, num_rounds=_rounds(cfg))
     assert strategy.history[0]["bad-replies"] == 1
     assert strategy.history[0]["nodes"] <= 1
 
@@ -279,7 +282,7 @@ def test_k_above_n_fails_before_round_1(tmp_path) -> None:
     [
         ({"fsa-weighting": "users"}, "'fsa-weighting' = 'users' is not known"),
         ({"fsa-lr": 0}, "'fsa-lr' = 0.0: must be > 0"),
-        ({"fsa-rounds": 2.5}, "'fsa-rounds' = 2.5: expected int"),
+        ({"fsa-rounds": 2.5}, "'fsa-rounds' = 2.5: expected an integer"),
         ({"fsa-adam-beta2": 1.0}, "'fsa-adam-beta2' = 1.0: must be < 1"),
     ],
 )
@@ -310,3 +313,38 @@ def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
         AppConfig.from_run_config({**base, "algorithm": "central-sgd", "run-name": "c"})
     )
     assert central["min-train-loss"] < central["initial-train-loss"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "losses", "abs_sum"),
+    [
+        (
+            FedSubAvgStrategy,
+            [0.6753308423141718, 0.6695365015104724, 0.6628518142343283, 0.6589597582033335],
+            16.49113033299954,
+        ),
+        (
+            FedAdamSubStrategy,
+            [0.7907059834802478, 0.606271997174804, 0.6996571681587143, 0.6561800224436283],
+            158.64932184738996,
+        ),
+    ],
+)
+def test_cohort_mode_keeps_the_numbers_recorded_before_the_redesign(cls, losses, abs_sum) -> None:
+    """Seeded cohort-mode run (SMALL, 3 nodes) computed with the hand-written start() loop."""
+    from flower_app.algorithms.fedsubavg import Evaluator
+
+    cfg = _cfg()
+    evaluate = Evaluator(load_task(cfg))
+    strategy = _strategy(cls, cfg)
+    strategy.start(
+        LocalGrid(3, cfg.to_dict()),
+        initial_arrays=ArrayRecord({"x": Array(np.zeros(load_task(cfg).n_params))}),
+        num_rounds=4,
+        evaluate_fn=lambda t, arrays: MetricRecord(
+            {k: float(v) for k, v in evaluate(arrays["x"].numpy()).items()}
+        ),
+    )
+    got = [r["train-loss"] for r in strategy.history if r["server-round"] > 0]
+    np.testing.assert_allclose(got, losses, rtol=1e-12)
+    np.testing.assert_allclose(float(np.abs(strategy.x).sum()), abs_sum, rtol=1e-12)

@@ -1,9 +1,15 @@
-"""SubmodelClient: a node's users training their submodels (FedSubAvg and baselines).
+"""SubmodelClient: a node's users training their submodels (FedSubAvg cohort mode).
+
+The client of the reproductions (``FedSubAvgStrategy(cohorts=True)``, run by
+:mod:`flower_app.runners.fedsubavg`) on the MovieLens rating task; a user's own torch model
+uses the plain-mode helpers of :mod:`flower_app.clients.fedsubavg` instead.
 
 One MovieLens user is one client; a node serves a contiguous cohort of users
 (:func:`~flower_app.clients.cohorts.cohort_range`) and answers for the users the server
-sampled, summing their updates (what secure aggregation would reveal). Its calls, in
-NumPyClient terms:
+sampled, summing their updates (what secure aggregation would reveal). The adapter
+:func:`~flower_app.clients.adapter.numpy_client_app` routes ``query.cohort``,
+``query.feature_heat``, ``query.submodel`` and ``train`` to these calls, in NumPyClient
+terms:
 
 ``get_properties({"kind": "cohort"})``
     ``partition-id``, ``num-partitions``, ``first-user``, ``num-users``, ``n-users-total``,

@@ -3,27 +3,25 @@
 Ding et al. (NeurIPS 2022), "Federated Submodel Optimization for Hot and Cold Data
 Features", Algorithm 1, and the baselines of Section 5.1 on the same message contract:
 FedAvg, FedProx (μ = 0.01), FedAdam (Table 5) and the server-side SCAFFOLD approximation of
-Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg`; this module moves it
-over Flower's Message API.
+Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg` (server steps on a
+flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg_named` (a model of named
+arrays mapped onto that vector); this module moves it over Flower's Message API on the loop
+of :class:`~flower_app.strategies.base.RoundStrategy`.
 
 Why not Flower's own ``FedAvg`` / ``FedProx`` / ``FedAdam``
     They broadcast one ``ArrayRecord`` (the full model) to every sampled node and average
-    full arrays weighted by ``num-examples``. The submodel contract differs on each point:
-    every node gets a different payload (only its sampled users' rows), a node answers
-    with a sparse sum of row updates over several users (node ≠ user), the server needs
-    the users' index sets before it can send anything (Algorithm 1, line 5), and FedSubAvg
-    rescales each row by its feature heat, learnt in a counting round before training.
-    Their *math* does fit: on a dense model, where every client touches every row, our
+    full arrays. Here every node gets a different payload (only its rows of the embedding
+    tables), and FedSubAvg rescales each row's averaged update by N/n_m, its feature heat
+    learnt in a counting query before round 1. Their *math* does fit: on a dense model our
     FedAvg and FedAdam server steps give exactly Flower's ``FedAvg.aggregate_train`` and
-    ``FedAdam.aggregate_train`` (tests/test_fedsubavg_flower_math.py checks it), and
-    FedProx's clients read the same ``proximal-mu`` config key as with Flower's
-    ``FedProx``.
+    ``FedAdam.aggregate_train`` (tests/test_fedsubavg_flower_math.py), and FedProx's
+    clients read Flower's ``proximal-mu`` config key.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO
 from typing import Any
 
@@ -39,7 +37,6 @@ from flwr.app import (
 )
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from flower_app.algorithms.fedsubavg import (
     WEIGHTINGS,
@@ -54,10 +51,29 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
+from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat, rows_key
+from flower_app.strategies.base import (
+    CheckedReplies,
+    InitialArraysError,
+    NotEnoughNodesError,
+    RoundStrategy,
+    sample_nodes,
+    to_metric,
+)
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
-from flower_app.strategies.replies import check_replies
+from flower_app.strategies.fedsubavg_cohorts import (
+    HEAT_QUERY,
+    BadReplyError,
+    add_heat_report,
+    decode_index_sets,
+    decode_update,
+    heat_messages,
+    index_set_messages,
+)
 
 __all__ = [
+    "HEAT_QUERY",
+    "BadReplyError",
     "FedAdamSubStrategy",
     "FedAvgSubStrategy",
     "FedProxSubStrategy",
@@ -67,244 +83,398 @@ __all__ = [
 ]
 
 RoundCallback = Callable[[dict[str, Any]], None]
-EvaluateFn = Callable[[np.ndarray], dict[str, float]]
 
 
-class BadReplyError(ValueError):
-    """A node's reply that is left out of the aggregate."""
-
-
-def decode_update(
-    arrays: list[np.ndarray], allowed_rows: np.ndarray, n_users: int, metrics: dict[str, Any]
-) -> RoundUpdate:
-    """Check a node's train reply and return it as a :class:`RoundUpdate`.
-
-    Parameters
-    ----------
-    arrays : list of numpy.ndarray
-        ``[rows, sums]`` from the reply.
-    allowed_rows : numpy.ndarray
-        Sorted union of the submodels of the users sent to this node.
-    n_users : int
-        Users sent to this node.
-    metrics : dict
-        The reply's MetricRecord (``num-examples``, ``weight-sum``).
-
-    Returns
-    -------
-    RoundUpdate
-        The node's summed update.
-
-    Raises
-    ------
-    BadReplyError
-        On the wrong number of arrays, wrong shapes or dtypes, rows outside the node's
-        submodel (or repeated, or unsorted), non-finite values, or counts that do not
-        match what was sent.
-    """
-    if len(arrays) != 2:
-        raise BadReplyError(f"expected 2 arrays [rows, sums], got {len(arrays)}")
-    rows, sums = (np.asarray(a) for a in arrays)
-    if rows.ndim != 1 or rows.dtype.kind not in "iu":
-        raise BadReplyError(f"rows must be a 1-D integer array, got {rows.dtype} {rows.shape}")
-    if sums.shape != rows.shape or sums.dtype.kind != "f":
-        raise BadReplyError(
-            f"sums must be floats shaped like rows {rows.shape}, got {sums.dtype} {sums.shape}"
-        )
-    rows = rows.astype(np.int64)
-    if rows.size > 1 and np.any(np.diff(rows) <= 0):
-        raise BadReplyError("rows must be sorted and distinct")
-    if not np.all(np.isin(rows, allowed_rows, assume_unique=True)):
-        outside = rows[~np.isin(rows, allowed_rows, assume_unique=True)]
-        raise BadReplyError(
-            f"{outside.size} rows outside the node's submodel (first: {int(outside[0])})"
-        )
-    if not np.all(np.isfinite(sums)):
-        raise BadReplyError("non-finite values in the update")
-    n_ex = int(metrics["num-examples"])
-    weight = float(metrics["weight-sum"])
-    if n_ex != n_users:
-        raise BadReplyError(f"update of {n_ex} users, {n_users} were sent")
-    if not (np.isfinite(weight) and weight > 0):
-        raise BadReplyError(f"weight-sum {weight} must be finite and positive")
-    return RoundUpdate(rows, sums.astype(np.float64), n_ex, weight)
-
-
-class FedSubAvgStrategy(Strategy):
+class FedSubAvgStrategy(RoundStrategy):
     """Federated submodel training: FedSubAvg, or a baseline on the same contract.
 
-    Before round 1 the server asks every node which users it serves (discovery) and how
-    many of its users touch each model row (the counting round: the server adds the
-    nodes' reports to get the feature heat n_m and W_m). Each round t = 1..R it samples K
-    users uniformly without replacement (its own generator, seeded by ``seed``), asks
-    their nodes for the users' index sets S(i), sends each node its users' submodel rows,
-    and updates the full model with the nodes' summed row updates by the algorithm's
-    server step. Client i's batches come from ``default_rng([seed, t, i])``, so results do
-    not depend on the engine or on how users are split over nodes.
+    **Plain mode** (default): one node is one client; the model is the user's
+    ``initial_arrays`` (e.g. ``ArrayRecord(model.state_dict())``), of which ``sparse_keys``
+    name the embedding-like tables (first axis = rows); all other arrays are dense and
+    behave as in FedAvg. In ``setup`` every connected node declares the rows of each sparse
+    table its data touches (``query.feature_heat``); the server sums the feature heat n_m
+    per row (N for dense arrays) and W_m (samples, for ``weighting="samples"``). Each round
+    it samples nodes like Flower's ``FedAvg`` (``fraction_train``, ``min_train_nodes``,
+    seeded ``random.Random(seed)``) among those counted, sends each only its rows of the
+    sparse tables plus the dense arrays, and applies the server step to the averaged
+    updates Δ̄: FedSubAvg multiplies row m's by N/n_m (Algorithm 1, line 9; Σw/W_m for
+    ``"samples"``, App. D.4), i.e. plain FedAvg on dense arrays. ``Result.arrays`` has the
+    keys, shapes and dtypes of ``initial_arrays``; ``num_rounds`` is honoured. Nodes that
+    connect after the counting query are not sampled (their rows were not counted). The
+    server keeps the model as one float64 vector (plus, for FedAdam/SCAFFOLD, state of the
+    same size): memory O(model size), as a FedAvg server.
+
+    **Cohort mode** (``cohorts=True``, the reproductions): a node serves many users of a
+    MovieLens-style task (flat model ``"x"`` of M rows); discovery finds the cohorts, the
+    server samples K users per round (its own generator), asks their nodes for the users'
+    index sets S(i) in ``before_round`` and sends each node its users' rows. Client i's
+    batches come from ``default_rng([seed, t, i])``, so results do not depend on the engine
+    or on how users are split over nodes. ``initial_arrays`` is ``{"x": float (M,)}`` or
+    None (zeros; ``evaluate_fn`` then gets an empty ArrayRecord at round 0).
 
     Parameters
     ----------
-    n_clients : int
-        Number of clients N over all nodes.
-    n_params : int
-        Model rows M.
-    num_rounds : int
-        Communication rounds R.
-    clients_per_round : int or float
-        K, a count or a fraction of N; a count above N raises ValueError.
+    sparse_keys : sequence of str, optional
+        Plain mode: names of the sparse (row-indexed) arrays of ``initial_arrays``
+        (default none: every array dense; then no counting query is sent and a FedAvg
+        ClientApp serves unchanged: ``FedAvgSubStrategy(weighting="samples")`` is FedAvg).
+    fraction_train : float, optional
+        Plain mode: fraction of the counted nodes sampled per round (default 1.0).
+    min_train_nodes : int, optional
+        Plain mode: least nodes sampled per round (default 2).
+    min_available_nodes : int, optional
+        Plain mode: nodes to wait for before the counting query (default 2).
+    fraction_evaluate : float, optional
+        Plain mode: fraction of nodes sent the *full* model in an ``evaluate`` message after
+        each round, as Flower's ``FedAvg`` does (default 0.0: none; the full model download
+        is what submodels avoid, prefer ``evaluate_fn``).
+    min_evaluate_nodes : int, optional
+        Plain mode: least nodes evaluated when ``fraction_evaluate > 0`` (default 2).
+    weighting : str, optional
+        ``"clients"`` (Algorithm 1: coefficient N/n_m, plain means) or ``"samples"``
+        (App. D.4: Σw/W_m, means weighted by ``num-examples``). Default ``"clients"``.
+    seed : int, optional
+        Seed of all randomness (default 0).
     algorithm : str, optional
         ``"fedsubavg"`` (default), ``"fedavg-sub"``, ``"fedprox-sub"``, ``"fedadam-sub"``
         or ``"scaffold-sub"``; the subclasses below fix it.
-    local : LocalConfig, optional
-        Clients' I, B, γ and μ (default: I = 10, B = 5, γ = 0.1, μ = 0).
-    weighting : str, optional
-        ``"clients"`` (Algorithm 1: coefficient N/n_m, plain means) or ``"samples"``
-        (App. D.4: Σw/W_m, means weighted by training-set size). Default ``"clients"``.
     adam : AdamConfig, optional
         FedAdam's server hyperparameters (default: Table 5, MovieLens).
-    seed : int, optional
-        Seed of all randomness (default 0).
-    initial_model : numpy.ndarray, optional
-        Starting model (default zeros).
-    evaluate_fn : callable, optional
-        ``evaluate_fn(x) -> dict`` of metrics (e.g. train loss on 10,000 samples), called
-        after every round; an experiment oracle the algorithm never uses.
-    on_round : callable, optional
-        Receives each round's metrics dict (e.g. to append to ``metrics.jsonl``).
-    round_timeout : float, optional
-        Seconds to wait for one exchange's replies (default 600).
+    proximal_mu : float, optional
+        FedProx's μ, sent to the clients as ``proximal-mu`` (plain mode: only when > 0;
+        cohort mode: ``local.proximal_mu`` is used). Default 0.
+    cohorts : bool, optional
+        Cohort mode (default False).
+    n_clients, n_params : int, optional
+        Cohort mode: users N over all nodes and model rows M.
+    clients_per_round : int or float, optional
+        Cohort mode: K, a count or a fraction of N; a count above N raises ValueError.
+    local : LocalConfig, optional
+        Cohort mode: the clients' I, B, γ and μ, sent as ``local-iters``, ``batch-size``,
+        ``lr``, ``proximal-mu`` (default: I = 10, B = 5, γ = 0.1, μ = 0).
     discovery_timeout : float, optional
-        Seconds to wait until the nodes' cohorts cover all users (default 300).
+        Cohort mode: seconds to wait until the cohorts cover all users (default 300).
+    on_round : callable, optional
+        Receives each round's row (e.g. to append to ``metrics.jsonl``).
 
     Notes
     -----
-    Message contract (see also :mod:`flower_app.clients.submodel`, whose NumPyClient the
-    adapter :mod:`flower_app.clients.adapter` drives):
+    Message contract (``<key>`` a sparse array of shape (R, *d), r the node's rows of it;
+    ``<dense>`` any other array; k the node's sampled users):
 
-    * ``query``, ``"config"`` ``{"kind": "cohort"}`` → ``"properties"`` ConfigRecord with
-      int ``partition-id``, ``num-partitions``, ``first-user``, ``num-users``,
-      ``n-users-total`` (N), ``n-elements`` (M).
-    * ``query``, ``{"kind": "feature-heat"}`` → ``rows``, ``clients``, ``samples`` (lists
-      of int: distinct rows of the node's users, how many users touch each, their summed
-      training-set sizes), ``num-users``, ``num-samples`` (int).
-    * ``query``, ``{"kind": "submodel", "users": list[int]}`` → ``users``, ``offsets``
-      (len + 1), ``rows`` (lists of int): the users' index sets S(i), concatenated.
-    * ``train``: ``"arrays"`` ArrayRecord ``"0"`` int64 users (k,), ``"1"`` int64 offsets
-      (k+1,), ``"2"`` int32 rows (Σ|S(i)|,), ``"3"`` float64 values of those rows;
-      ``"config"`` ConfigRecord ``server-round``, ``seed``, ``local-iters``,
-      ``batch-size`` (int), ``lr``, ``proximal-mu`` (float), ``weighting`` (str). Reply
-      ``"arrays"`` ``"0"`` int64 rows (sorted, ⊆ ∪ S(i)), ``"1"`` float64 Σ_i c_i Δx_i;
-      ``"metrics"`` MetricRecord ``num-examples`` (= k), ``weight-sum`` (Σ c_i),
-      ``samples``.
+    ===============  ==================================  ==================================
+    message (mode)   server → node                       node → server
+    ===============  ==================================  ==================================
+    ``query.``       ``"config"``: ``sparse-keys``       ``"arrays"``: ``"<key>.rows"``
+    ``feature_heat`` list[str]                           int64 (r,) distinct rows per
+    (plain)                                              sparse key; ``"metrics"``:
+                                                         ``num-examples`` int
+    ``train``        ``"arrays"``: ``"<key>"`` (r, *d)   ``"arrays"``: the same keys, rows
+    (plain)          model dtype, ``"<key>.rows"``       and shapes, updated values;
+                     int64 (r,) sorted, ``"<dense>"``    ``"metrics"``: ``num-examples``
+                     whole; ``"config"``: the user's     int (> 0 for ``"samples"``);
+                     ``train_config`` + ``server-round`` other numbers are averaged by
+                     (+ ``proximal-mu`` float, FedProx)  ``num-examples``
+    ``evaluate``     ``"arrays"``: the full model (the   ``"metrics"``: ``num-examples`` +
+    (plain, if       initial keys); ``"config"``:        numbers, averaged by
+    fraction_eval.)  ``evaluate_config`` + server-round  ``num-examples``
+    ``query.cohort`` ``"config"``: ``kind`` = cohort     ``"properties"``: ``partition-id``,
+    (cohort)                                             ``num-partitions``, ``first-user``,
+                                                         ``num-users``, ``n-users-total``,
+                                                         ``n-elements`` (int)
+    ``query.``       ``"config"``: ``kind`` =            ``"properties"``: ``rows``,
+    ``feature_heat`` ``"feature-heat"``                  ``clients``, ``samples`` list[int],
+    (cohort)                                             ``num-users``, ``num-samples`` int
+    ``query.``       ``"config"``: ``kind``, ``users``   ``"properties"``: ``users``,
+    ``submodel``     list[int]                           ``offsets`` (k+1), ``rows``
+    (cohort)                                             list[int]: S(i) concatenated
+    ``train``        ``"arrays"``: ``"0"`` int64 users   ``"arrays"``: ``"0"`` int64 rows
+    (cohort)         (k,), ``"1"`` int64 offsets (k+1,), (sorted, ⊆ ∪S(i)), ``"1"`` float64
+                     ``"2"`` int32 rows, ``"3"`` float64 Σ_i c_i Δx_i; ``"metrics"``:
+                     values; ``"config"``: ``seed``,     ``num-examples`` (= k),
+                     ``local-iters``, ``batch-size``,    ``weight-sum`` (Σ c_i),
+                     ``lr``, ``proximal-mu``,            ``samples``
+                     ``weighting``, ``server-round``
+    ===============  ==================================  ==================================
 
-    A reply with an error, rows outside the node's submodel, non-finite values, the wrong
-    shape or a wrong user count is logged, counted in ``bad-replies`` and left out: the
-    round then averages over the users whose updates arrived (K in the formulas is the
-    number of accepted users).
+    A reply with an error, rows other than those sent, non-finite values, the wrong shape
+    or count is logged, counted in ``bad-replies`` and left out (K in the formulas is the
+    number of accepted clients); a round in which all are left out fails the run.
     """
 
     algorithm = "fedsubavg"
 
     def __init__(
         self,
-        n_clients: int,
-        n_params: int,
-        num_rounds: int,
-        clients_per_round: int | float,
+        sparse_keys: Sequence[str] = (),
         *,
-        algorithm: str | None = None,
-        local: LocalConfig | None = None,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        fraction_evaluate: float = 0.0,
+        min_evaluate_nodes: int = 2,
         weighting: str = "clients",
-        adam: AdamConfig | None = None,
         seed: int = 0,
-        initial_model: np.ndarray | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-        on_round: RoundCallback | None = None,
-        round_timeout: float = 600.0,
+        algorithm: str | None = None,
+        adam: AdamConfig | None = None,
+        proximal_mu: float = 0.0,
+        cohorts: bool = False,
+        n_clients: int | None = None,
+        n_params: int | None = None,
+        clients_per_round: int | float | None = None,
+        local: LocalConfig | None = None,
         discovery_timeout: float = 300.0,
+        on_round: RoundCallback | None = None,
     ) -> None:
+        super().__init__(on_round=on_round)
         if algorithm is not None:
             self.algorithm = algorithm
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r}: choose one of {WEIGHTINGS}")
-        if num_rounds < 1:
-            raise ValueError(f"num_rounds={num_rounds} must be >= 1")
-        self.n_clients, self.n_params = int(n_clients), int(n_params)
-        self.num_rounds = int(num_rounds)
-        self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
-        self.local = local or LocalConfig()
+        if isinstance(sparse_keys, str):
+            sparse_keys = (sparse_keys,)
+        self.sparse_keys = tuple(sparse_keys)
+        self.fraction_train = float(fraction_train)
+        self.min_train_nodes = int(min_train_nodes)
+        self.min_available_nodes = int(min_available_nodes)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.weighting = weighting
-        self.adam = adam or AdamConfig()
         self.seed = int(seed)
-        self.x = (
-            np.zeros(self.n_params)
-            if initial_model is None
-            else np.array(initial_model, dtype=np.float64, copy=True)
-        )
-        if self.x.shape != (self.n_params,):
-            raise ValueError(f"initial_model must have shape ({self.n_params},)")
-        self.evaluate_fn = evaluate_fn
-        self.on_round = on_round
-        self.round_timeout = float(round_timeout)
+        self.adam = adam or AdamConfig()
+        self.proximal_mu = float(proximal_mu)
+        self.cohorts_mode = bool(cohorts)
+        self.local = local or LocalConfig()
         self.discovery_timeout = float(discovery_timeout)
-        self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
-        self.cohorts: CohortMap | None = None
+        self.node_rng = random.Random(self.seed)
+        # evaluation samples from its own stream: fraction_evaluate does not move training's
+        self.eval_rng = random.Random(f"{self.seed}-evaluate")
         self.heat: FeatureHeat | None = None
         self.server: ServerUpdate | None = None
-        self.history: list[dict[str, Any]] = []
+        self.x = np.zeros(0)
         self.bad_replies = 0
+        self.n_clients = 0 if n_clients is None else int(n_clients)
+        self.n_params = 0 if n_params is None else int(n_params)
+        # plain mode
+        self.layout: NamedLayout | None = None
+        self.node_rows: dict[int, dict[str, np.ndarray]] = {}
+        self._sent_values: dict[int, dict[str, np.ndarray]] = {}
+        # cohort mode
+        self.cohorts: CohortMap | None = None
+        self.k = 0
+        self.sampler: ClientSampler | None = None
+        self._index_sets: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._sent: dict[int, tuple[int, np.ndarray]] = {}
         self._round_stats: dict[str, Any] = {}
+        if self.cohorts_mode:
+            if n_clients is None or n_params is None or clients_per_round is None:
+                raise ValueError("cohorts=True needs n_clients, n_params and clients_per_round")
+            self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
+            self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
+            self.x = np.zeros(self.n_params)
 
-    # ------------------------------------------------------------------ Strategy API
+    # ------------------------------------------------------------------ setup
     def summary(self) -> None:
         """Log the strategy's settings."""
+        if self.cohorts_mode:
+            log(
+                INFO,
+                "%s(%s, cohorts): N=%d clients, M=%d rows, K=%d, I=%d, B=%d, lr=%g, mu=%g, "
+                "weighting=%s, seed=%d",
+                type(self).__name__, self.algorithm, self.n_clients, self.n_params, self.k,
+                self.local.iters, self.local.batch, self.local.lr, self.local.proximal_mu,
+                self.weighting, self.seed,
+            )
+        else:
+            log(
+                INFO,
+                "%s(%s): sparse_keys=%s, fraction_train=%g, min_train_nodes=%d, "
+                "weighting=%s, seed=%d",
+                type(self).__name__, self.algorithm, list(self.sparse_keys), self.fraction_train,
+                self.min_train_nodes, self.weighting, self.seed,
+            )
+
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Learn the feature heat (and, in cohort mode, the cohorts); build the server step."""
+        if self.cohorts_mode:
+            self._setup_cohorts(grid, arrays)
+        else:
+            self._setup_plain(grid, arrays)
+        assert self.heat is not None
         log(
             INFO,
-            "%s(%s): N=%d clients, M=%d rows, R=%d rounds, K=%d, I=%d, B=%d, lr=%g, mu=%g, "
-            "weighting=%s, seed=%d",
-            type(self).__name__,
-            self.algorithm,
-            self.n_clients,
-            self.n_params,
-            self.num_rounds,
-            self.k,
-            self.local.iters,
-            self.local.batch,
-            self.local.lr,
-            self.local.proximal_mu,
-            self.weighting,
-            self.seed,
+            "counting query: feature heat dispersion n_max/n_min = %.0f over %d clients "
+            "(entries touched: %d of %d)",
+            self.heat.dispersion(), self.heat.n_clients,
+            int((self.heat.clients > 0).sum()), self.heat.clients.size,
         )
+        self.server = make_server_update(
+            self.algorithm, self.x.size, self.heat.n_clients,
+            heat=self.heat, weighting=self.weighting, adam=self.adam,
+        )
+        return num_rounds
 
-    def _train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        return ConfigRecord(
-            {
-                **dict(config),
-                "server-round": server_round,
-                "seed": self.seed,
+    def _setup_plain(self, grid: Grid, arrays: ArrayRecord) -> None:
+        if arrays is None or len(arrays) == 0:
+            raise InitialArraysError(
+                "FedSubAvgStrategy needs initial_arrays: the model's named arrays, e.g. "
+                "ArrayRecord(model.state_dict())"
+            )
+        named = {k: arrays[k].numpy() for k in arrays}
+        try:
+            self.layout = NamedLayout.from_arrays(named, self.sparse_keys)
+        except ValueError as err:
+            raise InitialArraysError(f"initial_arrays: {err}") from err
+        self.x = self.layout.flatten(named)
+        nodes = sample_nodes(
+            grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
+            timeout=self._timeout,
+        )
+        if not self.sparse_keys:
+            # a dense model: nothing to count (every heat is N), no query; FedAvg's contract
+            self.node_rows = {int(n): {} for n in nodes}
+            self.heat = named_heat(self.layout, [({}, 1) for _ in nodes])
+            return
+        config = {"sparse-keys": list(self.sparse_keys)}
+        replies = self.send(grid, heat_messages(nodes, config))
+        checked = self.check(replies, self._decode_heat, "counting query")
+        self.node_rows = {src: rows for src, (rows, _) in checked.accepted}
+        self.bad_replies += checked.left_out
+        self.heat = named_heat(self.layout, [v for _, v in checked.accepted])
+        self.n_clients, self.n_params = self.heat.n_clients, self.layout.size
+
+    def _decode_heat(self, src: int, reply: Message) -> tuple[dict[str, np.ndarray], int]:
+        assert self.layout is not None
+        record = reply.content.array_records["arrays"]
+        n = int(reply.content.metric_records["metrics"]["num-examples"])
+        if n < 0 or (self.weighting == "samples" and n == 0):
+            raise ValueError(f"num-examples = {n} in the heat reply")
+        rows = {}
+        for key in self.sparse_keys:
+            if rows_key(key) not in record:
+                raise ValueError(f"the heat reply lacks '{rows_key(key)}'")
+            rows[key] = self.layout.check_rows(key, record[rows_key(key)].numpy())
+        return rows, n
+
+    def _setup_cohorts(self, grid: Grid, arrays: ArrayRecord) -> None:
+        if arrays is not None and len(arrays):
+            if list(arrays) != ["x"] or arrays["x"].shape != (self.n_params,):
+                raise InitialArraysError(
+                    f"cohort mode takes initial_arrays {{'x': float ({self.n_params},)}}, "
+                    f"got keys {list(arrays)}"
+                )
+            self.x = np.array(arrays["x"].numpy(), dtype=np.float64, copy=True)
+        self.cohorts = discover_cohorts(
+            grid, self.n_clients, self.n_params, timeout=self.discovery_timeout
+        )
+        self.heat = self.count_heat(grid)
+
+    def count_heat(self, grid: Grid) -> FeatureHeat:
+        """Cohort mode's counting round: every node reports its users' row counts; sum them.
+
+        Raises
+        ------
+        RuntimeError
+            If a node fails or the counts do not cover exactly the N clients.
+        """
+        if self.cohorts is None:
+            raise RuntimeError("discovery has not run")
+        heat = FeatureHeat.zeros(self.n_params)
+        messages = heat_messages(self.cohorts.node_ids, {"kind": "feature-heat"})
+        for reply in self.send(grid, messages):
+            src = reply.metadata.src_node_id
+            if reply.has_error():
+                raise RuntimeError(f"counting round: node {src} failed: {reply.error.reason}")
+            try:
+                add_heat_report(heat, reply)
+            except (KeyError, ValueError) as err:
+                raise RuntimeError(f"counting round: bad report from node {src}: {err}") from err
+        if heat.n_clients != self.n_clients:
+            raise RuntimeError(
+                f"counting round covered {heat.n_clients} of {self.n_clients} clients"
+            )
+        return heat
+
+    # ------------------------------------------------------------------ rounds
+    def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
+        """Cohort mode: sample K users and fetch their index sets S(i) (Alg. 1, line 5)."""
+        if not self.cohorts_mode:
+            return
+        assert self.cohorts is not None and self.sampler is not None
+        groups = self.cohorts.group(self.sampler.sample())
+        replies = self.send(grid, index_set_messages(server_round, groups))
+        checked = self.check(
+            replies,
+            lambda src, reply: decode_index_sets(reply, groups[src], self.n_params),
+            f"round {server_round} (index sets)",
+        )
+        found = dict(checked.accepted)
+        # keep node order = order of the sampled users (deterministic message order)
+        self._index_sets = {n: found[n] for n in groups if n in found}
+        up = sum(rows.size * 4 + offsets.size * 8 for _, offsets, rows in found.values())
+        self._round_stats = {"bad-replies": checked.left_out, "bytes-up": up}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Return one ``train`` message per sampled node holding only its submodel."""
+        if self.cohorts_mode:
+            return self._cohort_train_messages(server_round, config)
+        assert self.layout is not None
+        nodes = self._sample_counted(grid)
+        extra = {"proximal-mu": self.proximal_mu} if self.proximal_mu > 0 else {}
+        train_config = self.merged_config(config, server_round, **extra)
+        messages, self._sent_values = [], {}
+        down = 0
+        for node in nodes:
+            rows = self.node_rows.get(node, {})
+            values = self.layout.gather(self.x, rows)
+            self._sent_values[node] = values
+            record = ArrayRecord()
+            for key in self.layout.keys:
+                record[key] = Array(np.ascontiguousarray(values[key]))
+                if key in self.layout.sparse:
+                    record[rows_key(key)] = Array(rows[key])
+            down += record.count_bytes()
+            messages.append(
+                Message(
+                    RecordDict({"arrays": record, "config": train_config}),
+                    dst_node_id=node,
+                    message_type=MessageType.TRAIN,
+                    group_id=f"train-{server_round}",
+                )
+            )
+        self._round_stats = {"bytes-down": down}
+        return messages
+
+    def _sample_counted(self, grid: Grid) -> list[int]:
+        """Sample like FedAvg among the connected nodes that answered the counting query."""
+        counted = self.node_rows if self.sparse_keys else None
+        nodes = sorted(
+            int(n) for n in grid.get_node_ids() if counted is None or int(n) in counted
+        )
+        if not nodes:
+            raise NotEnoughNodesError("no node that answered the counting query is connected")
+        count = min(len(nodes), max(int(self.fraction_train * len(nodes)), self.min_train_nodes))
+        return sorted(self.node_rng.sample(nodes, max(count, 1)))
+
+    def _cohort_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
+        train_config = self.merged_config(
+            config,
+            server_round,
+            seed=self.seed,
+            **{
                 "local-iters": self.local.iters,
                 "batch-size": self.local.batch,
                 "lr": float(self.local.lr),
                 "proximal-mu": float(self.local.proximal_mu),
                 "weighting": self.weighting,
-            }
+            },
         )
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Sample K users, fetch their index sets, build one ``train`` message per node."""
-        if self.cohorts is None:
-            raise RuntimeError("discovery has not run: call start()")
-        users = self.sampler.sample()
-        groups = self.cohorts.group(users)
-        index_sets, bad, up = self._fetch_index_sets(server_round, groups, grid)
-        train_config = self._train_config(server_round, config)
         messages, self._sent = [], {}
         down = 0
         sizes: list[np.ndarray] = []
-        for node_id, (node_users, offsets, rows) in index_sets.items():
+        for node_id, (node_users, offsets, rows) in self._index_sets.items():
             record = ArrayRecord(
                 {
                     "0": Array(node_users.astype(np.int64)),
@@ -325,259 +495,131 @@ class FedSubAvgStrategy(Strategy):
                 )
             )
         per_client = client_bytes(np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
-        self._round_stats = {
-            "bad-replies": bad,
-            "bytes-down": down,
-            "bytes-up": up,
-            "bytes-down-client-mean": float(per_client["down"].mean()) if sizes else 0.0,
-            "bytes-down-client-max": int(per_client["down"].max()) if sizes else 0,
-            "submodel-rows-mean": float(np.concatenate(sizes).mean()) if sizes else 0.0,
-        }
-        return messages
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check the nodes' updates, sum the valid ones and apply the server step."""
-        if self.server is None:
-            raise RuntimeError("the server step is built in start(), after the counting round")
-        up = self._round_stats["bytes-up"]
-
-        def decode(src: int, reply: Message) -> tuple[RoundUpdate, int]:
-            record = reply.content.array_records["arrays"]
-            metrics = dict(reply.content.metric_records["metrics"])
-            n_users, allowed = self._sent[src]
-            part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
-            return part, record.count_bytes()
-
-        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
-        parts = [(src, part) for src, (part, _) in checked.accepted]
-        up += sum(nbytes for _, (_, nbytes) in checked.accepted)
-        bad, missing = checked.bad + self._round_stats["bad-replies"], checked.missing
-        # add the nodes in the order of their users, whatever the order replies arrived in
-        order = {n: i for i, n in enumerate(self._sent)}
-        update = merge_updates([p for _, p in sorted(parts, key=lambda sp: order[sp[0]])])
-        self.server.step(self.x, update, server_round)
-        self.bad_replies += bad + missing
-        metrics = MetricRecord(
+        self._round_stats.update(
             {
-                **{k: v for k, v in self._round_stats.items() if k not in ("bytes-up",)},
-                "bad-replies": bad + missing,
-                "bytes-up": up,
-                "clients": update.clients,
-                "nodes": len(self._sent),
-                "union-rows": int(update.rows.size),
+                "bytes-down": down,
+                "bytes-down-client-mean": float(per_client["down"].mean()) if sizes else 0.0,
+                "bytes-down-client-max": int(per_client["down"].max()) if sizes else 0,
+                "submodel-rows-mean": float(np.concatenate(sizes).mean()) if sizes else 0.0,
             }
         )
-        return ArrayRecord({"x": Array(self.x)}), metrics
+        return messages
 
+    def decode_train_reply(self, src: int, reply: Message) -> tuple[RoundUpdate, int, dict]:
+        """Check one node's reply; return its weighted update, payload bytes and metrics."""
+        record = reply.content.array_records["arrays"]
+        metrics = dict(reply.content.metric_records["metrics"])
+        if self.cohorts_mode:
+            n_users, allowed = self._sent[src]
+            part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
+            return part, record.count_bytes(), {}
+        assert self.layout is not None
+        rows = self.node_rows.get(src, {})
+        expected = set(self.layout.keys) | {rows_key(k) for k in self.layout.sparse}
+        if set(record) != expected:
+            raise ValueError(
+                f"reply arrays {sorted(record)} differ from the submodel sent {sorted(expected)}"
+            )
+        for key in self.layout.sparse:
+            if not np.array_equal(record[rows_key(key)].numpy(), rows[key]):
+                raise ValueError(f"'{rows_key(key)}' differs from the rows sent")
+        n = metrics.get("num-examples")
+        if not isinstance(n, int) or n < 0 or (self.weighting == "samples" and n == 0):
+            raise ValueError(f"num-examples = {n!r}: expected a non-negative int")
+        weight = 1.0 if self.weighting == "clients" else float(n)
+        received = {k: record[k].numpy() for k in self.layout.keys}
+        part = self.layout.update(self._sent_values[src], received, rows, weight)
+        return part, record.count_bytes(), metrics
+
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Sum the accepted updates (in node order) and apply the algorithm's server step."""
+        assert self.server is not None
+        sent = self._sent if self.cohorts_mode else self._sent_values
+        order = {n: i for i, n in enumerate(sent)}
+        accepted = sorted(checked.accepted, key=lambda item: order[item[0]])
+        update = merge_updates([part for _, (part, _, _) in accepted])
+        self.server.step(self.x, update, server_round)
+        bad = checked.left_out + int(self._round_stats.get("bad-replies", 0))
+        self.bad_replies += bad
+        up = int(self._round_stats.get("bytes-up", 0))
+        up += sum(nbytes for _, (_, nbytes, _) in accepted)
+        metrics: dict[str, Any] = {
+            **{k: v for k, v in self._round_stats.items() if k not in ("bytes-up", "bad-replies")},
+            "bad-replies": bad,
+            "bytes-up": up,
+            "clients": update.clients,
+            "nodes": len(sent),
+            "union-rows": int(update.rows.size),
+        }
+        if self.cohorts_mode:
+            return ArrayRecord({"x": Array(self.x)}), MetricRecord(metrics)
+        assert self.layout is not None
+        metrics.update(_weighted_means([m for _, (_, _, m) in accepted]))
+        arrays = self.layout.unflatten(self.x)
+        return ArrayRecord({k: Array(v) for k, v in arrays.items()}), MetricRecord(metrics)
+
+    # ------------------------------------------------------------------ evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Return no messages: the model is evaluated on the server (``evaluate_fn``)."""
-        return []
+        """Plain mode with ``fraction_evaluate > 0``: the full model to a sample of nodes."""
+        if self.cohorts_mode or self.fraction_evaluate <= 0:
+            return []
+        nodes = sample_nodes(
+            grid, self.eval_rng, self.fraction_evaluate, self.min_evaluate_nodes,
+            self.min_available_nodes, timeout=self._timeout,
+        )
+        content = RecordDict(
+            {"arrays": arrays, "config": self.merged_config(config, server_round)}
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
+                    group_id=f"evaluate-{server_round}")
+            for n in nodes
+        ]
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Return None (no federated evaluation)."""
-        return None
+        """Average the nodes' evaluation metrics weighted by ``num-examples``."""
+        checked = self.check(
+            replies,
+            lambda src, reply: dict(reply.content.metric_records["metrics"]),
+            f"round {server_round} (evaluate)",
+            all_rejected_fails=False,
+        )
+        if not checked.accepted:
+            return None
+        return MetricRecord(_weighted_means([m for _, m in checked.accepted]))
 
-    # ------------------------------------------------------------------ protocol steps
-    def count_heat(self, grid: Grid) -> FeatureHeat:
-        """Run the counting round: every node reports its users' row counts; sum them.
-
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-
-        Returns
-        -------
-        FeatureHeat
-            n_m and W_m over all N clients.
-
-        Raises
-        ------
-        RuntimeError
-            If a node fails or the counts do not cover exactly the N clients.
-        """
-        if self.cohorts is None:
-            raise RuntimeError("discovery has not run")
-        content = RecordDict({"config": ConfigRecord({"kind": "feature-heat"})})
-        msgs = [
-            Message(content, dst_node_id=int(n), message_type=MessageType.QUERY, group_id="heat")
-            for n in self.cohorts.node_ids
-        ]
-        heat = FeatureHeat.zeros(self.n_params)
-        for reply in grid.send_and_receive(msgs, timeout=self.round_timeout):
-            src = reply.metadata.src_node_id
-            if reply.has_error():
-                raise RuntimeError(f"counting round: node {src} failed: {reply.error.reason}")
-            p = reply.content.config_records["properties"]
-            try:
-                heat.add(
-                    np.asarray(p["rows"], dtype=np.int64),
-                    np.asarray(p["clients"], dtype=np.int64),
-                    np.asarray(p["samples"], dtype=np.int64),
-                    int(p["num-users"]),
-                    int(p["num-samples"]),
-                )
-            except (KeyError, ValueError) as err:
-                raise RuntimeError(f"counting round: bad report from node {src}: {err}") from err
-        if heat.n_clients != self.n_clients:
-            raise RuntimeError(
-                f"counting round covered {heat.n_clients} of {self.n_clients} clients"
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the round's key numbers for the log line."""
+        loss = next((row[k] for k in ("train-loss", "loss", "train_loss") if k in row), None)
+        text = f"loss {loss:.5f}  " if isinstance(loss, int | float) else ""
+        if "clients" in row:
+            text += (
+                f"clients={row['clients']} nodes={row['nodes']}  up={row['bytes-up']} B "
+                f"down={row['bytes-down']} B"
             )
-        return heat
+        return text
 
-    def _fetch_index_sets(
-        self, server_round: int, groups: dict[int, np.ndarray], grid: Grid
-    ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
-        """Ask each node for its sampled users' index sets S(i) (Algorithm 1, line 5)."""
-        msgs = []
-        for node_id, node_users in groups.items():
-            cfg = ConfigRecord({"kind": "submodel", "users": node_users.astype(int).tolist()})
-            msgs.append(
-                Message(
-                    RecordDict({"config": cfg}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.QUERY,
-                    group_id=f"submodel-{server_round}",
-                )
-            )
 
-        def decode(src: int, reply: Message) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            p = reply.content.config_records["properties"]
-            users = np.asarray(p["users"], dtype=np.int64)
-            offsets = np.asarray(p["offsets"], dtype=np.int64)
-            rows = np.asarray(p["rows"], dtype=np.int64)
-            if not np.array_equal(users, groups[src]):
-                raise BadReplyError("index sets of other users than requested")
-            if (
-                offsets.shape != (users.size + 1,)
-                or offsets[0] != 0
-                or offsets[-1] != rows.size
-                or np.any(np.diff(offsets) < 0)
-            ):
-                raise BadReplyError("malformed offsets")
-            if rows.size and (rows.min() < 0 or rows.max() >= self.n_params):
-                raise BadReplyError(f"rows outside 0..{self.n_params - 1}")
-            return users, offsets, rows
-
-        replies = grid.send_and_receive(msgs, timeout=self.round_timeout)
-        checked = check_replies(replies, decode, groups, f"round {server_round} (index sets)")
-        out = dict(checked.accepted)
-        up = sum(rows.size * 4 + offsets.size * 8 for _, offsets, rows in out.values())
-        bad, missing = checked.bad, checked.missing
-        # keep node order = order of the sampled users (deterministic message order)
-        return {n: out[n] for n in groups if n in out}, bad + missing, up
-
-    # ------------------------------------------------------------------ protocol loop
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run discovery, the counting round and the R rounds.
-
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-        initial_arrays : ArrayRecord, optional
-            ``{"x": float64 (M,)}``: a starting model (default: the constructor's).
-        num_rounds : int, optional
-            Overrides R.
-        timeout : float, optional
-            Overrides ``round_timeout``.
-        train_config : ConfigRecord, optional
-            Extra entries for the train messages.
-        evaluate_config : ConfigRecord, optional
-            Unused (evaluation runs on the server).
-        evaluate_fn : callable, optional
-            Flower-style ``evaluate_fn(round, arrays) -> MetricRecord``; prefer the
-            constructor's.
-
-        Returns
-        -------
-        Result
-            ``arrays["x"]``: the final model; per-round metrics in
-            ``train_metrics_clientapp``; evaluation in ``evaluate_metrics_serverapp``.
-        """
-        if num_rounds is not None:
-            self.num_rounds = int(num_rounds)
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        if initial_arrays is not None and "x" in initial_arrays:
-            self.x = np.array(initial_arrays["x"].numpy(), dtype=np.float64, copy=True)
-        self.summary()
-        t0 = time.perf_counter()
-        self.cohorts = discover_cohorts(
-            grid, self.n_clients, self.n_params, timeout=self.discovery_timeout
-        )
-        self.heat = self.count_heat(grid)
-        log(
-            INFO,
-            "counting round: feature heat dispersion n_max/n_min = %.0f (rows touched: %d)",
-            self.heat.dispersion(),
-            int((self.heat.clients > 0).sum()),
-        )
-        self.server = make_server_update(
-            self.algorithm,
-            self.n_params,
-            self.n_clients,
-            heat=self.heat,
-            weighting=self.weighting,
-            adam=self.adam,
-        )
-        result = Result()
-        arrays = ArrayRecord({"x": Array(self.x)})
-        for t in range(1, self.num_rounds + 1):
-            r0 = time.perf_counter()
-            messages = self.configure_train(t, arrays, train_config or ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages, timeout=self.round_timeout)
-            arrays, metrics = self.aggregate_train(t, replies)
-            row: dict[str, Any] = {"server-round": t, **dict(metrics)}
-            if self.evaluate_fn is not None:
-                row.update(self.evaluate_fn(self.x))
-                result.evaluate_metrics_serverapp[t] = MetricRecord(
-                    {k: float(v) for k, v in row.items() if k.endswith(("loss", "accuracy"))}
-                )
-            elif evaluate_fn is not None:
-                res = evaluate_fn(t, arrays)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[t] = res
-                    row.update(dict(res))
-            row["round-time"] = time.perf_counter() - r0
-            row["wall-time"] = time.perf_counter() - t0
-            result.train_metrics_clientapp[t] = metrics
-            self._log_round(row)
-        result.arrays = arrays
-        return result
-
-    def _log_round(self, row: dict[str, Any]) -> None:
-        self.history.append(row)
-        log(
-            INFO,
-            "[round %d/%d] train loss %s  clients=%d nodes=%d bad=%d  up=%d B down=%d B  %.2f s",
-            row["server-round"],
-            self.num_rounds,
-            f"{row['train-loss']:.5f}" if "train-loss" in row else "n/a",
-            row["clients"],
-            row["nodes"],
-            row["bad-replies"],
-            row["bytes-up"],
-            row["bytes-down"],
-            row["round-time"],
-        )
-        if self.on_round is not None:
-            self.on_round(row)
+def _weighted_means(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Average numeric metrics weighted by ``num-examples`` (summed), as Flower's FedAvg."""
+    total = sum(int(m.get("num-examples", 0)) for m in metrics)
+    out: dict[str, Any] = {"num-examples": total}
+    keys = {k for m in metrics for k, v in m.items() if isinstance(v, int | float)}
+    for key in sorted(keys - {"num-examples"}):
+        pairs = [(float(m[key]), int(m.get("num-examples", 0))) for m in metrics if key in m]
+        weight = sum(w for _, w in pairs)
+        if weight:
+            value = sum(v * w for v, w in pairs) / weight
+        else:
+            value = float(np.mean([v for v, _ in pairs]))
+        out[key] = to_metric(value)
+    return out
 
 
 class FedAvgSubStrategy(FedSubAvgStrategy):
@@ -597,7 +639,8 @@ class FedProxSubStrategy(FedSubAvgStrategy):
     *args, **kwargs
         As :class:`FedSubAvgStrategy`.
     proximal_mu : float, optional
-        μ (default 0.01, Section 5.1); replaces ``local.proximal_mu``.
+        μ (default 0.01, Section 5.1), sent as ``proximal-mu`` in every train config (cohort
+        mode: replaces ``local.proximal_mu``).
     """
 
     algorithm = "fedprox-sub"
@@ -605,16 +648,34 @@ class FedProxSubStrategy(FedSubAvgStrategy):
     def __init__(self, *args: Any, proximal_mu: float = 0.01, **kwargs: Any) -> None:
         local = kwargs.pop("local", None) or LocalConfig()
         kwargs["local"] = LocalConfig(local.iters, local.batch, local.lr, float(proximal_mu))
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, proximal_mu=proximal_mu, **kwargs)
 
 
 class FedAdamSubStrategy(FedSubAvgStrategy):
-    """FedAdam on submodels (Reddi et al.; paper Table 5 hyperparameters via ``adam``).
+    """FedAdam on submodels (Reddi et al.), Flower's ``FedAdam`` server step.
 
-    Takes the parameters of :class:`FedSubAvgStrategy` (its ``algorithm`` is fixed).
+    Parameters
+    ----------
+    *args, **kwargs
+        As :class:`FedSubAvgStrategy`.
+    eta, beta_1, beta_2, tau : float, optional
+        Server learning rate η (1.0), moment decays β₁ (0.9), β₂ (0.99) and adaptivity τ
+        (1e-3): paper Table 5 (MovieLens); τ as Flower's. Ignored when ``adam`` is given.
     """
 
     algorithm = "fedadam-sub"
+
+    def __init__(
+        self,
+        *args: Any,
+        eta: float = 1.0,
+        beta_1: float = 0.9,
+        beta_2: float = 0.99,
+        tau: float = 1e-3,
+        **kwargs: Any,
+    ) -> None:
+        kwargs["adam"] = kwargs.get("adam") or AdamConfig(eta, beta_1, beta_2, tau)
+        super().__init__(*args, **kwargs)
 
 
 class ScaffoldSubStrategy(FedSubAvgStrategy):

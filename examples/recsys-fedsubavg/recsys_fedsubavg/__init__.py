@@ -1,0 +1,1 @@
+"""recsys-fedsubavg: a PyTorch recommender trained with FedAvg, then FedSubAvg."""

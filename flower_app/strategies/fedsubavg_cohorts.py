@@ -1,0 +1,157 @@
+"""FedSubAvg's cohort-mode exchanges: a node serves many users (the reproductions' mode).
+
+Message builders and reply decoders used by
+:class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy` with ``cohorts=True``: the
+counting round (``query.feature_heat``), the sampled users' index sets S(i)
+(``query.submodel``, Algorithm 1 line 5) and the nodes' summed row updates (``train``).
+The nodes answer with :class:`~flower_app.clients.submodel.SubmodelClient`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+from flower_app.algorithms.fedsubavg import FeatureHeat, RoundUpdate
+
+__all__ = [
+    "HEAT_QUERY",
+    "SUBMODEL_QUERY",
+    "BadReplyError",
+    "add_heat_report",
+    "decode_index_sets",
+    "decode_update",
+    "heat_messages",
+    "index_set_messages",
+]
+
+#: the counting round (plain and cohort mode)
+HEAT_QUERY = f"{MessageType.QUERY}.feature_heat"
+#: the sampled users' index sets (cohort mode)
+SUBMODEL_QUERY = f"{MessageType.QUERY}.submodel"
+
+
+class BadReplyError(ValueError):
+    """A node's reply that is left out of the aggregate."""
+
+
+def heat_messages(node_ids: Any, config: dict[str, Any]) -> list[Message]:
+    """Return one ``query.feature_heat`` message per node with ``config``."""
+    content = RecordDict({"config": ConfigRecord(config)})
+    return [
+        Message(content, dst_node_id=int(n), message_type=HEAT_QUERY, group_id="heat")
+        for n in node_ids
+    ]
+
+
+def add_heat_report(heat: FeatureHeat, reply: Message) -> None:
+    """Add a cohort node's heat report (``"properties"`` ConfigRecord) to ``heat``."""
+    p = reply.content.config_records["properties"]
+    heat.add(
+        np.asarray(p["rows"], dtype=np.int64),
+        np.asarray(p["clients"], dtype=np.int64),
+        np.asarray(p["samples"], dtype=np.int64),
+        int(p["num-users"]),
+        int(p["num-samples"]),
+    )
+
+
+def index_set_messages(server_round: int, groups: dict[int, np.ndarray]) -> list[Message]:
+    """Return one ``query.submodel`` message per node naming its sampled users."""
+    return [
+        Message(
+            RecordDict(
+                {"config": ConfigRecord({"kind": "submodel", "users": users.astype(int).tolist()})}
+            ),
+            dst_node_id=node_id,
+            message_type=SUBMODEL_QUERY,
+            group_id=f"submodel-{server_round}",
+        )
+        for node_id, users in groups.items()
+    ]
+
+
+def decode_index_sets(
+    reply: Message, users_sent: np.ndarray, n_params: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return ``(users, offsets, rows)`` of a node's index-set reply, or raise.
+
+    Raises
+    ------
+    BadReplyError
+        On other users than requested, malformed offsets or rows outside 0..M−1.
+    """
+    p = reply.content.config_records["properties"]
+    users = np.asarray(p["users"], dtype=np.int64)
+    offsets = np.asarray(p["offsets"], dtype=np.int64)
+    rows = np.asarray(p["rows"], dtype=np.int64)
+    if not np.array_equal(users, users_sent):
+        raise BadReplyError("index sets of other users than requested")
+    if (
+        offsets.shape != (users.size + 1,)
+        or offsets[0] != 0
+        or offsets[-1] != rows.size
+        or np.any(np.diff(offsets) < 0)
+    ):
+        raise BadReplyError("malformed offsets")
+    if rows.size and (rows.min() < 0 or rows.max() >= n_params):
+        raise BadReplyError(f"rows outside 0..{n_params - 1}")
+    return users, offsets, rows
+
+
+def decode_update(
+    arrays: list[np.ndarray], allowed_rows: np.ndarray, n_users: int, metrics: dict[str, Any]
+) -> RoundUpdate:
+    """Check a node's train reply and return it as a :class:`RoundUpdate`.
+
+    Parameters
+    ----------
+    arrays : list of numpy.ndarray
+        ``[rows, sums]`` from the reply.
+    allowed_rows : numpy.ndarray
+        Sorted union of the submodels of the users sent to this node.
+    n_users : int
+        Users sent to this node.
+    metrics : dict
+        The reply's MetricRecord (``num-examples``, ``weight-sum``).
+
+    Returns
+    -------
+    RoundUpdate
+        The node's summed update.
+
+    Raises
+    ------
+    BadReplyError
+        On the wrong number of arrays, wrong shapes or dtypes, rows outside the node's
+        submodel (or repeated, or unsorted), non-finite values, or counts that do not
+        match what was sent.
+    """
+    if len(arrays) != 2:
+        raise BadReplyError(f"expected 2 arrays [rows, sums], got {len(arrays)}")
+    rows, sums = (np.asarray(a) for a in arrays)
+    if rows.ndim != 1 or rows.dtype.kind not in "iu":
+        raise BadReplyError(f"rows must be a 1-D integer array, got {rows.dtype} {rows.shape}")
+    if sums.shape != rows.shape or sums.dtype.kind != "f":
+        raise BadReplyError(
+            f"sums must be floats shaped like rows {rows.shape}, got {sums.dtype} {sums.shape}"
+        )
+    rows = rows.astype(np.int64)
+    if rows.size > 1 and np.any(np.diff(rows) <= 0):
+        raise BadReplyError("rows must be sorted and distinct")
+    if not np.all(np.isin(rows, allowed_rows, assume_unique=True)):
+        outside = rows[~np.isin(rows, allowed_rows, assume_unique=True)]
+        raise BadReplyError(
+            f"{outside.size} rows outside the node's submodel (first: {int(outside[0])})"
+        )
+    if not np.all(np.isfinite(sums)):
+        raise BadReplyError("non-finite values in the update")
+    n_ex = int(metrics["num-examples"])
+    weight = float(metrics["weight-sum"])
+    if n_ex != n_users:
+        raise BadReplyError(f"update of {n_ex} users, {n_users} were sent")
+    if not (np.isfinite(weight) and weight > 0):
+        raise BadReplyError(f"weight-sum {weight} must be finite and positive")
+    return RoundUpdate(rows, sums.astype(np.float64), n_ex, weight)
