@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from flower_app.config import DATASETS, MATROIDS, AppConfig, ConfigError
+from flower_app.settings import help_text
 from flower_app.simulation import LocalSimulation
 
 __all__ = [
@@ -746,24 +747,14 @@ def build_parser() -> argparse.ArgumentParser:
         "std over seeds), objective_vs_k.png, ratio_vs_k.png and grid.png; run folders go "
         "to <out>/runs/.",
     )
+    # options named after a run_config key take its help from flower_app.settings
     sweep.add_argument(
-        "--dataset", required=True, choices=sorted(DATASETS), help="problem instance"
+        "--dataset", required=True, choices=sorted(DATASETS), help=help_text("dataset")
     )
-    sweep.add_argument(
-        "--data-dir", default="", help="dataset root (e.g. /work/data holding ml-1m/)"
-    )
-    sweep.add_argument(
-        "--data-seed", type=int, default=0, help="seed of synthetic instances (default 0)"
-    )
-    sweep.add_argument(
-        "--num-users",
-        type=int,
-        default=0,
-        help="users of a synthetic instance (0 = the dataset's default)",
-    )
-    sweep.add_argument(
-        "--num-elements", type=int, default=0, help="elements of a synthetic instance (0 = default)"
-    )
+    sweep.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    sweep.add_argument("--data-seed", type=int, default=0, help=help_text("data-seed"))
+    sweep.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
+    sweep.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
     sweep.add_argument(
         "--k",
         type=int,
@@ -806,16 +797,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-supernodes", type=int, default=10, help="SuperNodes for --engine flower (default 10)"
     )
     sweep.add_argument(
-        "--matroid",
-        choices=list(MATROIDS),
-        default="uniform",
-        help="constraint (default uniform: |S| <= k)",
+        "--matroid", choices=list(MATROIDS), default="uniform", help=help_text("matroid")
     )
     sweep.add_argument(
-        "--partition-capacity",
-        type=int,
-        default=2,
-        help="per-group capacity of the partition matroid (default 2)",
+        "--partition-capacity", type=int, default=2, help=help_text("partition-capacity")
     )
     _add_figure_options(sweep)
 

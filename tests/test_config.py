@@ -31,8 +31,8 @@ def test_pyproject_declares_every_key_the_app_reads() -> None:
         ({"elements-per-client": 0}, "a count must be >= 1"),
         ({"elements-per-client": "10%"}, "expected a float fraction"),
         ({"matroid": "graphic"}, "'matroid' = 'graphic' is not known"),
-        ({"round-timeout": 0}, "'round-timeout' = 0: must be a positive number"),
-        ({"num-rounds": 5}, "keys \\['num-rounds'\\] are not known"),
+        ({"round-timeout": 0}, "'round-timeout' = 0.0: must be > 0"),
+        ({"num-rounds": 5}, "key 'num-rounds' .*is not known"),
     ],
 )
 def test_bad_values_are_named(override, match) -> None:

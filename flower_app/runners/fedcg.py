@@ -1,7 +1,8 @@
 """Runner of FedCG (Alg. 1), FedCG+ (Alg. 2) and the federated discrete greedy (Algs. 3-5).
 
 Algorithm names: ``fedcg``, ``fedcg-plus``, ``fed-discrete-greedy``. Their own run_config
-keys (defaults in :mod:`flower_app.registry` and ``pyproject.toml``):
+keys (declared in :mod:`flower_app.settings`, reference in ``docs/configuration.md``; read
+validated with ``cfg.get``):
 
 ``fedcg-rounds`` (int, 100)
     communication rounds T (FedCG+ takes its own T, e.g. 20 for τ = 5 and 100 steps).
@@ -16,7 +17,12 @@ keys (defaults in :mod:`flower_app.registry` and ``pyproject.toml``):
 ``fedcg-rounding`` (str, "greedy")
     ``"greedy"`` (top of x while independent, as the authors' scripts) or ``"pipage"``.
 ``fedcg-fill-base`` (bool, true)
-    complete each user's LMO answer to a base with random zero-gradient elements.
+    complete each user's LMO answer to a base with random zero-gradient elements (x then
+    ends fractional on almost every element; measured effect in ``docs/reproductions/fedcg.md``).
+``fedcg-report-pipage`` (bool, false)
+    also round the final x by pipage rounding (own stream ``default_rng([seed, 1])``) and
+    report its objective as ``objective-pipage`` (the "pipage/greedy" column of the recorded
+    sweeps); with the default it is None unless ``fedcg-rounding = "pipage"``.
 ``fedcg-client-weights`` (str, "uniform")
     p_i: ``"uniform"`` (1/N) or ``"data-size"`` (∝ the user's non-zero entries).
 ``dgreedy-kappa`` (float, 50.0)
@@ -44,7 +50,6 @@ from flower_app.algorithms.discrete_greedy import (
     run_discrete_greedy_direct,
 )
 from flower_app.algorithms.fedcg import (
-    GRADIENTS,
     ROUNDINGS,
     FedCGRound,
     FedCGServer,
@@ -65,53 +70,20 @@ from flower_app.submodular.multilinear import multilinear_value
 
 __all__ = ["direct_run", "make_client", "server_run", "summary_line"]
 
-CLIENT_WEIGHTS = ("uniform", "data-size")
-
-
-def _int(cfg: AppConfig, key: str, minimum: int) -> int:
-    value = cfg.get(key)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected an integer >= {minimum}")
-    return value
-
-
-def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
-    value = str(cfg.get(key))
-    if value not in options:
-        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {', '.join(options)}")
-    return value
-
-
-def _positive_float(cfg: AppConfig, key: str, allow_zero: bool = False) -> float:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected a number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(
-            f"run_config '{key}' = {value!r}: must be positive"
-            + (" (0 selects the default 1/T)" if allow_zero else "")
-        )
-    return float(value)
-
 
 def local_steps(cfg: AppConfig) -> LocalSteps:
     """Return the users' computation configured for ``cfg.algorithm``."""
-    fill = cfg.get("fedcg-fill-base")
-    if not isinstance(fill, bool):
-        raise ConfigError(f"run_config 'fedcg-fill-base' = {fill!r}: expected true or false")
     return LocalSteps(
-        steps=_int(cfg, "fedcg-local-steps", 1) if cfg.algorithm == "fedcg-plus" else 1,
-        gradient=_choice(cfg, "fedcg-gradient", GRADIENTS),
-        samples=_int(cfg, "fedcg-gradient-samples", 1),
-        fill_base=fill,
+        steps=cfg.get("fedcg-local-steps") if cfg.algorithm == "fedcg-plus" else 1,
+        gradient=cfg.get("fedcg-gradient"),
+        samples=cfg.get("fedcg-gradient-samples"),
+        fill_base=cfg.get("fedcg-fill-base"),
     )
 
 
 def client_weights(cfg: AppConfig, problem: SubmodularProblem) -> np.ndarray | None:
     """Return p_i (None = uniform)."""
-    if _choice(cfg, "fedcg-client-weights", CLIENT_WEIGHTS) == "uniform":
+    if cfg.get("fedcg-client-weights") == "uniform":
         return None
     sizes = np.diff(problem.objective.values.indptr).astype(np.float64)
     if sizes.sum() <= 0:
@@ -125,13 +97,13 @@ def fedcg_server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -
         return FedCGServer(
             problem.n_users,
             matroid,
-            _int(cfg, "fedcg-rounds", 1),
-            _positive_float(cfg, "fedcg-eta", allow_zero=True),
+            cfg.get("fedcg-rounds"),
+            cfg.get("fedcg-eta"),
             local_steps(cfg),
             cfg.clients_per_round,
             client_weights(cfg, problem),
             seed=cfg.seed,
-            rounding=_choice(cfg, "fedcg-rounding", ROUNDINGS),
+            rounding=cfg.get("fedcg-rounding"),
         )
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -144,7 +116,7 @@ def discrete_server(
 ) -> DiscreteGreedyServer:
     """Build (and so validate) the discrete-greedy server state of a configuration."""
     return DiscreteGreedyServer(
-        problem.n_users, matroid, cfg.k, _positive_float(cfg, "dgreedy-kappa"), seed=cfg.seed
+        problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed
     )
 
 
@@ -171,17 +143,25 @@ def _finish(exp: Experiment, selected: list[int], history: list[dict], extra: di
 
 
 def _continuous_extra(server: FedCGServer, exp: Experiment) -> dict[str, Any]:
-    # both oblivious roundings of the same x, for the comparison (own stream, so the
-    # configured rounding's result is untouched)
+    # the oblivious roundings of the same x, for the comparison (own stream, so the
+    # configured rounding's result is untouched); pipage only when it is the configured
+    # rounding or fedcg-report-pipage asks for it (else None)
+    wanted = [
+        rounding
+        for rounding in ROUNDINGS
+        if rounding != "pipage"
+        or server.rounding == "pipage"
+        or exp.cfg.get("fedcg-report-pipage")
+    ]
     by_rounding = {
         rounding: exp.problem.objective.mean_value(
             round_point(server.x, server.matroid, rounding, np.random.default_rng([server.seed, 1]))
         )
-        for rounding in ROUNDINGS
+        for rounding in wanted
     }
     return {
         "multilinear": _multilinear(exp)(server.x),
-        "objective-pipage": by_rounding["pipage"],
+        "objective-pipage": by_rounding.get("pipage"),
         "objective-greedy-rounding": by_rounding["greedy"],
         "x-mass": float(server.x.sum()),
         "x-support": int(np.count_nonzero(server.x > 1e-12)),

@@ -10,21 +10,9 @@ MovieLens-1M sizes).
 Common keys used: ``seed``, ``data-seed`` (train/test split, train-loss sample, synthetic
 tables), ``clients-per-round`` (K: an int count, e.g. 50 as in the paper, or a fraction of
 N), ``num-users``, ``num-elements``, ``round-timeout``, ``discovery-timeout``.
-Family keys (defaults in :data:`flower_app.registry.FEDSUBAVG_CONFIG`):
-
-====================  =========  ============================================================
-``fsa-rounds``        200        communication rounds R
-``fsa-local-iters``   10         local SGD iterations I (CentralSGD: steps per round)
-``fsa-batch-size``    5          batch B (CentralSGD: K·B)
-``fsa-lr``            0.1        learning rate γ (Table 4; FedAdam's η_l)
-``fsa-weighting``     clients    ``clients`` = Algorithm 1 (N/n_m, plain means);
-                                 ``samples`` = App. D.4 (Σw/W_m, data-size-weighted means)
-``fsa-proximal-mu``   0.01       FedProx's μ (``fedprox-sub`` only)
-``fsa-adam-eta``      1.0        FedAdam η (Table 5)
-``fsa-adam-beta1``    0.9        FedAdam β₁
-``fsa-adam-beta2``    0.99       FedAdam β₂
-``fsa-adam-tau``      0.001      FedAdam τ (not in the paper: Flower's and Reddi et al.'s)
-====================  =========  ============================================================
+Family keys (``fsa-*``: rounds R, local iterations I, batch B, learning rate γ, weighting,
+FedProx μ, FedAdam η, β₁, β₂, τ) are declared in :mod:`flower_app.settings` (reference in
+``docs/configuration.md``) and read validated with ``cfg.get``.
 """
 
 from __future__ import annotations
@@ -36,7 +24,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -44,7 +32,6 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.fedsubavg import (
     ALGORITHM_NAMES,
     VALUE_BYTES,
-    WEIGHTINGS,
     AdamConfig,
     Evaluator,
     FeatureHeat,
@@ -59,6 +46,7 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
 from flower_app.experiment import partition_of
 from flower_app.results import RunWriter
+from flower_app.strategies.base import to_metric_record
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
 __all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]
@@ -71,27 +59,13 @@ def load_task(cfg: AppConfig) -> RatingTask:
     )
 
 
-def _num(cfg: AppConfig, key: str, kind: type, minimum: float, strict: bool = False) -> Any:
-    value = cfg.get(key)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected {kind.__name__}")
-    if value < minimum or (strict and value == minimum):
-        relation = ">" if strict else ">="
-        raise ConfigError(f"run_config '{key}' = {value}: must be {relation} {minimum}")
-    return value
-
-
 def run_spec(cfg: AppConfig) -> RunSpec:
-    """Parse and check the family's keys into a :class:`RunSpec` (raises ConfigError).
+    """Return the family's keys (validated and typed by AppConfig) as a :class:`RunSpec`.
 
     Parameters
     ----------
     cfg : AppConfig
-        The validated common configuration.
+        The validated configuration.
 
     Returns
     -------
@@ -100,37 +74,25 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     """
     if cfg.algorithm not in ALGORITHM_NAMES:
         raise ConfigError(f"algorithm {cfg.algorithm!r} is not run by the fedsubavg runner")
-    weighting = str(cfg.get("fsa-weighting"))
-    if weighting not in WEIGHTINGS:
-        raise ConfigError(
-            f"run_config 'fsa-weighting' = {weighting!r} is not known; choose one of: "
-            + ", ".join(WEIGHTINGS)
-        )
-    beta1 = _num(cfg, "fsa-adam-beta1", float, 0.0)
-    beta2 = _num(cfg, "fsa-adam-beta2", float, 0.0)
-    for key, beta in (("fsa-adam-beta1", beta1), ("fsa-adam-beta2", beta2)):
-        if beta >= 1.0:
-            raise ConfigError(f"run_config '{key}' = {beta}: must be < 1")
-    mu = _num(cfg, "fsa-proximal-mu", float, 0.0)
     local = LocalConfig(
-        iters=_num(cfg, "fsa-local-iters", int, 1),
-        batch=_num(cfg, "fsa-batch-size", int, 1),
-        lr=_num(cfg, "fsa-lr", float, 0.0, strict=True),
-        proximal_mu=mu if cfg.algorithm == "fedprox-sub" else 0.0,
+        iters=cfg.get("fsa-local-iters"),
+        batch=cfg.get("fsa-batch-size"),
+        lr=cfg.get("fsa-lr"),
+        proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
     adam = AdamConfig(
-        eta=_num(cfg, "fsa-adam-eta", float, 0.0, strict=True),
-        beta1=beta1,
-        beta2=beta2,
-        tau=_num(cfg, "fsa-adam-tau", float, 0.0, strict=True),
+        eta=cfg.get("fsa-adam-eta"),
+        beta1=cfg.get("fsa-adam-beta1"),
+        beta2=cfg.get("fsa-adam-beta2"),
+        tau=cfg.get("fsa-adam-tau"),
     )
     return RunSpec(
         algorithm=cfg.algorithm,
-        rounds=_num(cfg, "fsa-rounds", int, 1),
+        rounds=cfg.get("fsa-rounds"),
         clients_per_round=cfg.clients_per_round,
         seed=cfg.seed,
         local=local,
-        weighting=weighting,
+        weighting=cfg.get("fsa-weighting"),
         adam=adam,
     )
 
@@ -225,21 +187,31 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         _, history, heat = run_direct_rounds(run.task, run.spec, run.writer.log_round)
         return _finish(run, history, heat, x0_loss)
     strategy = FedSubAvgStrategy(
+        cohorts=True,
         n_clients=run.task.n_clients,
         n_params=run.task.n_params,
-        num_rounds=run.spec.rounds,
         clients_per_round=run.k,
         algorithm=run.spec.algorithm,
         local=run.spec.local,
         weighting=run.spec.weighting,
         adam=run.spec.adam,
         seed=run.spec.seed,
-        evaluate_fn=evaluate,
         on_round=run.writer.log_round,
-        round_timeout=cfg.round_timeout,
         discovery_timeout=cfg.discovery_timeout,
     )
-    strategy.start(grid=grid)
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        # round 0 is the zero model, reported once as initial-train-loss
+        if server_round == 0:
+            return None
+        return to_metric_record(evaluate(arrays["x"].numpy()))
+
+    strategy.start(
+        grid=grid,
+        num_rounds=run.spec.rounds,
+        timeout=cfg.round_timeout,
+        evaluate_fn=evaluate_fn,
+    )
     assert strategy.heat is not None
     return _finish(run, strategy.history, strategy.heat, x0_loss)
 

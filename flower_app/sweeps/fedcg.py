@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flower_app.settings import help_text
+
 __all__ = ["PRESETS", "Variant", "main"]
 
 COLUMNS = [
@@ -260,7 +262,10 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 if (label, variant.name, k, seed) in done:
                     continue
-                jobs.append((variant, k, seed, {**base, **variant.config, "k": k, "seed": seed}))
+                cfg = {**base, **variant.config, "k": k, "seed": seed}
+                if cfg["algorithm"] in ("fedcg", "fedcg-plus"):
+                    cfg["fedcg-report-pipage"] = True  # the recorded pipage/greedy column
+                jobs.append((variant, k, seed, cfg))
     print(f"{len(jobs)} runs to do ({len(done)} already in {path})", flush=True)
     new = not path.exists()
     with path.open("a", newline="") as fh, ProcessPoolExecutor(args.jobs) as pool:
@@ -371,8 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--ks", default="", help="comma-separated k (default: the preset's)")
     p_run.add_argument("--seeds", default="", help="comma-separated subset of the seeds")
     p_run.add_argument("--variants", default="", help="'|'-separated variant names")
-    p_run.add_argument("--num-users", type=int, default=0, help="shrink synthetic instances")
-    p_run.add_argument("--num-elements", type=int, default=0)
+    p_run.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
+    p_run.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
     p_rep = sub.add_parser("report", help="tables and plots from runs.csv")
     p_rep.add_argument("--out", default="benchmarks/results/fedcg")
     args = parser.parse_args(argv)

@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flower_app.settings import help_text
+
 __all__ = ["ALG2_VARIANTS", "main"]
 
 #: Algorithm 2 variants: name -> run_config (see flower_app/runners/fedsm.py)
@@ -435,15 +437,17 @@ def report_amplification(out: Path) -> None:
 
 # ----------------------------------------------------------------------------- CLI
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="movielens", help="dataset run_config value")
-    p.add_argument("--data-dir", default="", help="dataset root (default $FLOWER_APP_DATA)")
+    p.add_argument("--dataset", default="movielens", help=help_text("dataset"))
+    p.add_argument("--data-dir", default="", help=help_text("data-dir"))
     p.add_argument("--k", type=int, required=True, help="r: cardinality of S")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--num-users", type=int, default=0, help="shrink synthetic instances")
-    p.add_argument("--num-elements", type=int, default=0, help="shrink synthetic instances")
-    p.add_argument("--matroid", default="uniform", choices=["uniform", "partition"])
+    p.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
+    p.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
     p.add_argument(
-        "--partition-capacity", type=int, default=2, help="per element group (genre, venue type)"
+        "--matroid", default="uniform", choices=["uniform", "partition"], help=help_text("matroid")
+    )
+    p.add_argument(
+        "--partition-capacity", type=int, default=2, help=help_text("partition-capacity")
     )
     p.add_argument("--out", required=True, help="results folder")
 

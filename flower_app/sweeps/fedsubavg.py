@@ -43,6 +43,7 @@ import numpy as np
 from flower_app.algorithms.fedsubavg import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import direct_run
+from flower_app.settings import help_text
 
 __all__ = ["PAPER_TABLE2", "PAPER_TABLE3", "main", "rounds_to_target"]
 
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dataset", default="movielens-rating")
     p.add_argument("--data-dir", default="")
     p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--num-users", type=int, default=0, help="synthetic stand-in only")
+    p.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
     p.add_argument("--num-movies", type=int, default=0, help="synthetic stand-in only")
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHM_NAMES))
     p.add_argument("--clients", nargs="+", type=int, default=[50], help="K values")
