@@ -181,12 +181,13 @@ def test_strategy_leaves_out_bad_replies_and_counts_them() -> None:
             MaxRowObjective(obj.values[first : first + count]), first, obj.n_users, p, parts
         )
     strategy = FedSMStrategy(
-        obj.n_users,
-        UniformMatroid(40, 3),
-        3,
+        k=3,
         clients_per_round=1.0,
         elements_per_client=1.0,
         seed=0,
+        cohorts=True,
+        n_users=obj.n_users,
+        matroid=UniformMatroid(40, 3),
     )
     strategy.cohorts = CohortMap(
         np.array([100, 101, 102], dtype=object), np.array([0, 30, 60]), np.array([30, 30, 30])
@@ -229,7 +230,7 @@ def test_federated_evaluation_sums_the_nodes_objectives() -> None:
         first, count = cohort_range(obj.n_users, p, parts)
         rows = MaxRowObjective(obj.values[first : first + count])
         clients[100 + p] = SubmodularClient(rows, first, obj.n_users, p, parts)
-    strategy = FedSMStrategy(obj.n_users, UniformMatroid(30, 3), 3)
+    strategy = FedSMStrategy(k=3, cohorts=True, n_users=obj.n_users, matroid=UniformMatroid(30, 3))
     ranges = [cohort_range(obj.n_users, p, parts) for p in range(parts)]
     strategy.cohorts = CohortMap(
         np.array(list(clients), dtype=object),

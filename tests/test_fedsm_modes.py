@@ -302,7 +302,7 @@ def test_unsupported_matroid_is_refused() -> None:
     [
         ({"fedsm-mode": "alg2", "fedsm-epsilon": 1.0}, "'fedsm-epsilon' = 1.0: must lie"),
         ({"fedsm-mode": "amplified", "fedsm-eta": 0.3}, "1/eta must be an integer"),
-        ({"fedsm-mode": "turbo"}, "'fedsm-mode' = 'turbo': choose one of alg1, alg2, amplified"),
+        ({"fedsm-mode": "turbo"}, "'fedsm-mode' = 'turbo' is not known; choose one of: alg1, alg2"),
         ({"fedsm-mode": "alg2", "elements-per-client": 10**6}, "a count must be|impossible"),
     ],
 )
@@ -369,7 +369,14 @@ def test_strategy_alg2_round_over_messages_counts_communication_and_bad_replies(
     obj = _fl(90, 40, seed=2)
     clients = {100 + c.partition_id: c for c in _clients(obj, 3)}
     params = FedSMParams("alg2", 1.0, 50, epsilon=0.3, tau=0.01)
-    strategy = FedSMStrategy(obj.n_users, UniformMatroid(40, 6), 6, params=params, lam=5.0)
+    strategy = FedSMStrategy(
+        k=6,
+        cohorts=True,
+        n_users=obj.n_users,
+        matroid=UniformMatroid(40, 6),
+        params=params,
+        lam=5.0,
+    )
     strategy.cohorts = CohortMap(
         np.array([100, 101, 102], dtype=object), np.array([0, 30, 60]), np.array([30, 30, 30])
     )

@@ -39,6 +39,7 @@ from flower_app.submodular.objectives import MaxRowObjective
 __all__ = [
     "FedSMRound",
     "FedSMServer",
+    "decode_report",
     "run_fedsm_direct",
     "sampled_entry_sum",
     "user_report_sum",
@@ -332,3 +333,47 @@ def run_fedsm_direct(
         if on_round is not None:
             on_round(record, float(current.sum()) / max(objective.n_users, 1))
     return list(server.selected)
+
+
+def decode_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
+    """Decode a node's report (``[index, value]`` sparse or ``[value]`` dense) and check it.
+
+    Parameters
+    ----------
+    arrays : list of numpy.ndarray
+        The reply's arrays in order.
+    n_elements : int
+        Length L of the report (m for Algorithm 1, |X|·r' for Algorithm 2).
+
+    Returns
+    -------
+    numpy.ndarray
+        Dense float64 vector of length L.
+
+    Raises
+    ------
+    ValueError
+        On a wrong number of arrays, wrong shapes or dtypes, indices out of range or
+        duplicated, or non-finite or negative values (marginal gains of a monotone
+        function are ≥ 0).
+    """
+    if len(arrays) == 1:
+        value = np.asarray(arrays[0])
+        if value.shape != (n_elements,):
+            raise ValueError(f"dense report has shape {value.shape}, expected ({n_elements},)")
+        dense = value.astype(np.float64)
+    elif len(arrays) == 2:
+        index, value = (np.asarray(a) for a in arrays)
+        if index.ndim != 1 or value.shape != index.shape or index.dtype.kind not in "iu":
+            raise ValueError("sparse report needs 1-D integer ids and values of equal length")
+        if index.size and (index.min() < 0 or index.max() >= n_elements):
+            raise ValueError(f"sparse report has element ids outside 0..{n_elements - 1}")
+        if np.unique(index).size != index.size:
+            raise ValueError("sparse report repeats element ids")
+        dense = np.zeros(n_elements)
+        dense[index.astype(np.int64)] = value.astype(np.float64)
+    else:
+        raise ValueError(f"a report has 1 (dense) or 2 (sparse) arrays, got {len(arrays)}")
+    if not np.all(np.isfinite(dense)) or (dense < 0).any():
+        raise ValueError("report values must be finite and non-negative")
+    return dense

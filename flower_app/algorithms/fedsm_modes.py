@@ -19,7 +19,7 @@ for the sampled surrogate), t the global communication round.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,6 +277,9 @@ class FedSMRun:
         λ = max_{e,i} f_i({e}) (Alg. 2's default threshold; the paper assumes it known).
     seed : int, optional
         Seed of the server's generator and of the users' streams.
+    initial : sequence of int, optional
+        A starting set S₀ (independent, |S₀| ≤ k; Algorithms 1 and 2 only): the run adds
+        elements to it until |S| = k (default: S₀ = ∅, the paper's).
 
     Raises
     ------
@@ -285,7 +288,14 @@ class FedSMRun:
     """
 
     def __init__(
-        self, n_users: int, matroid: Matroid, k: int, params: FedSMParams, lam: float, seed: int = 0
+        self,
+        n_users: int,
+        matroid: Matroid,
+        k: int,
+        params: FedSMParams,
+        lam: float,
+        seed: int = 0,
+        initial: Sequence[int] = (),
     ) -> None:
         if params.mode not in MODES:
             raise ValueError(f"fedsm mode {params.mode!r}: choose one of {', '.join(MODES)}")
@@ -317,6 +327,20 @@ class FedSMRun:
                 )
         if uses_alg2 and not (math.isfinite(params.epsilon) and 0.0 < params.epsilon < 1.0):
             raise ValueError(f"fedsm epsilon={params.epsilon} must lie in (0, 1)")
+        self.initial = [int(e) for e in initial]
+        if self.initial:
+            if params.mode == "amplified":
+                raise ValueError("amplification starts from x = 0: it takes no starting set")
+            ids = np.asarray(self.initial, dtype=np.int64)
+            if ids.min() < 0 or ids.max() >= matroid.n_elements or np.unique(ids).size != ids.size:
+                raise ValueError(
+                    f"starting set {self.initial}: expected distinct element ids in "
+                    f"0..{matroid.n_elements - 1}"
+                )
+            if len(ids) > k or not matroid.is_independent(self.initial):
+                raise ValueError(
+                    f"starting set {self.initial} must be independent with at most k={k} elements"
+                )
         self.n_users, self.matroid, self.k = n_users, matroid, k
         self.params, self.lam, self.seed = params, float(lam), int(seed)
         self.rng = np.random.default_rng(self.seed)
@@ -342,6 +366,7 @@ class FedSMRun:
                 p.elements_per_client,
                 seed=self.seed,
                 rng=self.rng,
+                selected=list(self.initial),
             )
         server = FedSMAlg2Server(
             self.n_users,
@@ -356,6 +381,7 @@ class FedSMRun:
             seed=self.seed,
             rng=self.rng,
             j_from=p.j_from,
+            selected=list(self.initial),
         )
         server.server_round = self.server_round
         return server

@@ -1,6 +1,7 @@
 """Runner of FedSM (Algorithms 1, 2 and 3): ServerApp side, ClientApp side and direct engine.
 
-run_config keys of the family (defaults in :data:`flower_app.registry.FEDSM_CONFIG`):
+run_config keys of the family (declared in :mod:`flower_app.settings`, reference in
+``docs/configuration.md``; read validated with ``cfg.get``):
 
 ``fedsm-mode``
     ``"alg1"`` (default; ``k`` rounds, one element each), ``"alg2"`` (O(log m) rounds;
@@ -42,8 +43,7 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm_amplify import SURROGATES
-from flower_app.algorithms.fedsm_modes import INNER, MODES, ROUNDINGS, FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm_modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
@@ -67,53 +67,13 @@ _TOTALS = (
 )
 
 
-def _float(cfg: AppConfig, key: str) -> float:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected a number")
-    return float(value)
-
-
-def _int(cfg: AppConfig, key: str) -> int:
-    value = cfg.get(key)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected an integer >= 0")
-    return value
-
-
-def _levels(cfg: AppConfig) -> int:
-    value = cfg.get("fedsm-levels")
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ConfigError(
-            f"run_config 'fedsm-levels' = {value!r}: expected an int >= -1 "
-            "(0: the paper's count, -1: until |S| = k)"
-        )
-    return value
-
-
-def _choice_int(cfg: AppConfig, key: str, options: tuple[int, ...]) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or value not in options:
-        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {options}")
-    return int(value)
-
-
-def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
-    value = str(cfg.get(key))
-    if value not in options:
-        raise ConfigError(f"run_config '{key}' = {value!r}: choose one of {', '.join(options)}")
-    return value
-
-
 def fedsm_params(cfg: AppConfig) -> FedSMParams:
-    """Parse the family's run_config keys (see the module docstring).
+    """Return the mode and its parameters from the family's keys (see the module docstring).
 
     Parameters
     ----------
     cfg : AppConfig
-        Validated common configuration.
+        Validated configuration (each key already typed and in its declared range).
 
     Returns
     -------
@@ -123,21 +83,21 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
     Raises
     ------
     ConfigError
-        On a value of the wrong type or outside its range.
+        When ε or η do not fit the mode (checks across keys).
     """
     params = FedSMParams(
-        mode=_choice(cfg, "fedsm-mode", MODES),
+        mode=cfg.get("fedsm-mode"),
         clients_per_round=cfg.clients_per_round,
         elements_per_client=cfg.elements_per_client,
-        epsilon=_float(cfg, "fedsm-epsilon"),
-        tau=_float(cfg, "fedsm-tau"),
-        levels=_levels(cfg),
-        j_from=_choice_int(cfg, "fedsm-j-from", (0, 1)),
-        eta=_float(cfg, "fedsm-eta"),
-        inner=_choice(cfg, "fedsm-inner", INNER),
-        surrogate=_choice(cfg, "fedsm-surrogate", SURROGATES),
-        samples=_int(cfg, "fedsm-samples"),
-        rounding=_choice(cfg, "fedsm-rounding", ROUNDINGS),
+        epsilon=cfg.get("fedsm-epsilon"),
+        tau=cfg.get("fedsm-tau"),
+        levels=cfg.get("fedsm-levels"),
+        j_from=cfg.get("fedsm-j-from"),
+        eta=cfg.get("fedsm-eta"),
+        inner=cfg.get("fedsm-inner"),
+        surrogate=cfg.get("fedsm-surrogate"),
+        samples=cfg.get("fedsm-samples"),
+        rounding=cfg.get("fedsm-rounding"),
     )
     if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
         raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")
@@ -208,18 +168,19 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     log(INFO, "run folder: %s", exp.writer.folder)
     obj = exp.problem.objective
     strategy = FedSMStrategy(
-        n_users=exp.problem.n_users,
-        matroid=exp.matroid,
         k=cfg.k,
         seed=cfg.seed,
-        on_round=exp.writer.log_round,
-        round_timeout=cfg.round_timeout,
-        discovery_timeout=cfg.discovery_timeout,
+        cohorts=True,
+        n_users=exp.problem.n_users,
+        matroid=exp.matroid,
         params=fedsm_params(cfg),
         lam=obj.max_singleton,
         progress_fn=lambda run: run.progress_value(obj),
+        discovery_timeout=cfg.discovery_timeout,
+        on_round=exp.writer.log_round,
     )
-    strategy.start(grid=grid)
+    strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
+    assert strategy.run is not None
     return _finish(exp, strategy.run, strategy.history)
 
 

@@ -24,6 +24,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm import decode_report
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
@@ -32,7 +33,6 @@ from flower_app.strategies.base import (
     warn_fixed_length,
 )
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
-from flower_app.strategies.fedsm import decode_report
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,

@@ -1,81 +1,66 @@
 """FedSMStrategy: federated submodular maximisation by sampled marginal gains.
 
 Rafiey, Namani & Charalambides (2025), "Federated Submodular Maximization: Improved
-Communication Rounds and Bit Complexity": Algorithm 1 (r rounds), Algorithm 2 (O(log m)
+Communication Rounds and Bit Complexity": Algorithm 1 (k rounds), Algorithm 2 (O(log m)
 rounds) and Algorithm 3 (amplification). The math lives in :mod:`flower_app.algorithms`
-(:mod:`~flower_app.algorithms.fedsm_modes` ties the modes together); this module moves it
-over Flower's Message API.
+(:mod:`~flower_app.algorithms.fedsm_modes` ties the modes together,
+:mod:`~flower_app.algorithms.fedsm_user` is one user with any utility); this module moves it
+over Flower's Message API, on the loop of :class:`~flower_app.strategies.base.RoundStrategy`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, RoundPlan
+from flower_app.algorithms.fedsm import decode_report
+from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.strategies.base import (
+    CheckedReplies,
+    InitialArraysError,
+    RoundCallback,
+    RoundStrategy,
+    check_replies,
+    sample_nodes,
+    to_metric,
+    warn_fixed_length,
+)
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
-from flower_app.strategies.replies import check_replies
+from flower_app.strategies.submodular_records import build_matroid, drop_replies, majority_m
 from flower_app.submodular.matroids import Matroid
 
-__all__ = ["FedSMStrategy", "decode_report", "plan_arrays"]
+__all__ = [
+    "SELECTED_KEY",
+    "FedSMStrategy",
+    "decode_report",
+    "plan_arrays",
+    "plan_record",
+    "selected_record",
+]
 
-RoundCallback = Callable[[dict[str, Any]], None]
-
-
-def decode_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
-    """Decode a node's report (``[index, value]`` sparse or ``[value]`` dense) and check it.
-
-    Parameters
-    ----------
-    arrays : list of numpy.ndarray
-        The reply's arrays in order.
-    n_elements : int
-        Ground-set size m.
-
-    Returns
-    -------
-    numpy.ndarray
-        Dense float64 vector of length m.
-
-    Raises
-    ------
-    ValueError
-        On a wrong number of arrays, wrong shapes or dtypes, indices out of range or
-        duplicated, or non-finite or negative values (marginal gains of a monotone
-        function are ≥ 0).
-    """
-    if len(arrays) == 1:
-        value = np.asarray(arrays[0])
-        if value.shape != (n_elements,):
-            raise ValueError(f"dense report has shape {value.shape}, expected ({n_elements},)")
-        dense = value.astype(np.float64)
-    elif len(arrays) == 2:
-        index, value = (np.asarray(a) for a in arrays)
-        if index.ndim != 1 or value.shape != index.shape or index.dtype.kind not in "iu":
-            raise ValueError("sparse report needs 1-D integer ids and values of equal length")
-        if index.size and (index.min() < 0 or index.max() >= n_elements):
-            raise ValueError(f"sparse report has element ids outside 0..{n_elements - 1}")
-        if np.unique(index).size != index.size:
-            raise ValueError("sparse report repeats element ids")
-        dense = np.zeros(n_elements)
-        dense[index.astype(np.int64)] = value.astype(np.float64)
-    else:
-        raise ValueError(f"a report has 1 (dense) or 2 (sparse) arrays, got {len(arrays)}")
-    if not np.all(np.isfinite(dense)) or (dense < 0).any():
-        raise ValueError("report values must be finite and non-negative")
-    return dense
+#: the key of the selected set in ``initial_arrays``, ``Result.arrays`` and ``evaluate_fn``
+SELECTED_KEY = "selected"
+#: Algorithms 2 and 3 end when the protocol says so; at most this many rounds
+MAX_ROUNDS = 100_000
 
 
 def plan_arrays(plan: RoundPlan, node_users: np.ndarray) -> list[np.ndarray]:
-    """Return the arrays of a ``train`` message: S, users, [X, a], [x ids, x values].
+    """Return the arrays of a cohort-mode ``train`` message: S, users, [X, a], [x ids, x values].
 
     Parameters
     ----------
@@ -99,221 +84,483 @@ def plan_arrays(plan: RoundPlan, node_users: np.ndarray) -> list[np.ndarray]:
     return arrays
 
 
-class FedSMStrategy(Strategy):
-    """Federated submodular maximisation with K users and d sampled values per user.
-
-    Algorithm 1 (``mode="alg1"``, default): each communication round t = 1..k the server
-    samples K users uniformly without replacement (its own ``numpy.random.Generator``,
-    seeded by ``seed``) and sends S to the nodes that serve them; each sampled user draws d
-    distinct elements of E \\ S from its own stream ``default_rng([seed, t, user])`` and
-    reports f_i(e | S) for them; a node replies with the sum over its sampled users; the
-    server scales by |E \\ S| / (dK) (Eq. 3) and adds the feasible element with the largest
-    estimate. Algorithm 2 (``mode="alg2"``): the server also sends the surviving set X and a
-    random feasible sequence a_1..a_r' drawn from X; users report f_i(e | S ∪ {a_1..a_j}) for
-    d sampled pairs (e, j); the server adds a_1..a_j* and shrinks X
-    (:mod:`flower_app.algorithms.fedsm_alg2`). Amplification (``mode="amplified"``): 1/η
-    steps of Algorithm 1 or 2 on the surrogate g, with x sent along
-    (:mod:`flower_app.algorithms.fedsm_amplify`), and an oblivious rounding at the end. Before
-    round 1 the server asks every node which users it serves (discovery).
+def plan_record(plan: RoundPlan) -> ArrayRecord:
+    """Return the named arrays of a plain-mode ``train`` message (see the contract table).
 
     Parameters
     ----------
-    n_users : int
-        Number of users n over all nodes.
-    matroid : Matroid
-        The constraint M; ``k`` must not exceed its rank.
-    k : int
-        Largest |S| (Algorithm 1: communication rounds r = elements added).
+    plan : RoundPlan
+        The round.
+
+    Returns
+    -------
+    ArrayRecord
+        ``"selected"`` int64 S; Algorithm 2 adds ``"pool"`` int32 X and ``"sequence"``
+        int64 a_1..a_r'; amplification adds ``"x-ids"`` int32 and ``"x-values"`` float64.
+    """
+    arrays: dict[str, np.ndarray] = {SELECTED_KEY: np.asarray(plan.selected, dtype=np.int64)}
+    if plan.mode == "alg2":
+        arrays["pool"] = plan.pool.astype(np.int32)
+        arrays["sequence"] = plan.sequence.astype(np.int64)
+    if plan.surrogate != "none" and plan.point is not None:
+        nz = np.flatnonzero(plan.point)
+        arrays["x-ids"] = nz.astype(np.int32)
+        arrays["x-values"] = plan.point[nz].astype(np.float64)
+    return ArrayRecord({key: _array(value) for key, value in arrays.items()})
+
+
+def selected_record(selected: Sequence[int]) -> ArrayRecord:
+    """Return S as ``ArrayRecord({"selected": int64 array})``, in the order it was built."""
+    return ArrayRecord({SELECTED_KEY: _array(np.asarray(list(selected), dtype=np.int64))})
+
+
+def _array(value: np.ndarray) -> Array:
+    return Array(np.ascontiguousarray(value))
+
+
+class FedSMStrategy(RoundStrategy):
+    r"""Federated submodular maximisation: pick S, |S| ≤ k, maximising F = (1/n) Σ_i f_i.
+
+    Algorithm 1 (``mode="alg1"``, default): each communication round t the server samples K
+    users uniformly without replacement (its own ``numpy.random.Generator`` seeded by
+    ``seed``) and sends them S; each sampled user draws d distinct elements of E \ S from its
+    own stream ``default_rng([seed, t, user])`` and reports f_i(e | S) for them; the server
+    scales the sum by |E \ S| / (dK) (Eq. 3) and adds the feasible element with the largest
+    estimate. **Algorithm 1 runs k rounds, one element each: ``start(num_rounds=...)`` is
+    not used** (logged when it differs). Algorithm 2 (``mode="alg2"``) adds blocks of
+    elements in O(log m) rounds; amplification (``mode="amplified"``) runs 1/η steps of
+    Algorithm 1 or 2 on a surrogate and rounds; both end when the protocol says so.
+
+    Two client modes:
+
+    * **plain** (default): one node is one client (user) i with its own utility f_i, e.g.
+      a ClientApp whose ``@app.train()`` returns
+      :func:`flower_app.clients.fedsm.fedsm_reply`. Before round 1 the strategy waits for
+      ``min_available_nodes`` nodes; the n nodes connected then are the users (user id =
+      position of the node in the order of its ``partition-id``, if its node_config has
+      one, then of its node id), and one ``train`` exchange with
+      ``stage="setup"`` learns m (every node's ``num-elements`` must agree), λ and, with
+      ``capacities``, the elements' groups. Each round samples K of the n users.
+    * **cohort** (``cohorts=True``): a node serves many users (this package's simulation,
+      ``num-partitions``); ``n_users`` and ``matroid`` are given, a ``query.cohort``
+      discovery maps users to nodes, and each node reports the sum over its sampled users.
+      The runners use it; the numbers are the same as the direct engine's.
+
+    Parameters
+    ----------
+    k : int, optional
+        Largest |S| (default 10); Algorithm 1 runs k − |S₀| rounds.
     clients_per_round : int or float, optional
-        K, as a count or a fraction of n (default 0.1); ignored when ``params`` is given.
+        K: users per round, a count or a fraction of n (default 0.1; at least 1). It plays
+        the role of FedAvg's ``fraction_train``.
     elements_per_client : int or float, optional
-        d, as a count or a fraction of m (default 0.1); Algorithm 1 caps it at |E \\ S| each
-        round; ignored when ``params`` is given.
+        d: elements each sampled user reports, a count or a fraction of m (default 0.1;
+        capped at |E \ S|); Algorithm 2: pairs per user (int cap, or fraction of |X|·r').
+    mode : str, optional
+        ``"alg1"`` (default), ``"alg2"`` or ``"amplified"``.
+    capacities : int or mapping, optional
+        None (default): the uniform matroid |S| ≤ k. Otherwise a partition matroid: at most
+        ``capacities[g]`` elements of group g (an int: the same for every group; a group
+        missing from the mapping has capacity 0). Element e's group is ``groups[e]``.
+    groups : sequence of int, optional
+        Group of every element (plain mode; default: from the setup replies, which must all
+        carry the same ``element-groups``: ``fedsm_reply(..., groups=...)``).
     seed : int, optional
-        Seed of all randomness (default 0).
-    evaluate_fn : callable, optional
-        ``evaluate_fn(selected) -> float``: the true F(S) for the round records (an
-        experiment oracle; the algorithm never uses it). Without it (and without
-        ``progress_fn``) the strategy asks all nodes for Σ f_i(S) once, after the last round.
-    on_round : callable, optional
-        Receives each round's metrics dict (e.g. to append to ``metrics.jsonl``).
-    round_timeout : float, optional
-        Seconds to wait for one round's replies (default 600).
-    discovery_timeout : float, optional
-        Seconds to wait until the nodes' cohorts cover all users (default 300).
+        Seed of all randomness: the server's generator, the users' streams (default 0).
+    min_available_nodes : int, optional
+        Plain mode: nodes to wait for before the setup exchange (default 2); the nodes
+        connected then are the n users.
+    federated_evaluation : bool, optional
+        After the last round, ask every node for f_i(S) (an ``evaluate`` message; the
+        ClientApp needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm.
+        fedsm_evaluate`); F(S) goes to ``Result.evaluate_metrics_clientapp`` and the last
+        row's ``objective`` (default False).
+    cohorts : bool, optional
+        Cohort mode (default False: plain mode).
+    n_users : int, optional
+        Cohort mode: users n over all nodes (required there).
+    matroid : Matroid, optional
+        Cohort mode: the constraint, built by the caller (required there; ``capacities``
+        and ``groups`` are for plain mode).
     params : FedSMParams, optional
-        Mode and all its parameters (default: Algorithm 1 with the K and d above).
+        All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
+        replaces ``mode``, ``clients_per_round`` and ``elements_per_client``.
     lam : float, optional
-        λ = max_{e,i} f_i({e}), Algorithm 2's default initial threshold (default 0: then a
-        positive ``params.tau`` is required for Algorithm 2).
+        λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode
+        takes the largest ``max-singleton`` of the setup replies). Default 0.
     progress_fn : callable, optional
-        ``progress_fn(run) -> float``: the oracle's value of the run's state, preferred to
-        ``evaluate_fn`` (amplification records G(x + η1_T) during the run).
+        ``progress_fn(run) -> float``: an experiment oracle's F of the run's state, recorded
+        as each round's ``objective`` (never used to decide).
+    discovery_timeout : float, optional
+        Cohort mode: seconds to wait until the cohorts cover all users (default 300).
+    on_round : callable, optional
+        Receives each round's row (e.g. to append it to ``metrics.jsonl``).
 
     Notes
     -----
-    Message contract (see also :mod:`flower_app.clients.adapter`):
+    Message contract (one table, both modes; the user's ``train_config`` /
+    ``evaluate_config`` entries are merged into every ``"config"``, the strategy's entries
+    win on a clash):
 
-    * ``query`` → ``"config"`` ConfigRecord ``{"kind": "cohort"}``; reply ``"properties"``
-      ConfigRecord with int ``partition-id``, ``num-partitions``, ``first-user``,
-      ``num-users``, ``n-users-total``, ``n-elements``.
-    * ``train`` → ``"arrays"`` ArrayRecord ``"0"``: int64 S (|S|,) (T inside an
-      amplification step), ``"1"``: int64 sampled user ids on that node (K_node,); for
-      Algorithm 2 also ``"2"``: int32 X (|X|,), ``"3"``: int64 a_1..a_r' (r',); for
-      amplification then int32 ids and float64 values of the non-zero coordinates of x.
-      ``"config"`` ConfigRecord ``server-round``, ``d``, ``seed`` (int), ``mode`` (str
-      ``"alg1"``/``"alg2"``) and, for amplification, ``surrogate`` (``"exact"``/
-      ``"sampled"``), ``eta`` (float), ``samples`` (int); Algorithm 2 adds ``j-from`` (int
-      0 or 1: the prefix length of pair column 0). Reply ``"arrays"`` ``"0"``: int32
-      ids, ``"1"``: float64 summed reports (sparse) or ``"0"``: float64 (L,) (dense), where L
-      = m for Algorithm 1 and |X|·r' for Algorithm 2 (pair (e, j) at index
-      pos_X(e)·r' + j − j-from); ``"metrics"`` MetricRecord ``num-examples`` (= K_node),
-      ``user-values``, ``positive-entries``.
-    * ``evaluate`` → ``"arrays"`` ``"0"``: int64 S; reply ``"metrics"`` ``objective-sum``,
-      ``loss``, ``num-examples``.
+    ============  ==========  ===============================================================
+    message       mode        records (name: key dtype (shape))
+    ============  ==========  ===============================================================
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S₀|,). ``"config"``:
+    (setup)                   ``stage="setup"``, ``server-round=0``, ``seed`` int.
+    reply         plain       ``"metrics"``: ``num-examples`` = 1, ``num-elements`` int m,
+                              ``max-singleton`` float λ_i, ``objective`` float f_i(S₀),
+                              ``partition-id`` int (optional: orders the users);
+                              ``"arrays"``: empty, or ``element-groups`` int64 (m,).
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S|,) (T inside an
+    (round t)                 amplification step); Alg. 2 adds ``pool`` int32 X (|X|,),
+                              ``sequence`` int64 a_1..a_r' (r',); amplification adds
+                              ``x-ids`` int32, ``x-values`` float64 (non-zeros of x).
+                              ``"config"``: ``stage="round"``, ``server-round`` t,
+                              ``user-id``, ``d``, ``seed`` int, ``mode`` str ``alg1``/
+                              ``alg2``; Alg. 2 adds ``j-from`` int; amplification adds
+                              ``surrogate`` str, ``eta`` float, ``samples`` int.
+    reply         plain       ``"arrays"``: ``ids`` int32 + ``values`` float64 (sparse) or
+                              ``values`` float64 (L,) (dense), L = m (Alg. 1) or |X|·r'
+                              (Alg. 2: pair (e, j) at pos_X(e)·r' + j − j-from).
+                              ``"metrics"``: ``num-examples`` = 1, ``num-elements`` = m,
+                              ``user-values``, ``positive-entries`` int.
+    ``evaluate``  plain       ``"arrays"``: ``selected``; ``"config"``: ``server-round``.
+    reply         plain       ``"metrics"``: ``objective`` float f_i(S), ``num-examples`` = 1.
+    ``query.``    cohort      ``"config"``: ``kind="cohort"``; reply ``"properties"``:
+    ``cohort``                ``partition-id``, ``num-partitions``, ``first-user``,
+                              ``num-users``, ``n-users-total``, ``n-elements`` int.
+    ``train``     cohort      ``"arrays"`` by position: ``"0"`` int64 S, ``"1"`` int64 the
+                              node's sampled user ids; Alg. 2 ``"2"`` int32 X, ``"3"`` int64
+                              a; amplification then int32 ids, float64 values of x.
+                              ``"config"``: as plain mode's round, without ``stage`` and
+                              ``user-id``.
+    reply         cohort      ``"arrays"``: ``"0"`` int32 ids, ``"1"`` float64 values
+                              (sparse) or ``"0"`` float64 (L,) (dense), summed over the
+                              node's users; ``"metrics"``: ``num-examples`` = users sent,
+                              ``user-values``, ``positive-entries``.
+    ``evaluate``  cohort      ``"arrays"``: ``selected``; reply ``"metrics"``:
+                              ``objective-sum`` Σ_i f_i(S), ``num-examples``, ``loss``.
+    ============  ==========  ===============================================================
 
-    A reply with an error, a malformed report, or a count that does not match the users it
-    was sent is logged, counted in ``bad-replies`` and left out of the sum; the estimate is
-    then scaled by the users whose reports arrived.
+    ``initial_arrays``: None, an empty ArrayRecord (S₀ = ∅, the paper's), or
+    ``{"selected": int64 (s,)}``, a starting set (Algorithms 1 and 2). ``Result.arrays``
+    and the ``evaluate_fn(server_round, arrays)`` argument (rounds 0..T) hold S the same way.
+    A reply with an error, a malformed report, a wrong ``num-elements`` or a count that
+    does not match the users it was sent is logged, counted in ``bad-replies`` and left
+    out; the estimate is then scaled by the users whose reports arrived; a round in which
+    all are left out fails the run.
     """
 
     def __init__(
         self,
-        n_users: int,
-        matroid: Matroid,
-        k: int,
+        k: int = 10,
         clients_per_round: int | float = 0.1,
         elements_per_client: int | float = 0.1,
+        mode: str = "alg1",
+        capacities: int | Mapping[int, int] | None = None,
+        groups: Sequence[int] | None = None,
         seed: int = 0,
-        evaluate_fn: Callable[[list[int]], float] | None = None,
-        on_round: RoundCallback | None = None,
-        round_timeout: float = 600.0,
-        discovery_timeout: float = 300.0,
+        min_available_nodes: int = 2,
+        federated_evaluation: bool = False,
+        *,
+        cohorts: bool = False,
+        n_users: int | None = None,
+        matroid: Matroid | None = None,
         params: FedSMParams | None = None,
         lam: float = 0.0,
         progress_fn: Callable[[FedSMRun], float] | None = None,
+        discovery_timeout: float = 300.0,
+        on_round: RoundCallback | None = None,
     ) -> None:
+        super().__init__(on_round=on_round)
         if params is None:
-            params = FedSMParams("alg1", clients_per_round, elements_per_client)
-        self.params = params
-        self.run = FedSMRun(n_users, matroid, k, params, lam, seed=seed)
-        self.n_users, self.k, self.seed = n_users, k, seed
-        self.matroid = matroid
-        self.evaluate_fn = evaluate_fn
+            if mode not in MODES:
+                raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
+            params = FedSMParams(mode, clients_per_round, elements_per_client)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be a positive int")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be a non-negative int")
+        self.params, self.k, self.seed = params, k, seed
+        self.capacities, self.groups = capacities, None if groups is None else list(groups)
+        self.min_available_nodes = int(min_available_nodes)
+        self.federated_evaluation = bool(federated_evaluation)
+        self.cohort_mode = bool(cohorts)
+        self.lam = float(lam)
         self.progress_fn = progress_fn
-        self.on_round = on_round
-        self.round_timeout = float(round_timeout)
         self.discovery_timeout = float(discovery_timeout)
         self.cohorts: CohortMap | None = None
-        self.history: list[dict[str, Any]] = []
+        self.nodes: list[int] = []  # plain mode: node of user u is nodes[u]
+        self.n_elements: int | None = None
+        self.run: FedSMRun | None = None
+        self.n_users = n_users
+        self.matroid = matroid
+        if self.cohort_mode:
+            if n_users is None or matroid is None:
+                raise ValueError("cohort mode needs n_users and matroid")
+            self.n_elements = matroid.n_elements
+            self.run = FedSMRun(n_users, matroid, k, params, lam, seed=seed)
+        elif n_users is not None or matroid is not None:
+            raise ValueError(
+                "n_users and matroid are for cohort mode (cohorts=True); plain mode learns n "
+                "from the grid and m from the nodes' replies (use capacities= for a partition "
+                "matroid)"
+            )
         self._sent: dict[int, int] = {}
         self._plan: RoundPlan | None = None
         self._down: dict[str, int] = {}
-        self._extra: dict[str, Any] = {}
+        self._started = False
+        if params.mode == "alg1":
+            log(
+                INFO,
+                "FedSM Algorithm 1 runs k=%d communication rounds, one element each; "
+                "start(num_rounds=...) is not used",
+                k,
+            )
+        else:
+            log(
+                INFO,
+                "FedSM %s ends when its protocol does (Algorithm 2: O(log m) rounds); "
+                "start(num_rounds=...) is not used",
+                params.mode,
+            )
 
     @property
     def server(self) -> Any:
         """The current inner server (Algorithm 1's :class:`FedSMServer` in mode alg1)."""
-        return self.run.inner
+        return self._require_run().inner
 
-    # ------------------------------------------------------------------ Strategy API
+    def _require_run(self) -> FedSMRun:
+        if self.run is None:
+            raise RuntimeError("the run is not set up yet: call start()")
+        return self.run
+
+    # ------------------------------------------------------------------ setup
     def summary(self) -> None:
         """Log the strategy's settings."""
         p = self.params
         log(
             INFO,
-            "FedSMStrategy(%s): n=%d users, m=%d elements, k=%d, K=%s users/round, "
+            "FedSMStrategy(%s, %s mode): n=%s users, m=%s elements, k=%d, K=%s users/round, "
             "d=%s per user, matroid=%s, seed=%d%s",
             p.mode,
-            self.n_users,
-            self.matroid.n_elements,
+            "cohort" if self.cohort_mode else "plain",
+            self.n_users if self.n_users is not None else "from the grid",
+            self.n_elements if self.n_elements is not None else "from the replies",
             self.k,
             p.clients_per_round,
             p.elements_per_client,
-            self.matroid,
+            self.matroid if self.matroid is not None else self._matroid_text(),
             self.seed,
             "" if p.mode == "alg1" else f", {p}",
         )
 
+    def _matroid_text(self) -> str:
+        if self.capacities is None:
+            return f"uniform(k={self.k})"
+        return f"partition(capacities={self.capacities})"
+
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Discover cohorts (cohort mode) or learn n, m, λ (plain mode); return the rounds."""
+        initial = _initial_set(arrays)
+        self._started = True
+        if self.cohort_mode:
+            assert self.n_users is not None and self.matroid is not None
+            if initial:
+                self.run = FedSMRun(
+                    self.n_users,
+                    self.matroid,
+                    self.k,
+                    self.params,
+                    self.lam,
+                    seed=self.seed,
+                    initial=initial,
+                )
+            self.cohorts = discover_cohorts(
+                grid, self.n_users, self.matroid.n_elements, timeout=self.discovery_timeout
+            )
+        else:
+            self._setup_plain(grid, initial)
+        run = self._require_run()
+        if self.params.mode == "alg1":
+            rounds = self.k - len(initial)
+            warn_fixed_length("FedSM Algorithm 1", num_rounds, rounds, "k − |S₀| elements")
+            return rounds
+        log(INFO, "FedSM %s: rounds end with the protocol (num_rounds not used)", run.params.mode)
+        return MAX_ROUNDS
+
+    def _setup_plain(self, grid: Grid, initial: list[int]) -> None:
+        nodes = sample_nodes(
+            grid,
+            random.Random(self.seed),
+            1.0,
+            self.min_available_nodes,
+            self.min_available_nodes,
+            timeout=self._timeout,
+        )
+        sel = np.asarray(initial, dtype=np.int64)
+        messages = []
+        for node in nodes:
+            config = {"stage": "setup", "seed": self.seed}
+            content = RecordDict(
+                {
+                    "arrays": selected_record(sel),
+                    "config": self.merged_config(None, 0, **config),
+                }
+            )
+            messages.append(
+                Message(content, dst_node_id=node, message_type=MessageType.TRAIN, group_id="0")
+            )
+        replies = self.send(grid, messages)
+        checked = self.check(replies, _decode_setup, "setup")
+        m = majority_m(checked, lambda value: value[0])
+        drop_replies(
+            checked,
+            lambda _, value: None if value[0] == m else f"num-elements={value[0]}, most have {m}",
+            "setup",
+        )
+        order = {
+            node: (0, pid, node) if pid is not None else (1, 0, node)
+            for node, (_, _, _, pid) in checked.accepted
+        }
+        # user u = the u-th node by partition-id (when the nodes have one), then by node id
+        self.nodes = sorted(order, key=order.__getitem__)
+        self.n_users, self.n_elements = len(self.nodes), m
+        self.lam = max(lam_i for _, (_, lam_i, _, _) in checked.accepted)
+        reported = [g for _, (_, _, g, _) in checked.accepted if g is not None]
+        self.matroid = self._build_matroid(m, reported)
+        self.run = FedSMRun(
+            self.n_users,
+            self.matroid,
+            self.k,
+            self.params,
+            self.lam,
+            seed=self.seed,
+            initial=initial,
+        )
+        log(
+            INFO,
+            "setup: n=%d users (nodes), m=%d elements, λ=%.6g, matroid=%s",
+            self.n_users,
+            m,
+            self.lam,
+            self.matroid,
+        )
+
+    def _build_matroid(self, m: int, reported: list[np.ndarray]) -> Matroid:
+        if self.capacities is None:
+            return build_matroid(m, self.k)
+        if self.groups is not None:
+            groups = np.asarray(self.groups, dtype=np.int64)
+        elif reported:
+            groups = reported[0]
+            if any(g.shape != groups.shape or not np.array_equal(g, groups) for g in reported):
+                raise ValueError("setup: the nodes report different element-groups")
+        else:
+            raise ValueError(
+                "capacities need the elements' groups: pass groups= to FedSMStrategy or "
+                "groups= to fedsm_reply on the nodes"
+            )
+        return build_matroid(m, self.k, groups, self.capacities)
+
+    def finished(self) -> bool:
+        """Return True once the protocol has ended (Algorithms 2 and 3 end by themselves)."""
+        return self._require_run().done
+
+    # ------------------------------------------------------------------ rounds
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Plan the round and build one ``train`` message per node that serves a sampled user."""
-        if self.cohorts is None:
+        """Plan the round and build one ``train`` message per node with a sampled user."""
+        run = self._require_run()
+        if self.cohort_mode and self.cohorts is None:
             raise RuntimeError("discovery has not run: call start()")
-        plan = self._plan = self.run.plan()
-        entries: dict[str, Any] = {
-            **dict(config),
-            "server-round": plan.server_round,
-            "d": plan.d,
-            "seed": self.seed,
-            "mode": plan.mode,
-        }
+        plan = self._plan = run.plan()
+        entries: dict[str, Any] = {"d": plan.d, "seed": self.seed, "mode": plan.mode}
         if plan.mode == "alg2":
             entries["j-from"] = plan.j_from
         if plan.surrogate != "none":
             entries.update(surrogate=plan.surrogate, eta=plan.eta, samples=plan.samples)
-        config = ConfigRecord(entries)
         messages, self._sent = [], {}
         self._down = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0}
-        for node_id, node_users in self.cohorts.group(plan.users).items():
-            record = ArrayRecord(plan_arrays(plan, node_users))
-            nbytes, nvalues = record.count_bytes(), plan.values_down(int(node_users.size))
+        if self.cohort_mode:
+            assert self.cohorts is not None
+            targets = [
+                (node, ArrayRecord(plan_arrays(plan, users)), int(users.size), entries)
+                for node, users in self.cohorts.group(plan.users).items()
+            ]
+        else:
+            record = plan_record(plan)
+            targets = [
+                (self.nodes[int(u)], record, 1, {"stage": "round", "user-id": int(u), **entries})
+                for u in plan.users
+            ]
+        for node_id, record, count, extra in targets:
+            nbytes, nvalues = record.count_bytes(), plan.values_down(count)
             self._down["bytes"] += nbytes
             self._down["values"] += nvalues
             self._down["bytes-max"] = max(self._down["bytes-max"], nbytes)
             self._down["values-max"] = max(self._down["values-max"], nvalues)
-            self._sent[node_id] = int(node_users.size)
-            content = RecordDict({"arrays": record, "config": config})
+            self._sent[node_id] = count
+            merged = self.merged_config(config, plan.server_round, **extra)
             messages.append(
                 Message(
-                    content,
+                    RecordDict({"arrays": record, "config": merged}),
                     dst_node_id=node_id,
                     message_type=MessageType.TRAIN,
                     group_id=str(server_round),
                 )
             )
+        self._expected = set(self._sent)
         return messages
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Sum the valid reports and apply the server step of the current mode."""
+    def decode_train_reply(self, src: int, reply: Message) -> tuple[np.ndarray, int, int, int, int]:
+        """Check one report; return (dense report, users, bytes, values, positive entries)."""
         plan = self._plan
         if plan is None:
             raise RuntimeError("aggregate_train() without configure_train()")
-        size = plan.report_size
-
-        def decode(src: int, reply: Message) -> tuple[np.ndarray, int, MetricRecord, int, int]:
-            record = reply.content.array_records["arrays"]
-            metrics = reply.content.metric_records["metrics"]
+        record = reply.content.array_records["arrays"]
+        metrics = reply.content.metric_records["metrics"]
+        if self.cohort_mode:
             ndarrays = record.to_numpy_ndarrays()
-            report = decode_report(ndarrays, size)
-            n_ex = int(metrics["num-examples"])
-            if n_ex != self._sent[src]:
-                raise ValueError(f"reports for {n_ex} users, {self._sent[src]} were sent")
-            return report, n_ex, metrics, record.count_bytes(), sum(int(a.size) for a in ndarrays)
+        else:
+            if int(metrics["num-elements"]) != self.n_elements:
+                raise ValueError(
+                    f"num-elements={metrics['num-elements']}, the run has m={self.n_elements}"
+                )
+            keys = ["ids", "values"] if "ids" in record else ["values"]
+            if set(record.keys()) != set(keys):
+                raise ValueError(f"report arrays {sorted(record.keys())}: expected {keys}")
+            ndarrays = [record[key].numpy() for key in keys]
+        report = decode_report(ndarrays, plan.report_size)
+        n_ex = int(metrics["num-examples"])
+        if n_ex != self._sent[src]:
+            raise ValueError(f"reports for {n_ex} users, {self._sent[src]} were sent")
+        values = sum(int(a.size) for a in ndarrays)
+        return report, n_ex, record.count_bytes(), values, int(metrics.get("positive-entries", 0))
 
-        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
-        total, users, user_values = np.zeros(size), 0, 0
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Sum the accepted reports and apply the server step of the current mode."""
+        run, plan = self._require_run(), self._plan
+        assert plan is not None
+        total, users = np.zeros(plan.report_size), 0
         up = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0, "positive": 0}
-        for _, (report, n_ex, metrics, nbytes, nvalues) in checked.accepted:
+        for _, (report, n_ex, nbytes, nvalues, positive) in checked.accepted:
             total += report
             users += n_ex
             up["bytes"] += nbytes
             up["values"] += nvalues
             up["bytes-max"] = max(up["bytes-max"], nbytes)
             up["values-max"] = max(up["values-max"], nvalues)
-            up["positive"] += int(metrics.get("positive-entries", 0))
-            user_values += int(metrics.get("user-values", 0))
-        row = self.run.update(total, users)
+            up["positive"] += positive
+        row = run.update(total, users)
         self._plan = None
-        self._extra = {"added": row.pop("added", None)}
         nodes = max(len(self._sent), 1)
         row.update(
             {
                 "nodes": len(self._sent),
-                "user-values": user_values,
                 "values-up": up["values"],
                 "values-up-per-client": up["values"] / max(len(checked.accepted), 1),
                 "values-up-max-client": up["values-max"],
@@ -327,144 +574,114 @@ class FedSMStrategy(Strategy):
                 "bad-replies": checked.left_out,
             }
         )
-        metrics = MetricRecord({key: _metric(v) for key, v in row.items()})
-        return ArrayRecord([np.asarray(self.run.selected, dtype=np.int64)]), metrics
+        if self.progress_fn is not None:
+            row["objective"] = float(self.progress_fn(run))
+        metrics = MetricRecord({key: to_metric(v) for key, v in row.items()})
+        return selected_record(run.selected), metrics
 
+    def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return the final S (amplification: the rounded set) as ``{"selected": int64}``."""
+        return selected_record(self._require_run().selected)
+
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return '+e -> |S|=s/k  F=...  users=.. nodes=..  up=.. B down=.. B'."""
+        objective = _fmt(row.get("objective"))
+        if row.get("server-round", 0) == 0:
+            return f"F={objective}"
+        return (
+            f"+{row.get('elements-added', 0)} -> |S|={row.get('set-size', 0)}/{self.k}  "
+            f"F={objective}  users={row.get('users', 0)} nodes={row.get('nodes', 0)}  "
+            f"up={row.get('bytes-up', 0)} B down={row.get('bytes-down', 0)} B"
+        )
+
+    # ------------------------------------------------------------------ evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Ask every node for Σ f_i(S) over its users (used when no ``evaluate_fn``)."""
-        if self.cohorts is None:
+        """Ask every node for its f_i(S) (plain) or Σ f_i(S) (cohort).
+
+        During a run only after the last round, and only with ``federated_evaluation``.
+        """
+        if self._started and not (self.federated_evaluation and self.finished()):
             return []
-        content = RecordDict({"arrays": arrays, "config": ConfigRecord(dict(config))})
-        return [
-            Message(content, dst_node_id=int(n), message_type=MessageType.EVALUATE)
-            for n in self.cohorts.node_ids
-        ]
+        if self.cohort_mode:
+            nodes = [] if self.cohorts is None else [int(n) for n in self.cohorts.node_ids]
+        else:
+            nodes = list(self.nodes)
+        selected = arrays if SELECTED_KEY in arrays else _positional_selected(arrays)
+        content = RecordDict(
+            {"arrays": selected, "config": self.merged_config(config, server_round)}
+        )
+        self._expected = set(nodes)
+        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Return F(S) = Σ_nodes objective-sum / n, or None if a node failed."""
-        total, users = 0.0, 0
-        for reply in replies:
-            if reply.has_error():
-                log(WARNING, "evaluation failed on node %s", reply.metadata.src_node_id)
-                return None
+        """Return F(S) = Σ f_i(S) / n, or None if a node failed (logged)."""
+        key = "objective-sum" if self.cohort_mode else "objective"
+
+        def decode(src: int, reply: Message) -> tuple[float, int]:
             metrics = reply.content.metric_records["metrics"]
-            total += float(metrics["objective-sum"])
-            users += int(metrics["num-examples"])
+            return float(metrics[key]), int(metrics["num-examples"])
+
+        checked = check_replies(replies, decode, self._expected, f"evaluate {server_round}")
+        if checked.left_out:
+            log(WARNING, "evaluate %d: %d nodes failed; no F(S)", server_round, checked.left_out)
+            return None
+        total = sum(v for _, (v, _) in checked.accepted)
+        users = sum(c for _, (_, c) in checked.accepted)
         if users != self.n_users:
             return None
-        return MetricRecord({"objective": total / users})
+        return MetricRecord({"objective": total / max(users, 1)})
 
-    # ------------------------------------------------------------------ protocol loop
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run discovery and the rounds of the configured mode.
 
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-        initial_arrays : ArrayRecord, optional
-            Ignored (S starts empty, as in the paper); accepted for API compatibility.
-        num_rounds : int, optional
-            Must be None (or, for Algorithm 1, equal to ``k``): the protocol fixes its length.
-        timeout : float, optional
-            Overrides ``round_timeout``.
-        train_config, evaluate_config : ConfigRecord, optional
-            Extra entries for the train / evaluate messages.
-        evaluate_fn : callable, optional
-            Flower-style ``evaluate_fn(round, arrays)``; prefer the constructor's.
+def _decode_setup(src: int, reply: Message) -> tuple[int, float, np.ndarray | None, int | None]:
+    metrics = reply.content.metric_records["metrics"]
+    m = metrics["num-elements"]
+    if isinstance(m, float) or int(m) < 1:
+        raise ValueError(f"num-elements={m!r}: expected a positive int")
+    if int(metrics["num-examples"]) != 1:
+        raise ValueError("a plain-mode node is one user: num-examples must be 1")
+    lam = float(metrics.get("max-singleton", 0.0))
+    if not np.isfinite(lam) or lam < 0:
+        raise ValueError(f"max-singleton={lam}: expected a finite value >= 0")
+    groups = None
+    arrays = reply.content.array_records.get("arrays")
+    if arrays is not None and "element-groups" in arrays:
+        groups = np.asarray(arrays["element-groups"].numpy(), dtype=np.int64)
+        if groups.shape != (int(m),) or (groups < 0).any():
+            raise ValueError("element-groups must hold one group id >= 0 per element")
+    pid = metrics.get("partition-id")
+    return int(m), lam, groups, None if pid is None else int(pid)
 
-        Returns
-        -------
-        Result
-            ``arrays["0"]``: the selected set in order; per-round metrics in
-            ``train_metrics_clientapp``; F(S) per round in ``evaluate_metrics_serverapp``.
-        """
-        if num_rounds is not None and (self.params.mode != "alg1" or num_rounds != self.k):
-            raise ValueError(
-                f"num_rounds={num_rounds}: the protocol fixes its own length "
-                f"(mode {self.params.mode}, k={self.k}); pass None"
-            )
-        round_timeout = self.round_timeout if timeout is None else float(timeout)
-        self.summary()
-        t0 = time.perf_counter()
-        self.cohorts = discover_cohorts(
-            grid, self.n_users, self.matroid.n_elements, timeout=self.discovery_timeout
+
+def _initial_set(arrays: ArrayRecord | None) -> list[int]:
+    """Return S₀ from ``initial_arrays`` (None or empty: ∅)."""
+    if arrays is None or len(arrays) == 0:
+        return []
+    keys = list(arrays.keys())
+    if keys != [SELECTED_KEY]:
+        raise InitialArraysError(
+            f"initial_arrays has keys {keys}; FedSM takes an empty ArrayRecord or "
+            f"{{'{SELECTED_KEY}': int64 array}} (a starting set)"
         )
-        result = Result()
-        arrays = ArrayRecord([np.zeros(0, dtype=np.int64)])
-        while not self.run.done:
-            t = self.run.server_round + 1
-            r0 = time.perf_counter()
-            messages = self.configure_train(t, arrays, train_config or ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages, timeout=round_timeout)
-            arrays, metrics = self.aggregate_train(t, replies)
-            row: dict[str, Any] = {**dict(metrics)}
-            if self._extra.get("added") is not None:
-                row["added"] = self._extra["added"]
-            if self.progress_fn is not None:
-                row["objective"] = float(self.progress_fn(self.run))
-            elif self.evaluate_fn is not None:
-                row["objective"] = float(self.evaluate_fn(list(self.run.selected)))
-            elif evaluate_fn is not None:
-                res = evaluate_fn(t, arrays)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[t] = res
-                    row.update(dict(res))
-            if "objective" in row:
-                result.evaluate_metrics_serverapp[t] = MetricRecord({"objective": row["objective"]})
-            row["round-time"] = time.perf_counter() - r0
-            row["wall-time"] = time.perf_counter() - t0
-            result.train_metrics_clientapp[t] = metrics
-            self._log_round(row)
-        last = self.run.server_round
-        if self.evaluate_fn is None and self.progress_fn is None and evaluate_fn is None:
-            msgs = self.configure_evaluate(last, arrays, evaluate_config or ConfigRecord(), grid)
-            res = self.aggregate_evaluate(last, grid.send_and_receive(msgs, timeout=round_timeout))
-            if res is not None:
-                result.evaluate_metrics_clientapp[last] = res
-                self.history[-1]["objective"] = float(res["objective"])
-        result.arrays = ArrayRecord([np.asarray(self.run.selected, dtype=np.int64)])
-        return result
-
-    def _log_round(self, row: dict[str, Any]) -> None:
-        self.history.append(row)
-        log(
-            INFO,
-            "[round %d] +%d -> |S|=%d/%d  F=%s  users=%d nodes=%d  up=%d B down=%d B  %.2f s",
-            row["server-round"],
-            row["elements-added"],
-            row["set-size"],
-            self.k,
-            f"{row['objective']:.6g}" if "objective" in row else "n/a",
-            row["users"],
-            row["nodes"],
-            row["bytes-up"],
-            row["bytes-down"],
-            row["round-time"],
+    sel = np.asarray(arrays[SELECTED_KEY].numpy())
+    if sel.ndim != 1 or (sel.size and sel.dtype.kind not in "iu"):
+        raise InitialArraysError(
+            f"initial_arrays['{SELECTED_KEY}'] must be a 1-D integer array, got {sel.dtype} "
+            f"{sel.shape}"
         )
-        if self.on_round is not None:
-            self.on_round(row)
+    return [int(e) for e in sel]
 
 
-def _metric(value: Any) -> Any:
-    """Turn a value into what a MetricRecord accepts (Python int/float or lists of them)."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, list):
-        return [_metric(v) for v in value]
-    return value
+def _positional_selected(arrays: ArrayRecord) -> ArrayRecord:
+    """Accept S given as the first positional array (the legacy cohort contract)."""
+    if len(arrays) == 0:
+        return selected_record([])
+    first = next(iter(arrays.keys()))
+    return ArrayRecord({SELECTED_KEY: arrays[first]})
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.6g}"

@@ -1,72 +1,112 @@
-"""MaxFLStrategy and the baselines of the MaxFL paper over Flower's Message API.
+"""MaxFLStrategy and the baselines of the MaxFL paper, on the package's strategy base.
 
 Cho, Jhunjhunwala, Li, Smith & Joshi (TMLR 2024), "Maximizing Global Model Appeal in
-Federated Learning", Algorithm 1, with appeal-based flexible participation (Section 3),
-seen and unseen clients and the metrics of Section 5. The math lives in
-:mod:`flower_app.algorithms.maxfl` (server step), :mod:`flower_app.algorithms.learning`
-(clients) and :mod:`flower_app.algorithms.appeal` (the round protocol, shared with the
-direct engine); this module moves it over the grid.
+Federated Learning", Algorithm 1, with appeal-based flexible participation (Section 3). The
+math lives in :mod:`flower_app.algorithms.maxfl` (q_k and the server step),
+:mod:`flower_app.algorithms.learning` (the paper's clients) and
+:mod:`flower_app.algorithms.appeal` (the round protocol of the reproductions, shared with
+the direct engine); this module moves it over the grid as the hooks of
+:class:`~flower_app.strategies.base.RoundStrategy`, which owns ``start()``.
 
-Why the baselines are not Flower's own ``FedAvg`` / ``FedProx`` / ``QFedAvg``: those sample
-*nodes* with Python's global ``random`` and treat a node as one client. Here a node serves a
-cohort of clients (DESIGN principle 3), the server samples *clients* with its own seeded
-generator (so both engines draw the same clients), samples only from the opt-in pool after
-the mandatory rounds, and evaluates seen and unseen clients separately; none of this fits
-their ``configure_*`` / ``aggregate_*``. Their server math does fit and is reused in
-spirit: FedAvg's average (with uniform client weights) and q-FedAvg's
-``compute_delta_and_h`` are re-implemented without Flower in
-:mod:`flower_app.algorithms.fl_baselines`, and tests check them against Flower's
-functions. FedProx is FedAvg's server with μ passed to the clients, as in Flower. MW-Fed
-(Blum et al. 2021) has no Flower counterpart: its multiplicative weights live in
-:mod:`flower_app.algorithms.fl_baselines` and :class:`~flower_app.algorithms.appeal.AppealServer`,
-and each node receives its clients' relative weights in the train config (``mw-share``).
+Two modes:
+
+*Plain* (:class:`MaxFLStrategy`, the default): one node is one client, as with Flower's
+``FedAvg``. Nodes are sampled from ``grid.get_node_ids()`` (``fraction_train``,
+``min_train_nodes``, seeded by ``seed``); the client replies FedAvg's ``arrays`` plus two
+metrics (the received model's loss on its training data and its requirement ρ_k) and the
+server computes q_k and Δw_k itself. Client helpers: :mod:`flower_app.clients.maxfl`.
+
+*Cohort* (``MaxFLStrategy(cohorts=True, ...)`` and :class:`AppealStrategy`, which also runs
+the baselines fedavg, fedprox, qffl, scaffold, mwfed, perfedavg and pfedme): a node serves a
+cohort of the paper's clients (discovery by ``query.cohort``), the server samples *clients*
+with its own seeded generator, evaluates seen and unseen clients, and the nodes send
+per-cohort sums. Every reproduction runs in this mode (:mod:`flower_app.runners.maxfl`),
+and gives the direct engine's model bit for bit.
+
+Why the baselines are not Flower's own ``FedAvg`` / ``FedProx`` / ``QFedAvg`` in cohort
+mode: those sample nodes, not clients of a cohort, and know neither the opt-in pool nor the
+seen/unseen evaluation. Their server math is re-implemented without Flower in
+:mod:`flower_app.algorithms.fl_baselines` and tested against Flower's functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
-from flower_app.algorithms.maxfl import Q_MAX
+from flower_app.algorithms.appeal import (
+    AppealServer,
+    PoolCache,
+    TrainOutcome,
+    evaluates_at,
+    outcome_row,
+    round_row,
+    summarise_metrics,
+)
+from flower_app.algorithms.maxfl import adaptive_server_lr, aggregation_weight, maxfl_update
 from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.server_rules import MWFedRule, rule_for
+from flower_app.strategies.base import (
+    CheckedReplies,
+    InitialArraysError,
+    RoundCallback,
+    RoundStrategy,
+    sample_nodes,
+    to_metric_record,
+)
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
-from flower_app.strategies.replies import check_replies
 
-__all__ = ["AppealStrategy", "MaxFLStrategy", "ReplyError", "decode_train_reply"]
-
-RoundCallback = Callable[[dict[str, Any]], None]
+__all__ = [
+    "APPEAL_MESSAGE",
+    "AppealStrategy",
+    "MaxFLStrategy",
+    "ReplyError",
+    "decode_cohort_reply",
+]
 
 #: train-config keys that hold one value per sampled client (sliced per node)
 PER_USER_KEYS = ("mw-share",)
+
+#: the opt-in request of plain mode: a ClientApp answers it with ``@app.evaluate("appeal")``
+APPEAL_MESSAGE = f"{MessageType.EVALUATE}.appeal"
 
 
 class ReplyError(ValueError):
     """A client reply that cannot be aggregated (it is counted and left out)."""
 
 
-def decode_train_reply(
+def decode_cohort_reply(
     reply: Message, sent_users: list[int], shapes: list[tuple[int, ...]], algorithm: str
 ) -> tuple[list[np.ndarray], list[float], list[float], float, list[bool]]:
-    """Check one node's ``train`` reply; return its arrays, q's, losses, h-sum and met flags.
+    """Check one node's cohort-mode ``train`` reply; return arrays, q's, losses, h, met.
 
     Parameters
     ----------
     reply : Message
-        The node's reply.
+        The node's reply (without error; errors are handled by the base).
     sent_users : list of int
         The clients the node was asked to train.
     shapes : list of tuple
         Expected array shapes (the model's; twice for SCAFFOLD).
     algorithm : str
-        The algorithm (MaxFL checks q_k ∈ [0, 1/4], q-FFL h > 0, MW-Fed needs ``met``).
+        The algorithm; its server rule checks the values (MaxFL: q_k ∈ [0, 1/4], q-FFL:
+        h > 0, MW-Fed: ``met``; :mod:`flower_app.algorithms.server_rules`).
 
     Returns
     -------
@@ -98,18 +138,10 @@ def decode_train_reply(
         raise ReplyError("'q' and 'loss' need one value per client")
     if not (np.all(np.isfinite(qs)) and np.all(np.isfinite(losses)) and np.isfinite(h_sum)):
         raise ReplyError("non-finite q_k, loss or h")
-    if algorithm == "maxfl" and any(q < 0 or q > Q_MAX + 1e-12 for q in qs):
-        raise ReplyError(f"q_k must lie in [0, 1/4], got {qs}")
-    if algorithm == "qffl" and h_sum <= 0:
-        raise ReplyError(f"q-FFL needs h > 0, got {h_sum}")
-    met: list[bool] = []
-    if algorithm == "mwfed":
-        raw = metrics.get("met")
-        if not isinstance(raw, list) or len(raw) != len(users):
-            raise ReplyError("MW-Fed metrics need 'met': one 0/1 per client")
-        if any(isinstance(v, float) or int(v) not in (0, 1) for v in raw):
-            raise ReplyError(f"'met' values must be 0 or 1, got {raw}")
-        met = [bool(int(v)) for v in raw]
+    try:
+        met = rule_for(algorithm).check_reply(qs, h_sum, metrics)
+    except ValueError as err:
+        raise ReplyError(str(err)) from err
     arrays = content.array_records["arrays"].to_numpy_ndarrays()
     if len(arrays) != len(shapes):
         raise ReplyError(f"{len(arrays)} arrays, expected {len(shapes)}")
@@ -123,8 +155,21 @@ def decode_train_reply(
     return out, qs, losses, h_sum, met
 
 
-class AppealStrategy(Strategy):
-    """MaxFL or a baseline, with seen/unseen clients and flexible participation.
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+class AppealStrategy(RoundStrategy):
+    """MaxFL or a baseline in cohort mode: seen/unseen clients, flexible participation.
+
+    The reproductions' strategy (:func:`flower_app.runners.maxfl.server_run`). One round
+    runs the steps of :func:`flower_app.algorithms.appeal.run_protocol` as the base's
+    hooks: ``before_round`` asks for the opt-in pool (flexible participation, after the
+    mandatory rounds; reused while the model is unchanged) and samples the round's
+    clients with the server's generator; ``configure_train`` / ``aggregate_train`` send
+    the model to the nodes serving them and apply the algorithm's step;
+    ``configure_evaluate`` evaluates all clients at round 0 (``evaluate_initial``), every
+    ``eval_every`` rounds and at the last round, and returns no message in other rounds.
 
     Parameters
     ----------
@@ -134,108 +179,92 @@ class AppealStrategy(Strategy):
         Draws each round's clients (uniform, K per round, optional opt-in pool).
     n_clients : int
         Seen plus unseen clients over all nodes (checked by discovery).
-    num_rounds : int
-        Communication rounds T.
     eval_every : int, optional
         Evaluate all clients every this many rounds, and at rounds 0 and T (default 10).
     tuned_final : bool, optional
         At round T also evaluate locally-tuned models (Table 3; default True).
     on_round : callable, optional
-        Receives each round's metrics dict (e.g. to append to ``metrics.jsonl``).
-    round_timeout : float, optional
-        Seconds to wait for one request's replies (default 600).
+        Receives each round's row (e.g. to append it to ``metrics.jsonl``).
     discovery_timeout : float, optional
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
 
     Notes
     -----
-    Message contract (the client side is :class:`flower_app.clients.learning.LearningClient`
-    behind :mod:`flower_app.clients.adapter`):
-
-    * ``query`` → ``"config"`` ConfigRecord ``{"kind": "cohort"}``; reply ``"properties"``
-      ConfigRecord: int ``partition-id``, ``num-partitions``, ``first-user``, ``num-users``,
-      ``n-users-total`` (seen + unseen), ``n-elements`` (model parameters).
-    * ``train`` → ``"arrays"`` ArrayRecord ``"0".."5"``: the float32 MLP weights
-      (``[W1 (64, 784), b1, W2 (30, 64), b2, W3 (C, 30), b3]``; SCAFFOLD appends the server
-      control variate c in the same shapes, ``"6".."11"``); ``"config"`` ConfigRecord
-      ``server-round`` (int), ``users`` (list of int: the node's sampled clients),
-      ``algorithm`` (str); MW-Fed adds ``mw-share`` (list of float, one relative weight
-      s_k per client of ``users``). Reply ``"arrays"``: float64 sums over the node's
-      clients of q_k Δw_k (MaxFL), Δw_k (FedAvg, FedProx), Δ_k (q-FFL), Δw_k then Δc_k
-      (SCAFFOLD) or s_k Δw_k (MW-Fed), Δw_k = w − w_k^(τ), in the model's shapes;
-      ``"metrics"`` MetricRecord ``num-examples`` (int), ``users`` (list of int, as sent),
-      ``q`` and ``loss`` (list of float, one per client; q_k ∈ [0, 1/4]), ``h-sum``
-      (float, q-FFL's Σ h_k); MW-Fed adds ``met`` (list of int 0/1, one per client:
-      F_k(w) < ρ_k).
-    * ``evaluate`` with ``"config"`` ``kind = "appeal"``, ``users`` (seen clients of the
-      node) → reply ``"metrics"`` ``appealing`` (list of int: F_k(w) < ρ_k). Sent to every
-      node with seen clients in each round after the mandatory ones (flexible participation).
-    * ``evaluate`` with ``kind = "metrics"``, ``server-round``, ``tuned`` (int 0/1) → reply
-      ``"metrics"`` with per-group sums (``seen-count``, ``seen-appeal``, ``seen-acc``,
-      ``seen-pref-acc``, ... and ``unseen-*``; see the client).
+    Message contract: the table of :class:`MaxFLStrategy` (rows "cohort"); the client
+    side is :class:`flower_app.clients.learning.LearningClient` behind
+    :func:`flower_app.clients.adapter.numpy_client_app`.
 
     A train reply with an error, a missing record, other clients than sent, a wrong number
     or shape of arrays, non-finite values, q_k outside [0, 1/4] or (MW-Fed) a missing or
-    malformed ``met`` list is logged, counted in
-    ``bad-replies`` and left out; the step uses the valid replies only (no step if none).
-    A failed appeal reply keeps that node's clients out of the pool; a failed metrics reply
-    leaves its clients out of that evaluation (``eval-failed-nodes``).
+    malformed ``met`` list is logged, counted in ``bad-replies`` and left out; the step uses
+    the valid replies only; a round in which nodes were sent messages and none replied
+    usably raises :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A failed
+    opt-in reply keeps that node's clients out of the pool; a failed metrics reply leaves
+    its clients out of that evaluation (``eval-failed-nodes``).
     """
+
+    #: evaluate all clients before round 1 (the reproductions' round-0 row)
+    evaluate_initial = True
 
     def __init__(
         self,
         server: AppealServer,
         sampler: ParticipationSampler,
         n_clients: int,
-        num_rounds: int,
         eval_every: int = 10,
         tuned_final: bool = True,
         on_round: RoundCallback | None = None,
-        round_timeout: float = 600.0,
         discovery_timeout: float = 300.0,
     ) -> None:
+        super().__init__(on_round)
+        if int(eval_every) < 1:
+            raise ValueError("eval_every must be >= 1")
         self.server = server
         self.sampler = sampler
         self.n_clients = int(n_clients)
-        self.num_rounds = int(num_rounds)
         self.eval_every = int(eval_every)
         self.tuned_final = bool(tuned_final)
-        self.on_round = on_round
-        self.round_timeout = float(round_timeout)
         self.discovery_timeout = float(discovery_timeout)
+        self.num_rounds = 0
         self.cohorts: CohortMap | None = None
-        self.history: list[dict[str, Any]] = []
-        self._grid: Grid | None = None
         self._sent: dict[int, list[int]] = {}
         self._bytes_down = 0
+        self._users = np.zeros(0, dtype=np.int64)
+        self._pool_size = 0
+        self._pool = PoolCache()
 
     @property
     def algorithm(self) -> str:
         """The algorithm's name."""
         return self.server.algorithm
 
-    # ------------------------------------------------------------------ Strategy API
-    def summary(self) -> None:
-        """Log the strategy's settings."""
-        s = self.sampler
-        log(
-            INFO,
-            "%s: %d seen + %d unseen clients, K=%d per round, T=%d rounds, participation=%s "
-            "(mandatory rounds %d), η_g=%s, ε=%s, η_mw=%s, seed=%d",
-            type(self).__name__
-            if self.algorithm == "maxfl"
-            else f"AppealStrategy({self.algorithm})",
-            s.n_seen,
-            self.n_clients - s.n_seen,
-            s.clients_per_round,
-            self.num_rounds,
-            "flexible" if s.flexible else "all",
-            s.mandatory_rounds,
-            self.server.server_lr,
-            self.server.eps,
-            self.server.mw_eta if self.algorithm == "mwfed" else "-",
-            s.seed,
+    # ------------------------------------------------------------------ hooks
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Take w⁽⁰⁾ from ``arrays`` (if given) and discover the nodes' cohorts."""
+        if int(num_rounds) < 1:
+            raise ValueError("num_rounds must be >= 1")
+        if arrays is not None and len(arrays):
+            self.server.weights = [a.astype(np.float32) for a in arrays.to_numpy_ndarrays()]
+        if not self.server.weights:
+            raise InitialArraysError("cohort mode needs initial_arrays (the model w⁽⁰⁾)")
+        n_params = int(sum(w.size for w in self.server.weights))
+        self.cohorts = discover_cohorts(
+            grid, self.n_clients, n_params, timeout=self.discovery_timeout
         )
+        self.num_rounds = int(num_rounds)
+        self._pool = PoolCache()
+        return self.num_rounds
+
+    def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
+        """Ask for the opt-in pool if this round needs it, then sample the round's clients."""
+        pool = None
+        if self.sampler.needs_pool(server_round):
+            seen = np.arange(self.server.n_seen)
+            pool = self._pool.get(
+                self.server.weights, lambda: self._ask_pool(server_round, seen, grid)
+            )
+        self._users = self.sampler.sample(pool)
+        self._pool_size = self.server.n_seen if pool is None else len(pool)
 
     def _messages(
         self,
@@ -259,37 +288,84 @@ class AppealStrategy(Strategy):
             out.append(Message(content, dst_node_id=node_id, message_type=kind, group_id=str(rnd)))
         return out
 
+    def _ask_pool(self, server_round: int, users: np.ndarray, grid: Grid) -> np.ndarray:
+        """Ask the nodes which of their seen clients opt in (F_k(w) < ρ_k)."""
+        cfg = {"kind": "appeal", "server-round": server_round}
+        record = ArrayRecord([np.asarray(w) for w in self.server.weights])
+        messages = self._messages(users, record, cfg, MessageType.EVALUATE, server_round)
+        sent = dict(self._sent)
+
+        def decode(src: int, reply: Message) -> list[int]:
+            got = [int(u) for u in reply.content.metric_records["metrics"]["appealing"]]
+            if not set(got) <= set(sent.get(src, [])):
+                raise ReplyError("opt-in list names clients the node was not asked about")
+            return got
+
+        checked = self.check(
+            self.send(grid, messages),
+            decode,
+            f"round {server_round} opt-in",
+            all_rejected_fails=False,
+        )
+        pool = [u for _, got in checked.accepted for u in got]
+        return np.asarray(sorted(pool), dtype=np.int64)
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Build one ``train`` message per node serving sampled clients.
+        """Build one ``train`` message per node serving the round's sampled clients.
 
-        ``config`` must hold ``users`` (list of int): the sampled clients; a key of
-        :data:`PER_USER_KEYS` (``mw-share``) holds one value per entry of ``users`` and each
-        node receives the values of its own clients.
+        The clients are those sampled in :meth:`before_round`, unless ``config`` holds
+        ``users`` (list of int); a key of :data:`PER_USER_KEYS` (``mw-share``) then holds
+        one value per entry of ``users``. Each node receives its own clients' values.
         """
         raw = dict(config)
-        users = np.asarray(raw.pop("users"), dtype=np.int64)
+        if "users" in raw:
+            users = np.asarray(raw.pop("users"), dtype=np.int64)
+            user_cfg = {key: list(raw.pop(key)) for key in PER_USER_KEYS if key in raw}
+        else:
+            users = self._users
+            user_cfg = self.server.user_config(users) if users.size else {}
         per_user: dict[str, dict[int, Any]] = {}
-        for key in PER_USER_KEYS:
-            if key in raw:
-                values = list(raw.pop(key))
-                if len(values) != len(users):
-                    raise ValueError(f"'{key}' has {len(values)} values for {len(users)} users")
-                per_user[key] = {int(u): v for u, v in zip(users, values, strict=True)}
-        cfg = {**raw, "server-round": server_round, "algorithm": self.algorithm}
-        messages = self._messages(users, arrays, cfg, MessageType.TRAIN, server_round, per_user)
-        self._bytes_down = arrays.count_bytes() * len(messages)
+        for key, values in user_cfg.items():
+            if len(values) != len(users):
+                raise ValueError(f"'{key}' has {len(values)} values for {len(users)} users")
+            per_user[key] = {int(u): v for u, v in zip(users, values, strict=True)}
+        if users.size == 0:
+            self._sent = {}
+            self._bytes_down = 0
+            return []
+        cfg = dict(self.merged_config(raw, server_round, algorithm=self.algorithm))
+        payload = ArrayRecord([np.asarray(a) for a in self.server.payload()])
+        messages = self._messages(users, payload, cfg, MessageType.TRAIN, server_round, per_user)
+        self._bytes_down = payload.count_bytes() * len(messages)
         return messages
 
+    def decode_train_reply(self, src: int, reply: Message) -> Any:
+        """Check one node's train reply (see :func:`decode_cohort_reply`)."""
+        decoded = decode_cohort_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
+        return *decoded, reply.content.array_records["arrays"].count_bytes()
+
     def collect_train(self, server_round: int, replies: Iterable[Message]) -> TrainOutcome:
-        """Validate the train replies and sum the valid ones (bad ones are counted)."""
+        """Validate the train replies and sum the valid ones (bad ones are counted).
 
-        def decode(src: int, reply: Message) -> tuple:
-            decoded = decode_train_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
-            return *decoded, reply.content.array_records["arrays"].count_bytes()
+        Raises
+        ------
+        AllRepliesRejectedError
+            If this strategy sent the round's messages and no reply was accepted.
+        """
+        if not self._sent:
+            return TrainOutcome(None, 0)
+        checked = self.check(
+            replies,
+            self.decode_train_reply,
+            f"round {server_round}",
+            expected=self._sent,
+            all_rejected_fails=bool(self._expected),
+        )
+        return self._sum(checked)
 
-        checked = check_replies(replies, decode, self._sent, f"round {server_round}")
+    def _sum(self, checked: CheckedReplies) -> TrainOutcome:
         sums: list[np.ndarray] | None = None
         outcome = TrainOutcome(None, 0)
         outcome.bad_replies = checked.left_out
@@ -314,29 +390,34 @@ class AppealStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate, sum and apply the server step; return the new model and metrics."""
+        """Validate, sum and apply the server step; return the new model and the row."""
         outcome = self.collect_train(server_round, replies)
-        step = self.server.step(outcome)
-        metrics = MetricRecord(
-            {
-                "users": outcome.users,
-                "bad-replies": outcome.bad_replies,
-                "q-mean": float(np.mean(outcome.q)) if outcome.q else 0.0,
-                "server-step": float(step["server-step"]),
-            }
-        )
+        row = round_row(server_round, self._pool_size, self._users.size)
+        row.update(self.server.step(outcome))
+        row.update(outcome_row(outcome))
+        row.pop("server-round")
+        metrics = to_metric_record(row)
         if outcome.sums is None:
             return None, metrics
         return ArrayRecord([np.asarray(w) for w in self.server.weights]), metrics
 
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Not used: :meth:`aggregate_train` sums the cohorts' replies itself."""
+        raise NotImplementedError
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Ask every node for metric sums over all its clients (``kind`` = metrics)."""
-        if self.cohorts is None:
+        """Ask every node for metric sums over all its clients in evaluation rounds."""
+        if self.cohorts is None or not evaluates_at(server_round, self.num_rounds, self.eval_every):
             return []
+        tuned = self.tuned_final and server_round == self.num_rounds
         cfg = {**dict(config), "kind": "metrics", "server-round": server_round}
-        content = RecordDict({"arrays": arrays, "config": ConfigRecord(cfg)})
+        cfg["tuned"] = int(tuned)
+        record = ArrayRecord([np.asarray(w) for w in self.server.weights])
+        content = RecordDict({"arrays": record, "config": ConfigRecord(cfg)})
         return [
             Message(
                 content,
@@ -350,7 +431,10 @@ class AppealStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Sum the nodes' metric sums (failed nodes counted in ``eval-failed-nodes``)."""
+        """Sum the nodes' metric sums and return the means (``seen-acc``, ...).
+
+        Failed nodes are left out and counted in ``eval-failed-nodes`` (recorded when > 0).
+        """
         sums: dict[str, float] = {}
         failed = 0
         for reply in replies:
@@ -361,181 +445,71 @@ class AppealStrategy(Strategy):
             for key, value in reply.content.metric_records["metrics"].items():
                 if key.startswith(("seen-", "unseen-")):
                     sums[key] = sums.get(key, 0.0) + float(value)
-        sums["eval-failed-nodes"] = float(failed)
-        return MetricRecord(sums)
+        out = summarise_metrics(sums)
+        if failed:
+            out["eval-failed-nodes"] = float(failed)
+        return MetricRecord(out)
 
-    # ------------------------------------------------------------------ transport
-    def train(
-        self,
-        server_round: int,
-        users: np.ndarray,
-        payload: list[np.ndarray],
-        user_config: dict[str, list[float]] | None = None,
-    ) -> TrainOutcome:
-        """Transport: send ``train`` messages, wait, validate and sum the replies."""
-        assert self._grid is not None
-        config = ConfigRecord({"users": [int(u) for u in users], **(user_config or {})})
-        messages = self.configure_train(server_round, ArrayRecord(payload), config, self._grid)
-        replies = self._grid.send_and_receive(messages, timeout=self.round_timeout)
-        return self.collect_train(server_round, replies)
+    def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return the final model (without SCAFFOLD's control variate)."""
+        return ArrayRecord([np.asarray(w) for w in self.server.weights])
 
-    def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
-        """Transport: ask the nodes which of their seen clients opt in."""
-        assert self._grid is not None
-        cfg = {"kind": "appeal", "server-round": server_round}
-        messages = self._messages(
-            users, ArrayRecord(weights), cfg, MessageType.EVALUATE, server_round
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the round's key numbers for the log line."""
+        return (
+            f"{self.algorithm} pool={row.get('pool-size', '-')} sampled={row.get('sampled', '-')}"
+            f" q̄={_fmt(row.get('q-mean'))} seen GM-Appeal={_fmt(row.get('seen-gm-appeal'))}"
+            f" acc={_fmt(row.get('seen-acc'))}"
         )
-        pool: list[int] = []
-        for reply in self._grid.send_and_receive(messages, timeout=self.round_timeout):
-            src = int(reply.metadata.src_node_id)
-            try:
-                if reply.has_error():
-                    raise ReplyError(reply.error.reason)
-                got = [int(u) for u in reply.content.metric_records["metrics"]["appealing"]]
-                if not set(got) <= set(self._sent.get(src, [])):
-                    raise ReplyError("opt-in list names clients the node was not asked about")
-            except (ReplyError, KeyError, TypeError) as err:
-                log(
-                    WARNING,
-                    "round %d: opt-in reply of node %s left out: %s",
-                    server_round,
-                    src,
-                    err,
-                )
-                continue
-            pool += got
-        return np.asarray(sorted(pool), dtype=np.int64)
 
-    def evaluate(
-        self, server_round: int, weights: list[np.ndarray], tuned: bool
-    ) -> dict[str, float]:
-        """Transport: evaluate all clients; return the summed metrics."""
-        assert self._grid is not None
-        cfg = ConfigRecord({"tuned": int(tuned)})
-        messages = self.configure_evaluate(server_round, ArrayRecord(weights), cfg, self._grid)
-        replies = self._grid.send_and_receive(messages, timeout=self.round_timeout)
-        record = self.aggregate_evaluate(server_round, replies)
-        return {k: float(v) for k, v in (record or {}).items()}
-
-    # ------------------------------------------------------------------ protocol loop
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int | None = None,
-        timeout: float | None = None,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Run discovery and the T rounds (:func:`~flower_app.algorithms.appeal.run_protocol`).
-
-        Parameters
-        ----------
-        grid : Grid
-            The ServerApp's grid.
-        initial_arrays : ArrayRecord, optional
-            Initial model (default: the server's w⁽⁰⁾).
-        num_rounds : int, optional
-            Must be None or equal to ``num_rounds`` given at construction.
-        timeout : float, optional
-            Overrides ``round_timeout``.
-        train_config, evaluate_config : ConfigRecord, optional
-            Not used (the protocol's config is fixed); accepted for API compatibility.
-        evaluate_fn : callable, optional
-            Not used: all evaluation is federated (clients hold the test data).
-
-        Returns
-        -------
-        Result
-            ``arrays``: the final model; the rows' metrics in ``train_metrics_clientapp``
-            and ``evaluate_metrics_clientapp`` by round.
-        """
-        if num_rounds is not None and num_rounds != self.num_rounds:
-            raise ValueError(f"num_rounds={num_rounds} differs from {self.num_rounds}")
-        if initial_arrays is not None and len(initial_arrays):
-            self.server.weights = [a.astype(np.float32) for a in initial_arrays.to_numpy_ndarrays()]
-        if timeout is not None:
-            self.round_timeout = float(timeout)
-        self.summary()
-        self._grid = grid
-        n_params = int(sum(w.size for w in self.server.weights))
-        self.cohorts = discover_cohorts(
-            grid, self.n_clients, n_params, timeout=self.discovery_timeout
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        s = self.sampler
+        log(
+            INFO,
+            "%s: %d seen + %d unseen clients, K=%d per round, participation=%s "
+            "(mandatory rounds %d), η_g=%s, ε=%s, η_mw=%s, eval every %d, seed=%d",
+            f"{type(self).__name__}({self.algorithm})",
+            s.n_seen,
+            self.n_clients - s.n_seen,
+            s.clients_per_round,
+            "flexible" if s.flexible else "all",
+            s.mandatory_rounds,
+            self.server.server_lr,
+            self.server.eps,
+            self.server.mw_eta if isinstance(self.server.rule, MWFedRule) else "-",
+            self.eval_every,
+            s.seed,
         )
-        result = Result()
-
-        def on_round(row: dict[str, Any]) -> None:
-            self.history.append(row)
-            t = int(row["server-round"])
-            log(
-                INFO,
-                "[round %d/%d] %s pool=%s sampled=%s q̄=%s seen GM-Appeal=%s acc=%s  %.2f s",
-                t,
-                self.num_rounds,
-                self.algorithm,
-                row.get("pool-size", "-"),
-                row.get("sampled", "-"),
-                _fmt(row.get("q-mean")),
-                _fmt(row.get("seen-gm-appeal")),
-                _fmt(row.get("seen-acc")),
-                row.get("round-time", 0.0),
-            )
-            scalars = {
-                k: float(v)
-                for k, v in row.items()
-                if isinstance(v, int | float) and not isinstance(v, bool)
-            }
-            if "seen-acc" in row:
-                result.evaluate_metrics_clientapp[t] = MetricRecord(scalars)
-            else:
-                result.train_metrics_clientapp[t] = MetricRecord(scalars)
-            if self.on_round is not None:
-                self.on_round(row)
-
-        run_protocol(
-            self.server,
-            self.sampler,
-            self,
-            self.num_rounds,
-            eval_every=self.eval_every,
-            tuned_final=self.tuned_final,
-            on_round=on_round,
-        )
-        result.arrays = ArrayRecord([np.asarray(w) for w in self.server.weights])
-        self._grid = None
-        return result
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}"
 
 
 class MaxFLStrategy(AppealStrategy):
     """MaxFL (Algorithm 1): q_k-weighted updates with the adaptive global learning rate.
 
-    Each sampled client k computes q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k)) at the
-    received model (ρ_k = loss of its solo model, kept in its persistent state), runs τ
-    local SGD steps and sends q_k Δw_k and q_k; the server steps
-    w ← w − η_g / (Σ q_k + ε) · Σ q_k Δw_k. With ``flexible`` participation, after the
-    mandatory rounds only clients with F_k(w) < ρ_k are sampled. See
-    :class:`AppealStrategy` for the message contract and the remaining parameters.
+    A drop-in for Flower's ``FedAvg``: ``MaxFLStrategy(...).start(grid=grid,
+    initial_arrays=ArrayRecord(model.state_dict()), num_rounds=..., train_config=...,
+    evaluate_fn=...)``. Each sampled client k reports F_k(w), the loss of the model it
+    received on its training data, and its requirement ρ_k (the loss of a model it trained
+    alone); the server computes q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k)) and
+    Δw_k = w − w_k and steps w ← w − η_g / (Σ q_k + ε) · Σ q_k Δw_k
+    (:func:`flower_app.algorithms.maxfl.maxfl_update`). With ``flexible`` participation,
+    after ``mandatory_rounds`` rounds only nodes for which F_k(w) < ρ_k are sampled.
 
     Parameters
     ----------
-    weights : list of numpy.ndarray
-        Initial model w⁽⁰⁾.
-    n_seen : int
-        Seen clients (ids 0..n_seen−1; the rest of ``n_clients`` are unseen).
-    n_clients : int
-        Seen plus unseen clients.
-    clients_per_round : int
-        K.
-    num_rounds : int
-        T.
+    fraction_train : float, optional
+        Fraction of the available nodes sampled per round (default 1.0), as in ``FedAvg``.
+        After the mandatory rounds the same number is drawn from the opt-in pool (all of
+        it if smaller).
+    fraction_evaluate : float, optional
+        Fraction of the nodes sent an ``evaluate`` message after every round (default 1.0;
+        0 disables federated evaluation).
+    min_train_nodes, min_evaluate_nodes : int, optional
+        Least nodes sampled for training / evaluation (default 2 each).
+    min_available_nodes : int, optional
+        Least connected nodes before a round starts (default 2).
     server_lr : float, optional
-        η_g (default 1.0).
+        η_g > 0 (default 1.0).
     eps : float, optional
         ε > 0 of the adaptive learning rate (default 1e-3); ε ≤ 0 raises ValueError.
     flexible : bool, optional
@@ -543,26 +517,430 @@ class MaxFLStrategy(AppealStrategy):
     mandatory_rounds : int, optional
         Rounds before clients may opt out (default 10).
     seed : int, optional
-        Seed of the server's client sampling (default 0).
-    **kwargs
-        ``eval_every``, ``tuned_final``, ``on_round``, ``round_timeout``,
-        ``discovery_timeout`` of :class:`AppealStrategy`.
+        Seeds the node sampling (plain mode, ``random.Random(seed)``) or the client
+        sampling (cohort mode) (default 0).
+    train_loss_key, rho_key : str, optional
+        Metric names of F_k(w) and ρ_k in the replies (default ``"train-loss"`` and
+        ``"rho"``; Flower's ``QFedAvg`` reads its loss under ``train_loss_key`` the same
+        way).
+    weighted_by_key : str, optional
+        Metric weighting the federated evaluation's average (default ``"num-examples"``).
+    on_round : callable, optional
+        Receives each round's row as the round ends.
+    cohorts : bool, optional
+        Cohort mode (default False): nodes serve many of the paper's clients, discovered
+        by ``query.cohort``; needs ``n_seen`` and ``clients_per_round`` and a
+        :class:`~flower_app.clients.learning.LearningClient` behind every node (see
+        :class:`AppealStrategy`).
+    n_seen : int, optional
+        Cohort mode: seen clients (ids 0..n_seen−1).
+    n_clients : int, optional
+        Cohort mode: seen plus unseen clients (default ``n_seen``).
+    clients_per_round : int, optional
+        Cohort mode: K.
+    eval_every, tuned_final, discovery_timeout : optional
+        Cohort mode: see :class:`AppealStrategy`.
+
+    Notes
+    -----
+    Message contract, both modes. Plain: ``w`` is the user's model as an ArrayRecord (e.g.
+    a torch ``state_dict``) with the keys, shapes and dtypes of ``initial_arrays``; only
+    its floating arrays are stepped. Cohort: ``w`` is the list of float32 MLP arrays
+    ``"0".."5"`` (``[W1 (64, 784), b1, W2 (30, 64), b2, W3 (C, 30), b3]``); per-client
+    values are lists in the order of ``users``.
+
+    ======  ===============  ===================================  ==================================
+    mode    message          request                              reply
+    ======  ===============  ===================================  ==================================
+    plain   train            ``arrays``: w; ``config``: the       ``arrays``: the trained model
+                             user's ``train_config`` unchanged    (same keys, shapes, float
+                             plus ``server-round`` (int)          dtypes); ``metrics``:
+                                                                  ``num-examples`` (int ≥ 0),
+                                                                  ``train-loss`` (float: F_k(w),
+                                                                  the *received* model's loss on
+                                                                  the local training data),
+                                                                  ``rho`` (float: ρ_k), others kept
+    plain   evaluate.appeal  ``arrays``: w; ``config``:           ``metrics``: ``train-loss``
+                             ``server-round``. To every node      (F_k(w)), ``rho`` (ρ_k); the node
+                             each round after                     is in the pool if F_k(w) < ρ_k
+                             ``mandatory_rounds`` (``flexible``;
+                             not again while w is unchanged)
+    plain   evaluate         ``arrays``: w; ``config``: the       ``metrics`` with
+                             user's ``evaluate_config`` plus      ``num-examples``; averaged
+                             ``server-round``                     weighted by it, as ``FedAvg``
+    cohort  query.cohort     ``config``: ``kind`` = ``cohort``    ``properties`` ConfigRecord
+                                                                  (int): ``partition-id``,
+                                                                  ``num-partitions``,
+                                                                  ``first-user``, ``num-users``,
+                                                                  ``n-users-total``, ``n-elements``
+    cohort  train            ``arrays``: w (SCAFFOLD appends c,   ``arrays``: float64 sums over the
+                             ``"6".."11"``); ``config``:          node's clients of q_k Δw_k
+                             ``server-round`` (int), ``users``    (MaxFL), Δw_k (FedAvg, FedProx),
+                             (list of int), ``algorithm`` (str),  Δ_k (q-FFL), Δw_k then Δc_k
+                             MW-Fed: ``mw-share`` (list of        (SCAFFOLD), s_k Δw_k (MW-Fed);
+                             float s_k)                           ``metrics``: ``num-examples``,
+                                                                  ``users`` (as sent), ``q``,
+                                                                  ``loss`` (lists of float, q_k ∈
+                                                                  [0, 1/4]), ``h-sum`` (float),
+                                                                  MW-Fed: ``met`` (list of 0/1)
+    cohort  evaluate         ``arrays``: w; ``config``: ``kind``  ``metrics``: ``appealing`` (list
+                             = ``appeal``, ``users`` (the node's  of int: F_k(w) < ρ_k)
+                             seen clients), ``server-round``
+    cohort  evaluate         ``arrays``: w; ``config``: ``kind``  ``metrics``: per-group sums
+                             = ``metrics``, ``server-round``,      ``seen-count``, ``seen-acc``,
+                             ``tuned`` (int 0/1)                  ..., ``unseen-*``
+    ======  ===============  ===================================  ==================================
+
+    Plain mode's client helpers: :mod:`flower_app.clients.maxfl` (``ensure_rho``,
+    ``maxfl_metrics``, ``appeal_reply``). A train reply without these records or keys, with
+    other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is
+    logged, counted in ``bad-replies`` and left out; a round in which all are left out
+    raises :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A node without an
+    ``@app.evaluate("appeal")`` handler raises
+    :class:`~flower_app.strategies.base.MissingHandlerError` naming it. Non-floating
+    arrays (e.g. BatchNorm's ``num_batches_tracked``) are taken from the accepted reply
+    with the most examples. Each round's ``train_metrics_clientapp`` holds ``pool-size``,
+    ``sampled``, ``nodes``, ``num-examples``, ``q-mean``, ``q-sum``, ``server-step``,
+    ``train-loss`` (mean F_k(w)), ``appeal`` (fraction of trained nodes with
+    F_k(w) < ρ_k) and ``bad-replies``.
     """
 
     def __init__(
         self,
-        weights: list[np.ndarray],
-        n_seen: int,
-        n_clients: int,
-        clients_per_round: int,
-        num_rounds: int,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
         server_lr: float = 1.0,
         eps: float = 1e-3,
         flexible: bool = True,
         mandatory_rounds: int = 10,
         seed: int = 0,
-        **kwargs: Any,
+        train_loss_key: str = "train-loss",
+        rho_key: str = "rho",
+        weighted_by_key: str = "num-examples",
+        on_round: RoundCallback | None = None,
+        cohorts: bool = False,
+        n_seen: int | None = None,
+        n_clients: int | None = None,
+        clients_per_round: int | None = None,
+        eval_every: int = 10,
+        tuned_final: bool = True,
+        discovery_timeout: float = 300.0,
     ) -> None:
-        server = AppealServer("maxfl", list(weights), n_seen, server_lr=server_lr, eps=eps)
-        sampler = ParticipationSampler(n_seen, clients_per_round, flexible, mandatory_rounds, seed)
-        super().__init__(server, sampler, n_clients, num_rounds, **kwargs)
+        adaptive_server_lr(0.0, server_lr, eps)  # raises on ε ≤ 0 or η_g ≤ 0
+        if not 0.0 < fraction_train <= 1.0 or not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError("fraction_train must lie in (0, 1], fraction_evaluate in [0, 1]")
+        if int(mandatory_rounds) < 0:
+            raise ValueError("mandatory_rounds must be >= 0")
+        self.cohort_mode = bool(cohorts)
+        if self.cohort_mode:
+            if n_seen is None or clients_per_round is None:
+                raise ValueError("cohort mode needs n_seen and clients_per_round")
+            server = AppealServer("maxfl", [], int(n_seen), server_lr=server_lr, eps=eps)
+            sampler = ParticipationSampler(
+                int(n_seen), int(clients_per_round), flexible, int(mandatory_rounds), seed
+            )
+            total = int(n_seen) if n_clients is None else int(n_clients)
+        else:
+            server = AppealServer("maxfl", [], 0, server_lr=server_lr, eps=eps)
+            sampler = ParticipationSampler(1, 1, flexible, int(mandatory_rounds), seed)
+            total = 0
+        super().__init__(
+            server,
+            sampler,
+            total,
+            eval_every=eval_every,
+            tuned_final=tuned_final,
+            on_round=on_round,
+            discovery_timeout=discovery_timeout,
+        )
+        self.evaluate_initial = self.cohort_mode
+        self.fraction_train = float(fraction_train)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_train_nodes = int(min_train_nodes)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.min_available_nodes = int(min_available_nodes)
+        self.server_lr = float(server_lr)
+        self.eps = float(eps)
+        self.flexible = bool(flexible)
+        self.mandatory_rounds = int(mandatory_rounds)
+        self.seed = int(seed)
+        self.train_loss_key = train_loss_key
+        self.rho_key = rho_key
+        self.weighted_by_key = weighted_by_key
+        self._global: dict[str, np.ndarray] = {}
+        self._nodes: list[int] = []
+        self._node_rng = random.Random(self.seed)
+        self._eval_rng = random.Random(f"evaluate-{self.seed}")
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Cohort mode: discovery; plain mode: keep w and reset the node sampler."""
+        if self.cohort_mode:
+            return super().setup(grid, arrays, num_rounds)
+        if arrays is None or not len(arrays):
+            raise InitialArraysError(
+                "MaxFLStrategy needs initial_arrays: the model, e.g. "
+                "ArrayRecord(model.state_dict())"
+            )
+        self._global = {key: arrays[key].numpy() for key in arrays}
+        if not any(a.dtype.kind == "f" for a in self._global.values()):
+            raise InitialArraysError("initial_arrays holds no floating array to train")
+        self._node_rng = random.Random(self.seed)
+        self._eval_rng = random.Random(f"evaluate-{self.seed}")
+        self._pool = PoolCache()
+        self.num_rounds = int(num_rounds)
+        return self.num_rounds
+
+    # ------------------------------------------------------------------ sampling
+    def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
+        """Plain mode: sample nodes (from the opt-in pool after the mandatory rounds)."""
+        if self.cohort_mode:
+            super().before_round(server_round, arrays, grid)
+            return
+        if not (self.flexible and server_round > self.mandatory_rounds):
+            self._nodes = sample_nodes(
+                grid,
+                self._node_rng,
+                self.fraction_train,
+                self.min_train_nodes,
+                self.min_available_nodes,
+                self._timeout,
+            )
+            self._pool_size = len(grid.get_node_ids())
+            return
+        everyone = sample_nodes(
+            grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
+            self._timeout,
+        )  # fmt: skip
+        pool = self._pool.get(
+            list(self._global.values()),
+            lambda: self._ask_appeal(server_round, everyone, grid),
+            key=tuple(everyone),
+        )
+        count = max(int(self.fraction_train * len(everyone)), self.min_train_nodes, 1)
+        self._nodes = sorted(self._node_rng.sample(pool, min(count, len(pool))))
+        self._pool_size = len(pool)
+
+    def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
+        """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
+        content = RecordDict(
+            {
+                "arrays": self._record(self._global),
+                "config": ConfigRecord({"server-round": int(server_round)}),
+            }
+        )
+        messages = [
+            Message(
+                content,
+                dst_node_id=int(n),
+                message_type=APPEAL_MESSAGE,
+                group_id=f"appeal-{server_round}",
+            )
+            for n in nodes
+        ]
+
+        def decode(src: int, reply: Message) -> bool:
+            metrics = _metrics_of(reply)
+            loss = _finite(metrics, self.train_loss_key)
+            return loss < _finite(metrics, self.rho_key)
+
+        checked = self.check(
+            self.send(grid, messages), decode, f"round {server_round} opt-in",
+            all_rejected_fails=False,
+        )  # fmt: skip
+        pool = sorted(src for src, appeals in checked.accepted if appeals)
+        log(INFO, "round %d: %d of %d nodes opt in", server_round, len(pool), len(nodes))
+        return pool
+
+    # ------------------------------------------------------------------ train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Plain mode: send w and the user's config (plus ``server-round``) to the nodes."""
+        if self.cohort_mode:
+            return super().configure_train(server_round, arrays, config, grid)
+        content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
+        return [
+            Message(
+                content,
+                dst_node_id=int(n),
+                message_type=MessageType.TRAIN,
+                group_id=str(server_round),
+            )
+            for n in self._nodes
+        ]
+
+    def decode_train_reply(self, src: int, reply: Message) -> Any:
+        """Plain mode: check a reply; return (arrays, F_k(w), ρ_k, num-examples)."""
+        if self.cohort_mode:
+            return super().decode_train_reply(src, reply)
+        content = reply.content
+        if "arrays" not in content.array_records:
+            raise ValueError("the reply has no 'arrays' ArrayRecord (the trained model)")
+        record = content.array_records["arrays"]
+        metrics = _metrics_of(reply)
+        if set(record.keys()) != set(self._global):
+            raise ValueError(
+                f"the reply's arrays have keys {sorted(record.keys())}, the model "
+                f"{sorted(self._global)}"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for key, w in self._global.items():
+            a = record[key].numpy()
+            if a.shape != w.shape:
+                raise ValueError(f"'{key}' has shape {a.shape}, the model {w.shape}")
+            if w.dtype.kind == "f" and (a.dtype.kind != "f" or not np.all(np.isfinite(a))):
+                raise ValueError(f"'{key}' is not a finite floating array")
+            arrays[key] = a
+        n = metrics.get("num-examples")
+        if not isinstance(n, int | float) or not n >= 0:
+            raise ValueError(f"metrics need 'num-examples' >= 0, got {n!r}")
+        loss = _finite(metrics, self.train_loss_key)
+        rho = _finite(metrics, self.rho_key)
+        return arrays, loss, rho, n
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Plain mode: the base's checks, then :meth:`aggregate_accepted`."""
+        if self.cohort_mode:
+            return super().aggregate_train(server_round, replies)
+        return RoundStrategy.aggregate_train(self, server_round, replies)
+
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Plain mode: q_k and Δw_k from the replies, then the MaxFL step."""
+        row: dict[str, Any] = {"pool-size": self._pool_size, "sampled": len(self._nodes)}
+        if not checked.accepted:
+            return None, to_metric_record({**row, "nodes": 0, "server-step": 0.0})
+        losses = np.array([loss for _, (_, loss, _, _) in checked.accepted])
+        rhos = np.array([rho for _, (_, _, rho, _) in checked.accepted])
+        qs = aggregation_weight(losses, rhos)
+        floats = [k for k, w in self._global.items() if w.dtype.kind == "f"]
+        sums = [np.zeros(self._global[k].shape, np.float64) for k in floats]
+        for q, (_, (arrays, _, _, _)) in zip(qs, checked.accepted, strict=True):
+            for s, k in zip(sums, floats, strict=True):
+                s += q * (self._global[k].astype(np.float64) - arrays[k].astype(np.float64))
+        q_sum = float(np.sum(qs))
+        stepped = maxfl_update(
+            [self._global[k] for k in floats], sums, q_sum, self.server_lr, self.eps
+        )
+        new = dict(zip(floats, stepped, strict=True))
+        largest = max(checked.accepted, key=lambda r: r[1][3])[1][0]
+        self._global = {k: new[k] if k in new else largest[k] for k in self._global}
+        row.update(
+            {
+                "nodes": len(checked.accepted),
+                "num-examples": int(sum(n for _, (_, _, _, n) in checked.accepted)),
+                "q-mean": float(np.mean(qs)),
+                "q-sum": q_sum,
+                "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
+                "train-loss": float(np.mean(losses)),
+                "appeal": float(np.mean(losses < rhos)),
+            }
+        )
+        return self._record(self._global), to_metric_record(row)
+
+    # ------------------------------------------------------------------ evaluate
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Plain mode: send w to ``fraction_evaluate`` of the nodes, as ``FedAvg`` does."""
+        if self.cohort_mode:
+            return super().configure_evaluate(server_round, arrays, config, grid)
+        if self.fraction_evaluate == 0.0:
+            return []
+        nodes = sample_nodes(
+            grid, self._eval_rng, self.fraction_evaluate, self.min_evaluate_nodes,
+            self.min_available_nodes, self._timeout,
+        )  # fmt: skip
+        content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
+        return [
+            Message(
+                content,
+                dst_node_id=int(n),
+                message_type=MessageType.EVALUATE,
+                group_id=f"eval-{server_round}",
+            )
+            for n in nodes
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Plain mode: average the valid replies' metrics weighted by ``num-examples``."""
+        if self.cohort_mode:
+            return super().aggregate_evaluate(server_round, replies)
+
+        def decode(src: int, reply: Message) -> RecordDict:
+            metrics = _metrics_of(reply)
+            if not isinstance(metrics.get(self.weighted_by_key), int | float):
+                raise ValueError(f"metrics need '{self.weighted_by_key}'")
+            return RecordDict({"metrics": metrics})
+
+        checked = self.check(
+            replies, decode, f"round {server_round} evaluate", all_rejected_fails=False
+        )
+        if not checked.accepted:
+            return None
+        return aggregate_metricrecords([c for _, c in checked.accepted], self.weighted_by_key)
+
+    def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Return the final model (plain mode: in the keys of ``initial_arrays``)."""
+        return super().finalize(arrays) if self.cohort_mode else arrays
+
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the round's key numbers for the log line."""
+        if self.cohort_mode:
+            return super().round_summary(row)
+        return (
+            f"pool={row.get('pool-size', '-')} nodes={row.get('nodes', '-')}"
+            f" q̄={_fmt(row.get('q-mean'))} F_k(w)={_fmt(row.get('train-loss'))}"
+            f" appeal={_fmt(row.get('appeal'))}"
+        )
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        if self.cohort_mode:
+            super().summary()
+            return
+        log(
+            INFO,
+            "MaxFLStrategy (plain mode): fraction_train=%s (min %d nodes, %d available), "
+            "fraction_evaluate=%s, η_g=%s, ε=%s, participation=%s (mandatory rounds %d), "
+            "seed=%d",
+            self.fraction_train,
+            self.min_train_nodes,
+            self.min_available_nodes,
+            self.fraction_evaluate,
+            self.server_lr,
+            self.eps,
+            "flexible" if self.flexible else "all",
+            self.mandatory_rounds,
+            self.seed,
+        )
+
+    @staticmethod
+    def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+        # np.ascontiguousarray would turn 0-d arrays (e.g. counters) into shape (1,)
+        return ArrayRecord({k: Array(np.array(a, order="C")) for k, a in arrays.items()})
+
+
+def _metrics_of(reply: Message) -> MetricRecord:
+    """Return the reply's ``metrics`` MetricRecord (ValueError if absent)."""
+    if "metrics" not in reply.content.metric_records:
+        raise ValueError("the reply has no 'metrics' MetricRecord")
+    return reply.content.metric_records["metrics"]
+
+
+def _finite(metrics: MetricRecord, key: str) -> float:
+    """Return ``metrics[key]`` as a finite float (ValueError naming the key otherwise)."""
+    value = metrics.get(key)
+    if not isinstance(value, int | float) or not np.isfinite(value):
+        hint = " (report it with flower_app.clients.maxfl.maxfl_metrics)" if value is None else ""
+        raise ValueError(f"metrics need a finite '{key}', got {value!r}{hint}")
+    return float(value)

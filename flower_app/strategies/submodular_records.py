@@ -25,11 +25,11 @@ from flwr.app import (
 from flwr.common import log
 
 from flower_app.algorithms.fedcg import matroid_spec
+from flower_app.algorithms.fedsm import decode_report
 from flower_app.strategies.base import (
     AllRepliesRejectedError,
     CheckedReplies,
 )
-from flower_app.strategies.fedsm import decode_report
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 
 __all__ = [

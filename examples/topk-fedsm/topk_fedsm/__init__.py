@@ -1,0 +1,1 @@
+"""topk-fedsm: clients with their own item scores pick k items together with FedSM."""
