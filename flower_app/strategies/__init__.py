@@ -1,1 +1,105 @@
-"""Flower strategies (Message API), one module per family."""
+"""The strategies, importable from one place, as Flower's are from ``flwr.serverapp.strategy``.
+
+.. code-block:: python
+
+    from flower_app.strategies import FedSMStrategy, MaxFLStrategy
+
+==============================  ==========================================================
+strategy                        paper / what it does
+==============================  ==========================================================
+``FedSMStrategy``               Rafiey, Namani & Charalambides 2025: submodular selection by
+                                sampled marginal gains (Alg. 1, Alg. 2, amplification)
+``FedCGStrategy``               Rafiey 2024 (ICML): federated continuous greedy (FedCG,
+                                FedCG+ with ``local_steps`` > 1) and rounding
+``FedDiscreteGreedyStrategy``   the same paper's discrete greedy with importance factors
+``MaxFLStrategy``               Cho et al. (TMLR): maximise global-model appeal
+``AppealStrategy``              MaxFL's baselines on the same protocol (FedAvg, FedProx,
+                                q-FFL, SCAFFOLD, MW-Fed, Per-FedAvg, pFedMe)
+``FedSubAvgStrategy``           Ding et al. 2022 (NeurIPS): submodels with feature-heat
+                                correction; baselines ``FedAvgSubStrategy``,
+                                ``FedProxSubStrategy``, ``FedAdamSubStrategy``,
+                                ``ScaffoldSubStrategy``
+``RoundStrategy``               their base: Flower's ``start()`` loop, written once
+==============================  ==========================================================
+
+Each strategy's docstring has its message contract (one table) and its client helpers live
+in :mod:`flower_app.clients`. Names are imported on first use, so importing one strategy
+does not import the others' dependencies (torch for the learning strategies).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "AllRepliesRejectedError",
+    "AppealStrategy",
+    "DiscoveryError",
+    "FedAdamSubStrategy",
+    "FedAvgSubStrategy",
+    "FedCGStrategy",
+    "FedDiscreteGreedyStrategy",
+    "FedProxSubStrategy",
+    "FedSMStrategy",
+    "FedSubAvgStrategy",
+    "InitialArraysError",
+    "MaxFLStrategy",
+    "MissingHandlerError",
+    "NotEnoughNodesError",
+    "RoundStrategy",
+    "ScaffoldSubStrategy",
+]
+
+#: public name -> the module that defines it
+_HOME = {
+    "AllRepliesRejectedError": "base",
+    "InitialArraysError": "base",
+    "MissingHandlerError": "base",
+    "NotEnoughNodesError": "base",
+    "RoundStrategy": "base",
+    "DiscoveryError": "discovery",
+    "FedSMStrategy": "fedsm",
+    "FedCGStrategy": "fedcg",
+    "FedDiscreteGreedyStrategy": "discrete_greedy",
+    "AppealStrategy": "maxfl",
+    "MaxFLStrategy": "maxfl",
+    "FedSubAvgStrategy": "fedsubavg",
+    "FedAvgSubStrategy": "fedsubavg",
+    "FedProxSubStrategy": "fedsubavg",
+    "FedAdamSubStrategy": "fedsubavg",
+    "ScaffoldSubStrategy": "fedsubavg",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
+    from flower_app.strategies.base import (
+        AllRepliesRejectedError,
+        InitialArraysError,
+        MissingHandlerError,
+        NotEnoughNodesError,
+        RoundStrategy,
+    )
+    from flower_app.strategies.discovery import DiscoveryError
+    from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+    from flower_app.strategies.fedcg import FedCGStrategy
+    from flower_app.strategies.fedsm import FedSMStrategy
+    from flower_app.strategies.fedsubavg import (
+        FedAdamSubStrategy,
+        FedAvgSubStrategy,
+        FedProxSubStrategy,
+        FedSubAvgStrategy,
+        ScaffoldSubStrategy,
+    )
+    from flower_app.strategies.maxfl import AppealStrategy, MaxFLStrategy
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'flower_app.strategies' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -3,7 +3,7 @@
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_app.clients.fedsubavg import heat_reply, load_submodel, submodel_reply
+from flower_app.clients import heat_reply, load_submodel, submodel_reply
 from recsys_fedsubavg.task import load_data, make_model, test, train
 
 app = ClientApp()

@@ -7,7 +7,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+from flower_app.strategies import FedSubAvgStrategy
 from recsys_fedsubavg.task import SPARSE_KEYS, dataset, make_model
 
 app = ServerApp()

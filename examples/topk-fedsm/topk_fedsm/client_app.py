@@ -5,8 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from flower_app.clients.fedcg import ScoreTable
-from flower_app.clients.fedsm import fedsm_evaluate, fedsm_reply
+from flower_app.clients import ScoreTable, fedsm_evaluate, fedsm_reply
 from topk_fedsm.task import load_scores
 
 app = ClientApp()

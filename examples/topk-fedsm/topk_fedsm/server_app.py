@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from flower_app.strategies.fedsm import FedSMStrategy
+from flower_app.strategies import FedSMStrategy
 from flower_app.submodular.greedy import greedy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation
