@@ -268,3 +268,16 @@ def test_toy_mean_estimation_lemma_2_1_and_theorem_2_1() -> None:
         assert e_maxfl >= e_fedavg - 0.02  # at least FedAvg's (Monte Carlo slack)
         if gamma_g >= 3:
             assert e_maxfl > 5 * e_fedavg  # FedAvg's appeal has collapsed, MaxFL's has not
+
+
+def test_every_algorithm_has_a_server_and_a_client_rule() -> None:
+    from flower_app.algorithms.learning import ALGORITHMS, LOCAL_RULES
+    from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
+
+    assert set(RULES) == set(ALGORITHMS)
+    assert isinstance(rule_for("mwfed"), MWFedRule) and rule_for("scaffold").copies == 2
+    assert rule_for("mwfed").share_key == "mw-share" and rule_for("maxfl").share_key is None
+    assert set(LOCAL_RULES) == set(ALGORITHMS)
+    assert LOCAL_RULES["maxfl"].needs_rho and not LOCAL_RULES["fedavg"].needs_rho
+    with pytest.raises(ValueError, match="'sgd' is not one of"):
+        rule_for("sgd")

@@ -125,7 +125,7 @@ def test_flwr_run_equals_direct_engine(flower_cli, tmp_path) -> None:
 def _strategy(algorithm: str = "maxfl") -> AppealStrategy:
     weights = [np.zeros((2, 3), np.float32), np.zeros(2, np.float32)]
     server = AppealServer(algorithm, weights, n_seen=4)
-    strategy = AppealStrategy(server, ParticipationSampler(4, 2), n_clients=4, num_rounds=1)
+    strategy = AppealStrategy(server, ParticipationSampler(4, 2), n_clients=4)
     strategy.cohorts = CohortMap(
         np.array([11, 12, 13, 14], dtype=object),
         np.arange(4, dtype=np.int64),

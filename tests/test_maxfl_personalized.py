@@ -116,10 +116,10 @@ def test_pfedme_moves_w_towards_the_personalised_optimum() -> None:
      ("maxfl-pfedme-lr", 0.0)],
 )  # fmt: skip
 def test_bad_personalised_settings_name_the_key(key, value) -> None:
-    cfg = AppConfig.from_run_config(
-        {"algorithm": "pfedme", "dataset": "synthetic-emnist", key: value}
-    )
-    with pytest.raises(ConfigError, match=key):
+    with pytest.raises(ConfigError, match=key):  # refused by AppConfig, before the runner
+        cfg = AppConfig.from_run_config(
+            {"algorithm": "pfedme", "dataset": "synthetic-emnist", key: value}
+        )
         runner.settings(cfg)
 
 

@@ -2,9 +2,13 @@
 
 :func:`run_protocol` runs the rounds; how a request reaches the clients is a
 :class:`Transport`: the direct engine calls the clients in-process
-(:mod:`flower_app.runners.maxfl`), the Flower strategy sends messages over the grid
-(:class:`flower_app.strategies.maxfl.AppealStrategy`). The server state and its step per
-algorithm are :class:`AppealServer`. No Flower import.
+(:mod:`flower_app.runners.maxfl`). The Flower strategy
+(:class:`flower_app.strategies.maxfl.AppealStrategy`) runs the same steps as the hooks of
+its base's loop, with the pieces written here (:class:`PoolCache`, :func:`round_row`,
+:func:`outcome_row`, :func:`evaluates_at`, :func:`summarise_metrics`), in the same order:
+opt-in request, sampling, training, step, evaluation; so both engines draw the same clients
+and produce the same rows. The server state and its step per algorithm are
+:class:`AppealServer`. No Flower import.
 
 One round t = 1..T:
 
@@ -29,24 +33,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flower_app.algorithms.fl_baselines import (
-    check_mw_eta,
-    fedavg_update,
-    mwfed_reweight,
-    mwfed_shares,
-    mwfed_update,
-    qffl_update,
-    scaffold_control_update,
-)
 from flower_app.algorithms.learning import ALGORITHMS
-from flower_app.algorithms.maxfl import adaptive_server_lr, maxfl_update
 from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.server_rules import ServerRule, rule_for
 
 __all__ = [
     "AppealServer",
+    "PoolCache",
     "TrainOutcome",
     "Transport",
+    "evaluates_at",
+    "outcome_row",
+    "round_row",
     "run_protocol",
+    "same_model",
     "summarise_metrics",
 ]
 
@@ -118,7 +118,7 @@ class Transport(Protocol):
 
 @dataclass
 class AppealServer:
-    """Server state and step of MaxFL or a baseline.
+    """Server state of MaxFL or a baseline; its step is the algorithm's server rule.
 
     Parameters
     ----------
@@ -150,28 +150,19 @@ class AppealServer:
     control: list[np.ndarray] | None = None
     mw_weights: np.ndarray | None = None
     _shares: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    rule: ServerRule = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm {self.algorithm!r} is not one of {ALGORITHMS}")
-        if self.algorithm == "maxfl":
-            adaptive_server_lr(0.0, self.server_lr, self.eps)  # raises on ε ≤ 0 or η_g ≤ 0
+        self.rule = rule_for(self.algorithm)
         self.weights = [np.asarray(w, np.float32) for w in self.weights]
-        if self.algorithm == "scaffold" and self.control is None:
-            self.control = [np.zeros_like(w) for w in self.weights]
-        if self.algorithm == "mwfed":
-            self.mw_eta = check_mw_eta(self.mw_eta)
-            if self.mw_weights is None:
-                self.mw_weights = np.ones(self.n_seen, dtype=np.float64)
-            self.mw_weights = np.asarray(self.mw_weights, dtype=np.float64)
-            if self.mw_weights.shape != (self.n_seen,):
-                raise ValueError(f"MW-Fed needs {self.n_seen} weights, got {self.mw_weights.shape}")
+        self.rule.setup(self)
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the arrays a node must send back."""
-        shapes = [w.shape for w in self.weights]
-        return shapes * 2 if self.algorithm == "scaffold" else shapes
+        """Shapes of the arrays a node must send back (the model's, per rule copy)."""
+        return [w.shape for w in self.weights] * self.rule.copies
 
     def payload(self) -> list[np.ndarray]:
         """Return what the sampled clients receive: w (and c for SCAFFOLD)."""
@@ -182,7 +173,7 @@ class AppealServer:
 
         MW-Fed: ``{"mw-share": [s_k, ...]}``, the relative weights
         s_k = |S| λ_k / Σ_{j∈S} λ_j in the order of ``users`` (remembered for
-        :meth:`step`); other algorithms: ``{}``.
+        :meth:`step`); other algorithms: ``{}``. See :mod:`~flower_app.algorithms.server_rules`.
 
         Parameters
         ----------
@@ -194,16 +185,10 @@ class AppealServer:
         dict
             Config key -> one value per entry of ``users``.
         """
-        if self.algorithm != "mwfed" or len(users) == 0:
-            return {}
-        assert self.mw_weights is not None
-        ids = [int(u) for u in users]
-        shares = mwfed_shares(self.mw_weights[ids])
-        self._shares = {u: float(s) for u, s in zip(ids, shares, strict=True)}
-        return {"mw-share": [float(s) for s in shares]}
+        return self.rule.user_config(self, users)
 
     def step(self, outcome: TrainOutcome) -> dict[str, float]:
-        """Apply the algorithm's server step to the round's summed replies.
+        """Apply the algorithm's server step (its rule) to the round's summed replies.
 
         Parameters
         ----------
@@ -219,42 +204,7 @@ class AppealServer:
         """
         if outcome.sums is None or outcome.users == 0:
             return {"server-step": 0.0}
-        n = len(self.weights)
-        if self.algorithm == "maxfl":
-            q_sum = float(np.sum(outcome.q))
-            self.weights = maxfl_update(self.weights, outcome.sums, q_sum, self.server_lr, self.eps)
-            return {"server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps)}
-        if self.algorithm == "qffl":
-            self.weights = qffl_update(self.weights, outcome.sums, outcome.h_sum)
-            return {"server-step": 1.0 / outcome.h_sum}
-        if self.algorithm == "mwfed":
-            return self._mwfed_step(outcome)
-        self.weights = fedavg_update(self.weights, outcome.sums[:n], outcome.users, self.server_lr)
-        if self.algorithm == "scaffold":
-            assert self.control is not None
-            self.control = scaffold_control_update(self.control, outcome.sums[n:], self.n_seen)
-        return {"server-step": self.server_lr / outcome.users}
-
-    def _mwfed_step(self, outcome: TrainOutcome) -> dict[str, float]:
-        assert self.mw_weights is not None and outcome.sums is not None
-        if len(outcome.ids) != outcome.users or len(outcome.met) != outcome.users:
-            raise ValueError("MW-Fed needs the ids and met flags of every aggregated client")
-        missing = [u for u in outcome.ids if u not in self._shares]
-        if missing:
-            raise ValueError(f"MW-Fed: clients {missing} were not sent a weight this round")
-        share_sum = float(sum(self._shares[u] for u in sorted(outcome.ids)))  # engine-free order
-        self.weights = mwfed_update(self.weights, outcome.sums, share_sum, self.server_lr)
-        ids = np.asarray(outcome.ids, dtype=np.int64)
-        unmet = ~np.asarray(outcome.met, dtype=bool)
-        self.mw_weights[ids] = mwfed_reweight(self.mw_weights[ids], unmet, self.mw_eta)
-        share_max = max(self._shares.values())
-        self._shares = {}
-        return {
-            "server-step": self.server_lr / share_sum,
-            "mw-unmet": int(unmet.sum()),
-            "mw-share-max": float(share_max),
-            "mw-weight-max": float(self.mw_weights.max()),
-        }
+        return self.rule.step(self, outcome)
 
 
 def summarise_metrics(sums: dict[str, float]) -> dict[str, float]:
@@ -284,8 +234,71 @@ def summarise_metrics(sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _same_model(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+def same_model(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Return True if two models have equal arrays (same count, shapes and values)."""
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+class PoolCache:
+    """The last opt-in answer, reused while the model it was asked about is unchanged.
+
+    F_k(w) is deterministic, so when no client trained since the last opt-in request the
+    answer is the same and the clients are not asked again (both engines use this).
+    """
+
+    def __init__(self) -> None:
+        self.model: list[np.ndarray] | None = None
+        self.key: Any = None
+        self.pool: Any = None
+
+    def get(self, weights: list[np.ndarray], ask: Callable[[], Any], key: Any = None) -> Any:
+        """Return the cached pool if ``weights`` (and ``key``) are unchanged, else ``ask()``.
+
+        Parameters
+        ----------
+        weights : list of numpy.ndarray
+            The current model.
+        ask : callable
+            Asks the clients; its result is cached with a copy of ``weights``.
+        key : any, optional
+            Something else the answer depends on (e.g. the nodes asked), compared with ``==``.
+
+        Returns
+        -------
+        any
+            The pool.
+        """
+        if self.model is not None and self.key == key and same_model(self.model, weights):
+            return self.pool
+        self.pool = ask()
+        self.model = [np.array(w, copy=True) for w in weights]
+        self.key = key
+        return self.pool
+
+
+def round_row(server_round: int, pool_size: int, sampled: int) -> dict[str, Any]:
+    """Return the start of a round's row: ``server-round``, ``pool-size``, ``sampled``."""
+    return {"server-round": server_round, "pool-size": int(pool_size), "sampled": int(sampled)}
+
+
+def outcome_row(outcome: TrainOutcome) -> dict[str, Any]:
+    """Return what a round's row records of its train replies (both engines).
+
+    ``users``, ``bad-replies``, ``q-mean``, ``train-loss`` (None if no client trained) and
+    the transport's extras (``outcome.info``).
+    """
+    return {
+        "users": outcome.users,
+        "bad-replies": outcome.bad_replies,
+        "q-mean": float(np.mean(outcome.q)) if outcome.q else 0.0,
+        "train-loss": float(np.mean(outcome.losses)) if outcome.losses else None,
+        **outcome.info,
+    }
+
+
+def evaluates_at(server_round: int, num_rounds: int, eval_every: int) -> bool:
+    """Whether all clients are evaluated after round ``server_round`` (0, every k-th, T)."""
+    return server_round == 0 or server_round % eval_every == 0 or server_round == num_rounds
 
 
 def run_protocol(
@@ -334,36 +347,20 @@ def run_protocol(
 
     seen = np.arange(server.n_seen)
     emit({"server-round": 0, **summarise_metrics(transport.evaluate(0, server.weights, False))})
-    asked: tuple[list[np.ndarray], np.ndarray] | None = None  # (model asked about, its pool)
+    cache = PoolCache()
     for t in range(1, num_rounds + 1):
         r0 = time.perf_counter()
         pool = None
         if sampler.needs_pool(t):
-            if asked is not None and _same_model(asked[0], server.weights):
-                pool = asked[1]
-            else:
-                pool = transport.appeal(t, seen, server.weights)
-                asked = ([np.array(w, copy=True) for w in server.weights], pool)
+            pool = cache.get(server.weights, lambda t=t: transport.appeal(t, seen, server.weights))
         users = sampler.sample(pool)
-        row: dict[str, Any] = {
-            "server-round": t,
-            "pool-size": int(server.n_seen if pool is None else len(pool)),
-            "sampled": int(users.size),
-        }
+        row = round_row(t, server.n_seen if pool is None else len(pool), users.size)
         outcome = TrainOutcome(None, 0)
         if users.size:
             outcome = transport.train(t, users, server.payload(), server.user_config(users))
         row.update(server.step(outcome))
-        row.update(
-            {
-                "users": outcome.users,
-                "bad-replies": outcome.bad_replies,
-                "q-mean": float(np.mean(outcome.q)) if outcome.q else 0.0,
-                "train-loss": float(np.mean(outcome.losses)) if outcome.losses else None,
-                **outcome.info,
-            }
-        )
-        if t % eval_every == 0 or t == num_rounds:
+        row.update(outcome_row(outcome))
+        if evaluates_at(t, num_rounds, eval_every):
             tuned = tuned_final and t == num_rounds
             row.update(summarise_metrics(transport.evaluate(t, server.weights, tuned)))
         row["round-time"] = time.perf_counter() - r0

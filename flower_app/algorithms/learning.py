@@ -3,6 +3,9 @@
 No Flower import: the NumPyClient (:mod:`flower_app.clients.learning`) calls these for the
 Flower engine, and the direct engine calls the same client in-process.
 
+Each algorithm's client round is a :class:`LocalRule` (:data:`LOCAL_RULES` by name):
+how many steps, which local steps, what the client sends; :func:`train_user` runs the rule.
+
 Randomness: client k's draws in round t (mini-batches and dropout masks) come from
 ``numpy.random.default_rng([seed, t, k, purpose])`` (DESIGN principle 4); the solo model of
 the warm-up uses round 0, purpose :data:`SOLO`. Torch runs on one thread inside these
@@ -37,10 +40,12 @@ from flower_app.models.mlp import MLP
 
 __all__ = [
     "ALGORITHMS",
+    "LOCAL_RULES",
     "SOLO",
     "TRAIN",
     "TUNE",
     "LocalConfig",
+    "LocalRule",
     "SoloResult",
     "UserResult",
     "evaluate",
@@ -487,6 +492,224 @@ class UserResult:
     new_control: list[np.ndarray] | None = None
 
 
+class LocalRule:
+    """One client's round of an algorithm (base: FedAvg's τ local SGD steps, sends Δw_k).
+
+    Subclasses override what their algorithm changes; :data:`LOCAL_RULES` maps each name of
+    :data:`ALGORITHMS` to its rule and :func:`train_user` runs it.
+    """
+
+    #: the client needs its requirement ρ_k (a :class:`SoloResult`)
+    needs_rho: bool = False
+
+    def steps(self, cfg: LocalConfig, mw_share: float) -> int:
+        """Return the local steps of this round (τ)."""
+        return cfg.local_steps
+
+    def correction(
+        self,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> list[torch.Tensor] | None:
+        """Return the gradient correction of the local steps (SCAFFOLD's c − c_k)."""
+        return None
+
+    def run(
+        self,
+        model: MLP,
+        data: ClientData,
+        steps: int,
+        cfg: LocalConfig,
+        rng: np.random.Generator,
+        correction: list[torch.Tensor] | None,
+    ) -> None:
+        """Run the local steps on ``model`` in place (local SGD)."""
+        local_sgd(
+            model, data.x_train, data.y_train, steps, cfg.lr, cfg.batch_size, rng,
+            prox_mu=self.prox_mu(cfg), correction=correction,
+        )  # fmt: skip
+
+    def prox_mu(self, cfg: LocalConfig) -> float:
+        """Return the proximal weight μ of the local objective (0: none)."""
+        return 0.0
+
+    def finish(
+        self,
+        result: UserResult,
+        delta: list[np.ndarray],
+        cfg: LocalConfig,
+        solo: SoloResult | None,
+        mw_share: float,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> None:
+        """Fill ``result.arrays`` (and the rule's extras) from Δw_k = w − w_k."""
+        result.arrays = delta
+
+
+class FedProxRule(LocalRule):
+    """FedProx: local SGD on F_k(w') + μ/2 ‖w' − w‖²."""
+
+    def prox_mu(self, cfg: LocalConfig) -> float:
+        """Return μ (``maxfl-prox-mu``)."""
+        return cfg.prox_mu
+
+
+class PerFedAvgRule(LocalRule):
+    """Per-FedAvg (first-order MAML) local steps."""
+
+    def run(
+        self,
+        model: MLP,
+        data: ClientData,
+        steps: int,
+        cfg: LocalConfig,
+        rng: np.random.Generator,
+        correction: list[torch.Tensor] | None,
+    ) -> None:
+        """Run Per-FedAvg's steps."""
+        perfedavg_steps(
+            model, data.x_train, data.y_train, steps, cfg.perfedavg_alpha, cfg.lr,
+            cfg.batch_size, rng,
+        )  # fmt: skip
+
+
+class PFedMeRule(LocalRule):
+    """PFedMe's local steps (Moreau envelopes)."""
+
+    def run(
+        self,
+        model: MLP,
+        data: ClientData,
+        steps: int,
+        cfg: LocalConfig,
+        rng: np.random.Generator,
+        correction: list[torch.Tensor] | None,
+    ) -> None:
+        """Run pFedMe's steps."""
+        pfedme_steps(
+            model, data.x_train, data.y_train, steps, cfg.lr, cfg.pfedme_lambda,
+            cfg.pfedme_k, cfg.pfedme_lr, cfg.batch_size, rng,
+        )  # fmt: skip
+
+
+class MaxFLLocalRule(LocalRule):
+    """MaxFL: sends q_k Δw_k with q_k = σ'(F_k(w) − ρ_k)."""
+
+    needs_rho = True
+
+    def finish(
+        self,
+        result: UserResult,
+        delta: list[np.ndarray],
+        cfg: LocalConfig,
+        solo: SoloResult | None,
+        mw_share: float,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> None:
+        """Weight Δw_k by q_k."""
+        assert solo is not None
+        result.q = float(aggregation_weight(result.loss, solo.rho(cfg.requirement)))
+        result.arrays = [result.q * d for d in delta]
+
+
+class QFFLLocalRule(LocalRule):
+    """Q-FFL: sends Δ_k and h_k (Li et al. 2020)."""
+
+    def finish(
+        self,
+        result: UserResult,
+        delta: list[np.ndarray],
+        cfg: LocalConfig,
+        solo: SoloResult | None,
+        mw_share: float,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> None:
+        """Compute Δ_k and h_k from Δw_k and the training loss."""
+        delta_k, h = qffl_delta_h(delta, result.train_loss, cfg.qffl_q, 1.0 / cfg.lr)
+        result.arrays, result.h = delta_k, h
+
+
+class ScaffoldLocalRule(LocalRule):
+    """SCAFFOLD (option II): corrected local steps, sends Δw_k then Δc_k."""
+
+    def correction(
+        self,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> list[torch.Tensor]:
+        """Return c − c_k (c_k = 0 the first time)."""
+        if control is None:
+            raise ValueError("SCAFFOLD needs the server control variate")
+        ck = client_control if client_control is not None else [np.zeros_like(c) for c in control]
+        return [
+            torch.from_numpy(np.asarray(c, np.float32) - np.asarray(k, np.float32))
+            for c, k in zip(control, ck, strict=True)
+        ]
+
+    def finish(
+        self,
+        result: UserResult,
+        delta: list[np.ndarray],
+        cfg: LocalConfig,
+        solo: SoloResult | None,
+        mw_share: float,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> None:
+        """c_k⁺ = c_k − c + (w − w_k)/(τ η_l); send Δw_k then Δc_k = c_k − c_k⁺."""
+        assert control is not None
+        ck = client_control if client_control is not None else [np.zeros_like(c) for c in control]
+        scale = 1.0 / (cfg.local_steps * cfg.lr)
+        new_ck = [
+            np.asarray(k, np.float64) - np.asarray(c, np.float64) + scale * d
+            for k, c, d in zip(ck, control, delta, strict=True)
+        ]
+        dc = [np.asarray(k, np.float64) - n for k, n in zip(ck, new_ck, strict=True)]
+        result.arrays = delta + dc
+        result.new_control = [c.astype(np.float32) for c in new_ck]
+
+
+class MWFedLocalRule(LocalRule):
+    """MW-Fed: τ_k steps from the relative weight s_k, sends s_k Δw_k and the met flag."""
+
+    needs_rho = True
+
+    def steps(self, cfg: LocalConfig, mw_share: float) -> int:
+        """Return τ_k = max(1, ⌊τ s_k + 1/2⌋)."""
+        return mwfed_local_steps(mw_share, cfg.local_steps)
+
+    def finish(
+        self,
+        result: UserResult,
+        delta: list[np.ndarray],
+        cfg: LocalConfig,
+        solo: SoloResult | None,
+        mw_share: float,
+        control: Sequence[np.ndarray] | None,
+        client_control: Sequence[np.ndarray] | None,
+    ) -> None:
+        """Send s_k Δw_k; met = F_k(w) < ρ_k (with the loss as reported)."""
+        assert solo is not None
+        result.met = bool(result.loss < solo.rho(cfg.requirement))
+        result.arrays = [float(mw_share) * d for d in delta]
+
+
+#: algorithm name -> its client rule
+LOCAL_RULES: dict[str, type[LocalRule]] = {
+    "maxfl": MaxFLLocalRule,
+    "fedavg": LocalRule,
+    "fedprox": FedProxRule,
+    "qffl": QFFLLocalRule,
+    "scaffold": ScaffoldLocalRule,
+    "mwfed": MWFedLocalRule,
+    "perfedavg": PerFedAvgRule,
+    "pfedme": PFedMeRule,
+}
+
+
 def train_user(
     algorithm: str,
     weights: Sequence[np.ndarray],
@@ -543,11 +766,10 @@ def train_user(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not known; choose one of {ALGORITHMS}")
-    if algorithm in ("maxfl", "mwfed") and solo is None:
+    rule = LOCAL_RULES[algorithm]()
+    if rule.needs_rho and solo is None:
         raise ValueError(f"client {user}: ρ_k is missing (no solo model result)")
-    steps = (
-        mwfed_local_steps(mw_share, cfg.local_steps) if algorithm == "mwfed" else cfg.local_steps
-    )
+    steps = rule.steps(cfg, mw_share)
     rng = user_rng(seed, server_round, user, TRAIN)
     with single_thread():
         model = make_model(weights, n_classes, cfg.dropout)
@@ -559,41 +781,7 @@ def train_user(
         if byzantine:
             loss += cfg.byzantine_loss
             train_loss += cfg.byzantine_loss
-        correction = None
-        if algorithm == "scaffold":
-            if control is None:
-                raise ValueError("SCAFFOLD needs the server control variate")
-            ck = (
-                client_control
-                if client_control is not None
-                else [np.zeros_like(c) for c in control]
-            )
-            correction = [
-                torch.from_numpy(np.asarray(c, np.float32) - np.asarray(k, np.float32))
-                for c, k in zip(control, ck, strict=True)
-            ]
-        if algorithm == "perfedavg":
-            perfedavg_steps(
-                model, data.x_train, data.y_train, steps, cfg.perfedavg_alpha, cfg.lr,
-                cfg.batch_size, rng,
-            )  # fmt: skip
-        elif algorithm == "pfedme":
-            pfedme_steps(
-                model, data.x_train, data.y_train, steps, cfg.lr, cfg.pfedme_lambda,
-                cfg.pfedme_k, cfg.pfedme_lr, cfg.batch_size, rng,
-            )  # fmt: skip
-        else:
-            local_sgd(
-                model,
-                data.x_train,
-                data.y_train,
-                steps,
-                cfg.lr,
-                cfg.batch_size,
-                rng,
-                prox_mu=cfg.prox_mu if algorithm == "fedprox" else 0.0,
-                correction=correction,
-            )
+        rule.run(model, data, steps, cfg, rng, rule.correction(control, client_control))
         new = model.get_weights()
     delta = [
         np.asarray(w, np.float64) - np.asarray(v, np.float64)
@@ -603,30 +791,7 @@ def train_user(
         noise_rng = user_rng(seed, server_round, user, BYZANTINE)
         delta = [d + noise_rng.normal(0.0, cfg.byzantine_noise, size=d.shape) for d in delta]
     result = UserResult(loss=float(loss), train_loss=float(train_loss), local_steps=steps)
-    if algorithm == "mwfed":
-        assert solo is not None
-        result.met = bool(loss < solo.rho(cfg.requirement))
-        result.arrays = [float(mw_share) * d for d in delta]
-    elif algorithm == "maxfl":
-        assert solo is not None
-        result.q = float(aggregation_weight(loss, solo.rho(cfg.requirement)))
-        result.arrays = [result.q * d for d in delta]
-    elif algorithm in ("fedavg", "fedprox", "perfedavg", "pfedme"):
-        result.arrays = delta
-    elif algorithm == "qffl":
-        delta_k, h = qffl_delta_h(delta, train_loss, cfg.qffl_q, 1.0 / cfg.lr)
-        result.arrays, result.h = delta_k, h
-    else:  # scaffold, option II: c_k+ = c_k − c + (w − w_k)/(τ η_l)
-        assert control is not None
-        ck = client_control if client_control is not None else [np.zeros_like(c) for c in control]
-        scale = 1.0 / (cfg.local_steps * cfg.lr)
-        new_ck = [
-            np.asarray(k, np.float64) - np.asarray(c, np.float64) + scale * d
-            for k, c, d in zip(ck, control, delta, strict=True)
-        ]
-        dc = [np.asarray(k, np.float64) - n for k, n in zip(ck, new_ck, strict=True)]
-        result.arrays = delta + dc
-        result.new_control = [c.astype(np.float32) for c in new_ck]
+    rule.finish(result, delta, cfg, solo, mw_share, control, client_control)
     return result
 
 

@@ -43,6 +43,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
 from flower_app.algorithms.learning import (
+    LOCAL_RULES,
     LocalConfig,
     SoloResult,
     evaluate,
@@ -52,6 +53,7 @@ from flower_app.algorithms.learning import (
     train_user,
     tuned_eval,
 )
+from flower_app.algorithms.server_rules import rule_for
 from flower_app.datasets.federated import Federation
 from flower_app.models.mlp import MLP
 
@@ -182,6 +184,7 @@ class LearningClient(NumPyClient):
         self.first = int(first_user)
         self.count = int(num_users)
         self.algorithm = algorithm
+        self.rule = rule_for(algorithm)
         self.local = local
         self.init = [np.asarray(w, np.float32) for w in init_weights]
         self.seed = int(seed)
@@ -240,16 +243,16 @@ class LearningClient(NumPyClient):
         n_model = len(self.init)
         weights = [np.asarray(p) for p in parameters[:n_model]]
         control = [np.asarray(p) for p in parameters[n_model:]] or None
-        if self.algorithm == "scaffold" and control is None:
-            raise ValueError("SCAFFOLD needs the server control variate after the model")
+        if self.rule.copies > 1 and control is None:
+            raise ValueError(f"{self.algorithm} needs the server control variate after the model")
         shares = [1.0] * len(users)
-        if self.algorithm == "mwfed":
-            if "mw-share" not in config:
-                raise ValueError("MW-Fed needs 'mw-share' (one relative weight per user)")
-            shares = [float(v) for v in config["mw-share"]]
+        key = self.rule.share_key
+        if key is not None:
+            if key not in config:
+                raise ValueError(f"{self.algorithm} needs '{key}' (one relative weight per user)")
+            shares = [float(v) for v in config[key]]
             if len(shares) != len(users):
-                raise ValueError(f"'mw-share' has {len(shares)} values for {len(users)} users")
-        needs_rho = self.algorithm in ("maxfl", "mwfed")
+                raise ValueError(f"'{key}' has {len(shares)} values for {len(users)} users")
         sums: list[np.ndarray] | None = None
         qs, losses, met, h_sum = [], [], [], 0.0
         for u, share in zip(users, shares, strict=True):
@@ -262,7 +265,7 @@ class LearningClient(NumPyClient):
                 self.seed,
                 server_round,
                 u,
-                self.solo(u) if needs_rho else None,
+                self.solo(u) if LOCAL_RULES[self.algorithm].needs_rho else None,
                 byzantine=u in self.byzantine,
                 control=control,
                 client_control=self.state.get_control(u) if control is not None else None,
@@ -281,7 +284,7 @@ class LearningClient(NumPyClient):
             h_sum += res.h
         assert sums is not None, "fit needs at least one client"
         metrics: dict[str, Any] = {"users": users, "q": qs, "loss": losses, "h-sum": float(h_sum)}
-        if self.algorithm == "mwfed":
+        if self.rule.reports_met:
             metrics["met"] = met
         return sums, len(users), metrics
 

@@ -1,10 +1,11 @@
 """Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed, perfedavg, pfedme).
 
-``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` over the grid,
-``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls one
-:class:`~flower_app.clients.learning.LearningClient` that serves every client), and
+``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` (cohort mode) over
+the grid, ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls
+one :class:`~flower_app.clients.learning.LearningClient` that serves every client), and
 ``make_client`` builds a node's client. All three read the family's run_config keys
-(``maxfl-*``, declared in :mod:`flower_app.registry`) through :func:`settings`.
+(``maxfl-*``, declared and validated in :mod:`flower_app.settings`) through
+:func:`settings`, which adds the checks that involve several keys or the data.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -31,12 +32,10 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import Federation, build_federation
 from flower_app.experiment import partition_of
 from flower_app.models.mlp import init_weights
-from flower_app.registry import MAXFL_CONFIG
 from flower_app.results import RunWriter
 from flower_app.strategies.maxfl import AppealStrategy
 
 __all__ = [
-    "CONFIG",
     "DATASETS",
     "DirectTransport",
     "MaxFLSettings",
@@ -49,9 +48,6 @@ __all__ = [
 
 #: datasets of the family and their (seen clients, classes) defaults
 DATASETS = {"fmnist": (100, 10), "emnist": (500, 62), "synthetic-emnist": (500, 62)}
-
-#: the family's run_config keys and defaults (declared in flower_app.registry)
-CONFIG = MAXFL_CONFIG
 
 
 @dataclass(frozen=True)
@@ -113,29 +109,8 @@ class MaxFLSettings:
         return self.n_seen + self.n_unseen
 
 
-def _num(cfg: AppConfig, key: str, kind: type, low: float | None = None, strict: bool = False):
-    value = cfg.get(key)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if kind is int:
-        ok = ok and isinstance(value, int)
-    if not ok:
-        raise ConfigError(f"run_config '{key}' = {value!r}: expected a {kind.__name__}")
-    if low is not None and (value < low or (strict and value == low)):
-        raise ConfigError(f"run_config '{key}' = {value}: must be {'>' if strict else '>='} {low}")
-    return kind(value)
-
-
-def _choice(cfg: AppConfig, key: str, options: tuple[str, ...]) -> str:
-    value = str(cfg.get(key))
-    if value not in options:
-        raise ConfigError(f"run_config '{key}' = {value!r}; choose one of: {', '.join(options)}")
-    return value
-
-
 def settings(cfg: AppConfig) -> MaxFLSettings:
-    """Validate the family's keys of ``cfg`` and return typed settings.
+    """Return the family's typed settings (each key was validated by AppConfig).
 
     Parameters
     ----------
@@ -150,11 +125,11 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
     Raises
     ------
     ConfigError
-        Naming the key for any invalid value (ε ≤ 0 and η_mw ≤ 0 included).
+        If ``clients-per-round`` exceeds the seen clients (the one check across keys).
     """
     default_seen, n_classes = DATASETS[cfg.dataset]
     n_seen = cfg.num_users or default_seen
-    unseen = _num(cfg, "maxfl-unseen-users", int, -1)
+    unseen = int(cfg.get("maxfl-unseen-users"))
     n_unseen = n_seen if unseen < 0 else unseen
     per_round = cfg.clients_per_round
     per_round = per_round if isinstance(per_round, int) else max(1, int(per_round * n_seen))
@@ -163,25 +138,23 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
             f"run_config 'clients-per-round' = {per_round} exceeds the {n_seen} seen clients"
         )
     local = LocalConfig(
-        lr=_num(cfg, "maxfl-lr", float, 0.0, strict=True),
-        batch_size=_num(cfg, "maxfl-batch-size", int, 1),
-        local_steps=_num(cfg, "maxfl-local-steps", int, 1),
-        dropout=_num(cfg, "maxfl-dropout", float, 0.0),
-        solo_steps=_num(cfg, "maxfl-solo-steps", int, 0),
-        tune_steps=_num(cfg, "maxfl-tune-steps", int, 0),
-        requirement=_choice(cfg, "maxfl-requirement", ("train", "heldout")),
-        prox_mu=_num(cfg, "maxfl-prox-mu", float, 0.0),
-        qffl_q=_num(cfg, "maxfl-qffl-q", float, 0.0),
-        byzantine_loss=_num(cfg, "maxfl-byzantine-loss", float),
-        byzantine_noise=_num(cfg, "maxfl-byzantine-noise", float, 0.0),
-        perfedavg_alpha=_num(cfg, "maxfl-perfedavg-alpha", float, 0.0, strict=True),
-        pfedme_lambda=_num(cfg, "maxfl-pfedme-lambda", float, 0.0, strict=True),
-        pfedme_k=_num(cfg, "maxfl-pfedme-k", int, 1),
-        pfedme_lr=_num(cfg, "maxfl-pfedme-lr", float, 0.0, strict=True),
+        lr=float(cfg.get("maxfl-lr")),
+        batch_size=int(cfg.get("maxfl-batch-size")),
+        local_steps=int(cfg.get("maxfl-local-steps")),
+        dropout=float(cfg.get("maxfl-dropout")),
+        solo_steps=int(cfg.get("maxfl-solo-steps")),
+        tune_steps=int(cfg.get("maxfl-tune-steps")),
+        requirement=str(cfg.get("maxfl-requirement")),
+        prox_mu=float(cfg.get("maxfl-prox-mu")),
+        qffl_q=float(cfg.get("maxfl-qffl-q")),
+        byzantine_loss=float(cfg.get("maxfl-byzantine-loss")),
+        byzantine_noise=float(cfg.get("maxfl-byzantine-noise")),
+        perfedavg_alpha=float(cfg.get("maxfl-perfedavg-alpha")),
+        pfedme_lambda=float(cfg.get("maxfl-pfedme-lambda")),
+        pfedme_k=int(cfg.get("maxfl-pfedme-k")),
+        pfedme_lr=float(cfg.get("maxfl-pfedme-lr")),
     )
-    if local.dropout >= 1:
-        raise ConfigError("run_config 'maxfl-dropout' must be < 1")
-    out = MaxFLSettings(
+    return MaxFLSettings(
         algorithm=cfg.algorithm,
         dataset=cfg.dataset,
         data_dir=cfg.data_dir,
@@ -191,25 +164,20 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         n_unseen=n_unseen,
         n_classes=n_classes,
         clients_per_round=per_round,
-        rounds=_num(cfg, "maxfl-rounds", int, 1),
-        eval_every=_num(cfg, "maxfl-eval-every", int, 1),
-        mandatory_rounds=_num(cfg, "maxfl-mandatory-rounds", int, 0),
-        flexible=_choice(cfg, "maxfl-participation", ("flexible", "all")) == "flexible",
-        server_lr=_num(cfg, "maxfl-server-lr", float, 0.0, strict=True),
-        eps=_num(cfg, "maxfl-eps", float, 0.0, strict=True),
-        mw_eta=_num(cfg, "maxfl-mw-eta", float, 0.0, strict=True),
-        partition=_choice(cfg, "maxfl-partition", ("dirichlet", "clusters")),
-        alpha=_num(cfg, "maxfl-alpha", float, 0.0, strict=True),
-        label_flip=_num(cfg, "maxfl-label-flip", float, 0.0),
-        train_fraction=_num(cfg, "maxfl-train-fraction", float, 0.0, strict=True),
-        byzantine=_num(cfg, "maxfl-byzantine", float, 0.0),
+        rounds=int(cfg.get("maxfl-rounds")),
+        eval_every=int(cfg.get("maxfl-eval-every")),
+        mandatory_rounds=int(cfg.get("maxfl-mandatory-rounds")),
+        flexible=str(cfg.get("maxfl-participation")) == "flexible",
+        server_lr=float(cfg.get("maxfl-server-lr")),
+        eps=float(cfg.get("maxfl-eps")),
+        mw_eta=float(cfg.get("maxfl-mw-eta")),
+        partition=str(cfg.get("maxfl-partition")),
+        alpha=float(cfg.get("maxfl-alpha")),
+        label_flip=float(cfg.get("maxfl-label-flip")),
+        train_fraction=float(cfg.get("maxfl-train-fraction")),
+        byzantine=float(cfg.get("maxfl-byzantine")),
         local=local,
     )
-    if out.label_flip > 1 or out.train_fraction >= 1 or out.byzantine > 1:
-        raise ConfigError(
-            "maxfl-label-flip and maxfl-byzantine must be <= 1, maxfl-train-fraction < 1"
-        )
-    return out
 
 
 # ---------------------------------------------------------------------- data (cached)
@@ -338,13 +306,16 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         server,
         sampler,
         s.n_clients,
-        s.rounds,
         eval_every=s.eval_every,
         on_round=writer.log_round,
-        round_timeout=cfg.round_timeout,
         discovery_timeout=cfg.discovery_timeout,
     )
-    strategy.start(grid=grid)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord([np.asarray(w) for w in server.weights]),
+        num_rounds=s.rounds,
+        timeout=cfg.round_timeout,
+    )
     return _finish(writer, s, "flower", strategy.history, server.weights, started)
 
 

@@ -61,7 +61,7 @@ from flower_app.algorithms.appeal import (
 )
 from flower_app.algorithms.maxfl import adaptive_server_lr, aggregation_weight, maxfl_update
 from flower_app.algorithms.participation import ParticipationSampler
-from flower_app.algorithms.server_rules import MWFedRule, rule_for
+from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 #: train-config keys that hold one value per sampled client (sliced per node)
-PER_USER_KEYS = ("mw-share",)
+PER_USER_KEYS = tuple(sorted({r.share_key for r in RULES.values() if r.share_key}))
 
 #: the opt-in request of plain mode: a ClientApp answers it with ``@app.evaluate("appeal")``
 APPEAL_MESSAGE = f"{MessageType.EVALUATE}.appeal"

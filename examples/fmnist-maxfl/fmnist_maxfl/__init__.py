@@ -1,0 +1,1 @@
+"""A Flower app: Fashion-MNIST with FedAvg, switched to MaxFL."""
