@@ -85,6 +85,8 @@ PER_USER_KEYS = tuple(sorted({r.share_key for r in RULES.values() if r.share_key
 
 #: the opt-in request of plain mode: a ClientApp answers it with ``@app.evaluate("appeal")``
 APPEAL_MESSAGE = f"{MessageType.EVALUATE}.appeal"
+#: cohort mode's metric sums over a node's clients: a node answers ``@app.evaluate("metrics")``
+METRICS_MESSAGE = f"{MessageType.EVALUATE}.metrics"
 
 
 class ReplyError(ValueError):
@@ -290,9 +292,9 @@ class AppealStrategy(RoundStrategy):
 
     def _ask_pool(self, server_round: int, users: np.ndarray, grid: Grid) -> np.ndarray:
         """Ask the nodes which of their seen clients opt in (F_k(w) < ρ_k)."""
-        cfg = {"kind": "appeal", "server-round": server_round}
+        cfg = {"server-round": server_round}
         record = ArrayRecord([np.asarray(w) for w in self.server.weights])
-        messages = self._messages(users, record, cfg, MessageType.EVALUATE, server_round)
+        messages = self._messages(users, record, cfg, APPEAL_MESSAGE, server_round)
         sent = dict(self._sent)
 
         def decode(src: int, reply: Message) -> list[int]:
@@ -414,15 +416,14 @@ class AppealStrategy(RoundStrategy):
         if self.cohorts is None or not evaluates_at(server_round, self.num_rounds, self.eval_every):
             return []
         tuned = self.tuned_final and server_round == self.num_rounds
-        cfg = {**dict(config), "kind": "metrics", "server-round": server_round}
-        cfg["tuned"] = int(tuned)
+        cfg = {**dict(config), "server-round": server_round, "tuned": int(tuned)}
         record = ArrayRecord([np.asarray(w) for w in self.server.weights])
         content = RecordDict({"arrays": record, "config": ConfigRecord(cfg)})
         return [
             Message(
                 content,
                 dst_node_id=int(n),
-                message_type=MessageType.EVALUATE,
+                message_type=METRICS_MESSAGE,
                 group_id=f"eval-{server_round}",
             )
             for n in self.cohorts.node_ids
@@ -583,12 +584,12 @@ class MaxFLStrategy(AppealStrategy):
                                                                   ``loss`` (lists of float, q_k ∈
                                                                   [0, 1/4]), ``h-sum`` (float),
                                                                   MW-Fed: ``met`` (list of 0/1)
-    cohort  evaluate         ``arrays``: w; ``config``: ``kind``  ``metrics``: ``appealing`` (list
-                             = ``appeal``, ``users`` (the node's  of int: F_k(w) < ρ_k)
-                             seen clients), ``server-round``
-    cohort  evaluate         ``arrays``: w; ``config``: ``kind``  ``metrics``: per-group sums
-                             = ``metrics``, ``server-round``,      ``seen-count``, ``seen-acc``,
-                             ``tuned`` (int 0/1)                  ..., ``unseen-*``
+    cohort  evaluate.appeal  ``arrays``: w; ``config``: ``users``  ``metrics``: ``appealing`` (list
+                             (the node's seen clients),           of int: F_k(w) < ρ_k)
+                             ``server-round``
+    cohort  evaluate.        ``arrays``: w; ``config``:           ``metrics``: per-group sums
+            metrics          ``server-round``, ``tuned`` (int     ``seen-count``, ``seen-acc``,
+                             0/1)                                 ..., ``unseen-*``
     ======  ===============  ===================================  ==================================
 
     Plain mode's client helpers: :mod:`flower_app.clients.maxfl` (``ensure_rho``,
