@@ -99,9 +99,20 @@ class LocalSimulation:
         Where run folders go (``output-dir`` of every run).
     project : pathlib.Path, optional
         The Flower app to run (default: this project).
+    ray_address : str, optional
+        Attach the simulation to this existing Ray cluster (``host:port`` of a
+        ``ray start --head``, or ``ray://host:10001``), passed as ``RAY_ADDRESS`` to the
+        SuperLink this object starts (docs/ray-cluster.md). Default: each run starts its
+        own single-machine Ray instance.
     """
 
-    def __init__(self, home: Path, output_dir: Path, project: Path = PROJECT) -> None:
+    def __init__(
+        self,
+        home: Path,
+        output_dir: Path,
+        project: Path = PROJECT,
+        ray_address: str | None = None,
+    ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
         self.http_port = _free_port()
@@ -117,6 +128,8 @@ class LocalSimulation:
             "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         }
+        if ray_address is not None:
+            self.env["RAY_ADDRESS"] = ray_address
 
     def run(
         self,
@@ -124,6 +137,7 @@ class LocalSimulation:
         num_supernodes: int | None = 2,
         connection: str | None = None,
         timeout: float = 3600.0,
+        federation_config: dict[str, Any] | None = None,
     ) -> FlwrRun:
         """Run the app once and return its outcome (status checked with ``flwr ls``).
 
@@ -139,6 +153,9 @@ class LocalSimulation:
             Name of a SuperLink connection in ``FLWR_HOME/config.toml`` (default: local).
         timeout : float, optional
             Seconds allowed for the command.
+        federation_config : dict, optional
+            Extra or overriding ``--federation-config`` keys (e.g.
+            ``{"client-resources-num-cpus": 2}``); only with ``num_supernodes``.
 
         Returns
         -------
@@ -156,10 +173,12 @@ class LocalSimulation:
         cmd = [str(BIN / "flwr"), "run", ".", *([connection] if connection else [])]
         cmd += ["--stream", "--run-config", overrides]
         if num_supernodes is not None:
-            cmd += [
-                "--federation-config",
-                f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
-            ]
+            fed = {
+                "num-supernodes": num_supernodes,
+                "client-resources-num-cpus": 1,
+                **(federation_config or {}),
+            }
+            cmd += ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in fed.items())]
         proc = subprocess.run(
             cmd, cwd=self.project, env=self.env, capture_output=True, text=True, timeout=timeout
         )
