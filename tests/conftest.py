@@ -13,6 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# no per-example deadline: a test asserts behaviour, never timing (the machine may be busy)
+settings.register_profile("flower_app", deadline=None)
+settings.load_profile("flower_app")
 
 from flower_app.simulation import FlwrRun, LocalSimulation
 
@@ -29,7 +34,8 @@ def _free_port() -> int:
 class Deployment:
     """A real SuperLink and SuperNodes (deployment mode, no simulation) on loopback."""
 
-    def __init__(self, root: Path, num_nodes: int) -> None:
+    def __init__(self, root: Path, num_nodes: int, node_config=None) -> None:
+        """``node_config(p)``: node p's ``--node-config`` string (default: its partition)."""
         self.root = root
         self.port = _free_port()
         self.procs: list[subprocess.Popen] = []
@@ -57,7 +63,11 @@ class Deployment:
                     "--port",
                     str(_free_port()),
                     "--node-config",
-                    f"partition-id={p} num-partitions={num_nodes}",
+                    (
+                        f"partition-id={p} num-partitions={num_nodes}"
+                        if node_config is None
+                        else node_config(p)
+                    ),
                 ],
                 FLWR_HOME=str(node_home),
             )
@@ -105,9 +115,11 @@ def flower_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerCLI]:
         cli.stop()
 
 
+#: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``)
+DEFAULT_MARKEXPR = "not realdata and not slow and not deploy"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """With FLOWER_APP_REALDATA=1 (CI), also run the tests marked ``realdata``."""
-    if os.environ.get("FLOWER_APP_REALDATA") == "1" and config.option.markexpr == (
-        "not realdata and not slow"
-    ):
+    """With FLOWER_APP_REALDATA=1 (CI), also run the tests marked ``realdata`` and ``deploy``."""
+    if os.environ.get("FLOWER_APP_REALDATA") == "1" and config.option.markexpr == DEFAULT_MARKEXPR:
         config.option.markexpr = "not slow"

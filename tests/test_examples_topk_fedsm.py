@@ -10,7 +10,6 @@ with seed 0 it gives 0.957 (over seeds 0..29 in-process: min 0.717, mean 0.904).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +34,7 @@ def example_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimul
 
 
 def test_flwr_run_picks_k_items_close_to_greedy(example_cli) -> None:
-    t0 = time.perf_counter()
     run = example_cli.run({"k": 5, "seed": 0}, num_supernodes=10, timeout=300)
-    elapsed = time.perf_counter() - t0
     assert run.status == "finished:completed", run.output + run.details
     summary = run.summary
     assert len(summary["selected"]) == len(set(summary["selected"])) == 5
@@ -45,4 +42,3 @@ def test_flwr_run_picks_k_items_close_to_greedy(example_cli) -> None:
     assert summary["ratio"] >= 1 - 1 / math.e
     assert summary["ratio"] == pytest.approx(summary["objective"] / summary["greedy-objective"])
     assert "ratio FedSM / greedy" in run.output
-    assert elapsed < 60

@@ -238,7 +238,7 @@ def test_a_missing_handler_is_named_at_once() -> None:
         FedCGStrategy(k=3).start(_grid(app, n=3), num_rounds=2)
     with pytest.raises(MissingHandlerError, match=r'@app.train\("histogram"\)'):
         FedDiscreteGreedyStrategy(k=3).start(_grid(app, n=3))
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30
 
 
 def test_cohort_mode_needs_a_server_state() -> None:

@@ -175,7 +175,7 @@ def test_missing_heat_handler_fails_fast_and_names_it() -> None:
     t0 = time.monotonic()
     with pytest.raises(MissingHandlerError, match=r'@app.query\("feature_heat"\)'):
         strategy().start(grid({}, heat=False), initial_arrays=initial(), num_rounds=1)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30
 
 
 def test_initial_arrays_are_required_and_must_hold_the_sparse_keys() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from flwr.serverapp.strategy import Strategy
+
 import flower_app.clients as clients
 import flower_app.strategies as strategies
-from flwr.serverapp.strategy import Strategy
 
 
 def test_every_exported_name_resolves():

@@ -156,7 +156,7 @@ def test_missing_handler_is_named_at_once():
     t0 = time.monotonic()
     with pytest.raises(MissingHandlerError, match=r"@app\.train\(\)"):
         ToyStrategy().start(grid, rec(w=np.zeros(3)), num_rounds=1)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30
 
 
 def test_discovery_names_the_cohort_handler_at_once():
@@ -164,7 +164,7 @@ def test_discovery_names_the_cohort_handler_at_once():
     t0 = time.monotonic()
     with pytest.raises(MissingHandlerError, match=r'@app\.query\("cohort"\)'):
         discover_cohorts(grid, n_users=10, n_elements=5, timeout=300)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize(
