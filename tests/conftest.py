@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from flower_app.simulation import FlwrRun, LocalSimulation
+
 # no per-example deadline: a test asserts behaviour, never timing (the machine may be busy)
 settings.register_profile("flower_app", deadline=None)
 settings.load_profile("flower_app")
-
-from flower_app.simulation import FlwrRun, LocalSimulation
 
 BIN = Path(sys.executable).parent  # flower-superlink / flower-supernode of this environment
 FlowerCLI = LocalSimulation
