@@ -60,6 +60,12 @@ class AppConfig:
         Seconds to wait for the replies of one round.
     discovery_timeout : float
         Seconds to wait for all nodes to register and announce their users.
+    server_data : str
+        ``"full"`` (the server loads the instance too, for its oracles) or ``"none"`` (it
+        reads no client data; see ``docs/node-local-data.md``).
+    element_groups : str
+        CSV of the elements' groups for a partition matroid when ``server_data`` is
+        ``"none"`` ("" otherwise).
     extra : tuple of (str, Any)
         Every family key with its validated value (the algorithm's family as given, the
         other families' at their defaults), sorted by key.
@@ -81,6 +87,8 @@ class AppConfig:
     run_name: str
     round_timeout: float
     discovery_timeout: float
+    server_data: str
+    element_groups: str
     extra: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
@@ -109,6 +117,12 @@ class AppConfig:
             f.name: values[f.name.replace("_", "-")] for f in fields(cls) if f.name != "extra"
         }
         extra = tuple(sorted((k, v) for k, v in values.items() if SETTINGS[k].family != "common"))
+        family = ALGORITHMS[values["algorithm"]].family
+        if values["server-data"] == "none" and family not in ("fedsm", "fedcg"):
+            raise ConfigError(
+                f"run_config 'server-data' = 'none' is implemented for the submodular families "
+                f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
+            )
         return cls(**common, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:

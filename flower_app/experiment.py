@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 
@@ -22,7 +22,18 @@ from flower_app.results import RunWriter
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
-__all__ = ["Experiment", "finish_run", "open_run", "partition_of", "run_direct", "summary_line"]
+if TYPE_CHECKING:
+    from flower_app.server_data import RemoteProblem
+
+__all__ = [
+    "Experiment",
+    "finish_run",
+    "open_remote_run",
+    "open_run",
+    "partition_of",
+    "run_direct",
+    "summary_line",
+]
 
 
 @dataclass
@@ -39,17 +50,28 @@ class Experiment:
         The constraint.
     writer : RunWriter
         The run folder.
-    reference : SelectionResult
-        Centralized greedy on the same instance (the ratio's denominator).
+    reference : SelectionResult or None
+        Centralized greedy on the same instance (the ratio's denominator); None when the
+        server holds no data (``server-data = "none"``).
+
+    Notes
+    -----
+    With ``server-data = "none"`` :attr:`problem` is a
+    :class:`~flower_app.server_data.RemoteProblem` (sizes from the nodes, no objective).
     """
 
     cfg: AppConfig
-    problem: SubmodularProblem
+    problem: SubmodularProblem | RemoteProblem
     matroid: Matroid
     writer: RunWriter
-    reference: SelectionResult
+    reference: SelectionResult | None
     engine: str
     started: float
+
+    @property
+    def remote(self) -> bool:
+        """True when the server holds no client data (no objective, no greedy reference)."""
+        return self.problem.objective is None
 
 
 def open_run(
@@ -93,7 +115,56 @@ def open_run(
     return Experiment(cfg, problem, matroid, writer, reference, engine, time.perf_counter())
 
 
-def finish_run(exp: Experiment, selected: list[int], history: list[dict[str, Any]]) -> dict:
+def open_remote_run(
+    cfg: AppConfig,
+    problem: RemoteProblem,
+    engine: str,
+    check: Callable[[RemoteProblem, Matroid], object] | None = None,
+) -> Experiment:
+    """Open a run whose server holds no client data (``server-data = "none"``).
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        Validated configuration.
+    problem : RemoteProblem
+        Sizes reported by the nodes (:func:`~flower_app.server_data.probe_instance`).
+    engine : str
+        Recorded in config.json.
+    check : callable, optional
+        Validates the algorithm's own parameters (raises).
+
+    Returns
+    -------
+    Experiment
+        With the matroid from configuration and no greedy reference.
+    """
+    from flower_app.server_data import remote_matroid
+
+    matroid = remote_matroid(cfg, problem.n_elements)
+    if check is not None:
+        check(problem, matroid)
+    config = {
+        **cfg.to_dict(),
+        "engine": engine,
+        "instance": {
+            "name": problem.name,
+            "n-users": problem.n_users,
+            "n-elements": problem.n_elements,
+            "source": "reported by the nodes (server-data = none)",
+            "matroid": repr(matroid),
+        },
+    }
+    writer = RunWriter(cfg.run_folder(), config)
+    return Experiment(cfg, problem, matroid, writer, None, engine, time.perf_counter())
+
+
+def finish_run(
+    exp: Experiment,
+    selected: list[int],
+    history: list[dict[str, Any]],
+    objective: float | None = None,
+) -> dict:
     """Write ``summary.json`` and return it.
 
     Parameters
@@ -104,14 +175,21 @@ def finish_run(exp: Experiment, selected: list[int], history: list[dict[str, Any
         Final S in order.
     history : list of dict
         Per-round rows (with ``objective``).
+    objective : float, optional
+        F(S) by federated evaluation, when the server holds no data (``exp.remote``);
+        otherwise F(S) is computed from the instance and this is ignored.
 
     Returns
     -------
     dict
         The summary: final objective, greedy's, their ratio, the per-k curves, totals.
+        Without server data: the federated F(S) (None if it failed), no greedy entries
+        (None) and ``greedy-reference = "off"``.
     """
-    objective = exp.problem.objective.mean_value(selected)
-    greedy_value = exp.reference.value
+    if not exp.remote:
+        objective = exp.problem.objective.mean_value(selected)
+    ref = exp.reference
+    greedy_value = None if ref is None else ref.value
     summary = {
         "algorithm": exp.cfg.algorithm,
         "dataset": exp.problem.name,
@@ -121,10 +199,17 @@ def finish_run(exp: Experiment, selected: list[int], history: list[dict[str, Any
         "selected": [int(e) for e in selected],
         "objective": objective,
         "greedy-objective": greedy_value,
-        "ratio-to-greedy": objective / greedy_value if greedy_value > 0 else None,
+        "ratio-to-greedy": (
+            objective / greedy_value
+            if objective is not None and greedy_value is not None and greedy_value > 0
+            else None
+        ),
         "objective-by-k": [row.get("objective") for row in history],
-        "greedy-by-k": exp.reference.values,
-        "greedy-selected": exp.reference.selected,
+        "greedy-by-k": None if ref is None else ref.values,
+        "greedy-selected": None if ref is None else ref.selected,
+        "server-data": exp.cfg.server_data,
+        "greedy-reference": "off" if ref is None else "on",
+        "objective-source": "federated evaluation" if exp.remote else "server oracle",
         "rounds": len(history),
         "user-values": sum(int(row.get("user-values", 0)) for row in history),
         "bytes-up": sum(int(row.get("bytes-up", 0)) for row in history),
@@ -168,9 +253,18 @@ def partition_of(context: Context) -> tuple[int, int]:
 def summary_line(summary: dict) -> str:
     """Return the one-line result printed at the end of a run."""
     ratio = summary["ratio-to-greedy"]
-    return (
+    head = (
         f"{summary['algorithm']} on {summary['dataset']} (k={summary['k']}, "
         f"seed={summary['seed']}, {summary['engine']} engine): "
-        f"F(S) = {summary['objective']:.6g}, centralized greedy "
+    )
+    objective = summary["objective"]
+    value = "n/a" if objective is None else f"{objective:.6g}"
+    if summary["greedy-objective"] is None:  # server-data = none
+        return (
+            f"{head}F(S) = {value} (federated evaluation; no greedy reference: the server "
+            f"holds no data); results in {summary['run-folder']}"
+        )
+    return (
+        f"{head}F(S) = {value}, centralized greedy "
         f"{summary['greedy-objective']:.6g}, ratio {ratio:.4f}; results in {summary['run-folder']}"
     )

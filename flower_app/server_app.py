@@ -2,7 +2,8 @@
 
 For the submodular families the server loads the instance too, for what the algorithms
 themselves never use: a partition matroid's element groups, the true F(S) of each round (an
-experiment oracle recorded in ``metrics.jsonl``) and the centralized-greedy reference.
+experiment oracle recorded in ``metrics.jsonl``) and the centralized-greedy reference; with
+``server-data = "none"`` it reads no client data (``docs/node-local-data.md``).
 """
 
 from __future__ import annotations

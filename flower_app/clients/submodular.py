@@ -4,7 +4,8 @@ The client holds the rows of its cohort only. Its three calls, in NumPyClient te
 
 ``get_properties(config)``
     ``{"partition-id", "num-partitions", "first-user", "num-users", "n-users-total",
-    "n-elements"}``: the server's discovery step maps users to nodes with it.
+    "n-elements", "max-singleton"}``: the server's discovery step maps users to nodes with
+    it (``max-singleton``, the cohort's max f_i({e}), gives λ when the server holds no data).
 ``fit(parameters=[selected, users, (pool, sequence), (x ids, x values)], config)``
     ``selected``: int64 S (T inside an amplification step); ``users``: int64 global ids of
     the cohort's sampled users; ``config``: ``server-round``, ``d``, ``seed`` and ``mode``
@@ -97,6 +98,7 @@ class SubmodularClient(NumPyClient):
             "num-users": self.num_users,
             "n-users-total": self.n_users_total,
             "n-elements": self.objective.n_elements,
+            "max-singleton": self.objective.max_singleton,
         }
 
     def _selected(self, array: np.ndarray) -> np.ndarray:

@@ -35,7 +35,9 @@ The common key ``clients-per-round`` is K (draws with replacement per round); th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,12 +62,14 @@ from flower_app.algorithms.fedcg import (
 )
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError
-from flower_app.experiment import Experiment, finish_run, open_run, partition_of
+from flower_app.experiment import Experiment, finish_run, open_remote_run, open_run
 from flower_app.experiment import summary_line as _base_summary_line
+from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
+from flower_app.server_data import RemoteProblem, evaluator, probe_instance
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.fedcg import FedCGStrategy
-from flower_app.submodular.matroids import Matroid
+from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 
 __all__ = ["direct_run", "make_client", "server_run", "summary_line"]
@@ -81,17 +85,24 @@ def local_steps(cfg: AppConfig) -> LocalSteps:
     )
 
 
-def client_weights(cfg: AppConfig, problem: SubmodularProblem) -> np.ndarray | None:
+def client_weights(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem) -> np.ndarray | None:
     """Return p_i (None = uniform)."""
     if cfg.get("fedcg-client-weights") == "uniform":
         return None
+    if problem.objective is None:
+        raise ConfigError(
+            "fedcg-client-weights = 'data-size' needs every user's data size on the server; "
+            "with server-data = 'none' use 'uniform'"
+        )
     sizes = np.diff(problem.objective.values.indptr).astype(np.float64)
     if sizes.sum() <= 0:
         raise ConfigError("fedcg-client-weights = 'data-size' needs at least one non-zero entry")
     return sizes / sizes.sum()
 
 
-def fedcg_server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> FedCGServer:
+def fedcg_server(
+    cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid
+) -> FedCGServer:
     """Build (and so validate) the FedCG / FedCG+ server state of a configuration."""
     try:
         return FedCGServer(
@@ -112,7 +123,7 @@ def fedcg_server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -
 
 
 def discrete_server(
-    cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid
+    cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid
 ) -> DiscreteGreedyServer:
     """Build (and so validate) the discrete-greedy server state of a configuration."""
     return DiscreteGreedyServer(
@@ -120,7 +131,7 @@ def discrete_server(
     )
 
 
-def _server(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> Any:
+def _server(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> Any:
     if cfg.algorithm == "fed-discrete-greedy":
         return discrete_server(cfg, problem, matroid)
     return fedcg_server(cfg, problem, matroid)
@@ -135,32 +146,42 @@ def _multilinear(exp: Experiment) -> Any:
     return lambda x: multilinear_value(exp.problem.objective, x) / n
 
 
-def _finish(exp: Experiment, selected: list[int], history: list[dict], extra: dict) -> dict:
-    summary = finish_run(exp, selected, history)
+def _finish(
+    exp: Experiment,
+    selected: list[int],
+    history: list[dict],
+    extra: dict,
+    objective: float | None = None,
+) -> dict:
+    summary = finish_run(exp, selected, history, objective)
     summary.update(extra)
     exp.writer.write_summary(summary)
     return summary
 
 
-def _continuous_extra(server: FedCGServer, exp: Experiment) -> dict[str, Any]:
+def _continuous_extra(
+    server: FedCGServer,
+    exp: Experiment,
+    evaluate: Callable[[list[int]], float | None] | None = None,
+) -> dict[str, Any]:
     # the oblivious roundings of the same x, for the comparison (own stream, so the
     # configured rounding's result is untouched); pipage only when it is the configured
     # rounding or fedcg-report-pipage asks for it (else None)
     wanted = [
         rounding
         for rounding in ROUNDINGS
-        if rounding != "pipage"
-        or server.rounding == "pipage"
-        or exp.cfg.get("fedcg-report-pipage")
+        if rounding != "pipage" or server.rounding == "pipage" or exp.cfg.get("fedcg-report-pipage")
     ]
+    # the server's oracle, or a federated evaluation when it holds no data
+    value = exp.problem.objective.mean_value if evaluate is None else evaluate
     by_rounding = {
-        rounding: exp.problem.objective.mean_value(
+        rounding: value(
             round_point(server.x, server.matroid, rounding, np.random.default_rng([server.seed, 1]))
         )
         for rounding in wanted
     }
     return {
-        "multilinear": _multilinear(exp)(server.x),
+        "multilinear": None if exp.remote else _multilinear(exp)(server.x),
         "objective-pipage": by_rounding.get("pipage"),
         "objective-greedy-rounding": by_rounding["greedy"],
         "x-mass": float(server.x.sum()),
@@ -184,36 +205,58 @@ def _discrete_extra(server: DiscreteGreedyServer) -> dict[str, Any]:
 
 
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
-    """Run the configured strategy over the grid and write the run folder."""
-    exp = _open(cfg, "flower")
+    """Run the configured strategy over the grid and write the run folder.
+
+    With ``server-data = "none"`` the server reads no client data: sizes from the nodes,
+    the matroid from configuration, no per-round objective, F(S) of the final set (and of
+    the other rounding, for FedCG) by a federated evaluation (Σ f_i(S) over the nodes), no
+    greedy reference and no multilinear F̂(x) (:mod:`flower_app.server_data`).
+    """
+    remote = cfg.server_data == "none"
+    if remote:
+        problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+        exp = open_remote_run(cfg, problem, "flower", check=lambda p, m: _server(cfg, p, m))
+    else:
+        exp = _open(cfg, "flower")
     log(20, "run folder: %s", exp.writer.folder)
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
         strategy = FedDiscreteGreedyStrategy(
             cohorts=True,
             server=server,
-            objective_fn=exp.problem.objective.mean_value,
+            objective_fn=None if remote else exp.problem.objective.mean_value,
             on_round=exp.writer.log_round,
             discovery_timeout=cfg.discovery_timeout,
         )
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
         extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
-        return _finish(exp, list(server.selected), strategy.history, extra)
+        selected = list(server.selected)
+        objective = None
+        if remote:
+            evaluate = evaluator(grid, strategy, server.n_users, cfg.round_timeout)
+            objective = evaluate(selected)
+        return _finish(exp, selected, strategy.history, extra, objective)
     fedcg = FedCGStrategy(
         cohorts=True,
         server=server,
-        objective_fn=_multilinear(exp),
+        objective_fn=None if remote else _multilinear(exp),
         on_round=exp.writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
         evaluate_every=10,
     )
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
-    return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))
+    if not remote:
+        return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))
+    evaluate = evaluator(grid, fedcg, server.n_users, cfg.round_timeout)
+    extra = _continuous_extra(server, exp, evaluate)
+    return _finish(exp, selected, fedcg.history, extra, evaluate(selected))
 
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured algorithm on the direct engine and write the run folder."""
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
     exp = _open(cfg, "direct")
     server = _server(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []
@@ -283,10 +326,34 @@ def _cohort(cfg: AppConfig, partition_id: int, num_partitions: int) -> tuple:
     return objective, first, problem.n_users, build_matroid(cfg, problem), cache
 
 
+@lru_cache(maxsize=16)
+def _node_file(cfg: AppConfig, path: str, stamp: tuple) -> tuple:
+    """Return a node's own file (node_config ``data-path``) and the matroid over its groups."""
+    rows = load_node_rows(path, cfg.dataset)
+    if cfg.matroid == "uniform":
+        if cfg.k > rows.n_elements:
+            raise ConfigError(f"k={cfg.k} exceeds the ground set of {rows.n_elements} elements")
+        matroid: Matroid = UniformMatroid(rows.n_elements, cfg.k)
+    else:
+        matroid = PartitionMatroid.from_labels(node_groups(rows), cfg.partition_capacity)
+    cache: dict[bytes, UserEntries] = {}
+    return rows.objective, rows.first_user, rows.n_users_total, matroid, cache
+
+
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
-    """Return the node's ContinuousClient (its cohort; its state is ``context.state``)."""
-    pid, parts = partition_of(context)
-    objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
+    """Return the node's ContinuousClient (its cohort; its state is ``context.state``).
+
+    With node_config ``data-path`` the node reads only its own file (checksum verified;
+    a partition matroid's groups from ``element-groups.csv`` next to it); else it loads the
+    configured instance and keeps its cohort's rows.
+    """
+    pid, parts, path = node_partition(context.node_config)
+    if path is not None:
+        st = Path(path).expanduser().resolve().stat()
+        stamp = (st.st_size, st.st_mtime_ns)
+        objective, first, n_total, matroid, cache = _node_file(cfg, path, stamp)
+    else:
+        objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
     return ContinuousClient(
         objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache
     )
@@ -300,6 +367,6 @@ def summary_line(summary: dict) -> str:
             f"; participants/round {summary['mean-participants']:.1f} "
             f"(expected {summary['expected-participants']:.1f})"
         )
-    elif "multilinear" in summary:
+    elif summary.get("multilinear") is not None:
         line += f"; F^(x) = {summary['multilinear']:.6g} ({summary['rounding']} rounding)"
     return line

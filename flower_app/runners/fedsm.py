@@ -47,8 +47,16 @@ from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm_modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
-from flower_app.experiment import Experiment, finish_run, open_run, partition_of, summary_line
+from flower_app.experiment import (
+    Experiment,
+    finish_run,
+    open_remote_run,
+    open_run,
+    summary_line,
+)
+from flower_app.node_data import load_node_rows, node_partition
 from flower_app.problems import SubmodularProblem, cohort_objective, load_problem
+from flower_app.server_data import RemoteProblem, probe_instance
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
@@ -109,14 +117,21 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
     return params
 
 
-def _run(cfg: AppConfig, problem: SubmodularProblem, matroid: Matroid) -> FedSMRun:
+def _lam(problem: SubmodularProblem | RemoteProblem) -> float:
+    """λ = max f_i({e}): from the instance, or as the nodes reported it (server-data none)."""
+    if problem.objective is None:
+        return problem.max_singleton
+    return problem.objective.max_singleton
+
+
+def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> FedSMRun:
     try:
         return FedSMRun(
             problem.n_users,
             matroid,
             cfg.k,
             fedsm_params(cfg),
-            problem.objective.max_singleton,
+            _lam(problem),
             seed=cfg.seed,
         )
     except ValueError as err:
@@ -129,10 +144,18 @@ def _open(cfg: AppConfig, engine: str) -> Experiment:
     return open_run(cfg, engine, check=lambda p, m: _run(cfg, p, m))
 
 
-def _finish(exp: Experiment, run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write summary.json with the mode's own entries (rounds vs elements, communication)."""
+def _finish(
+    exp: Experiment,
+    run: FedSMRun,
+    history: list[dict[str, Any]],
+    objective: float | None = None,
+) -> dict[str, Any]:
+    """Write summary.json with the mode's own entries (rounds vs elements, communication).
+
+    ``objective``: F(S) by federated evaluation when the server holds no data.
+    """
     selected = run.selected
-    summary = finish_run(exp, selected, history)
+    summary = finish_run(exp, selected, history, objective)
     obj = exp.problem.objective
     mode = run.params.mode
     extra: dict[str, Any] = {
@@ -144,7 +167,14 @@ def _finish(exp: Experiment, run: FedSMRun, history: list[dict[str, Any]]) -> di
     }
     for key in _TOTALS:
         extra[key] = sum(int(row.get(key, 0)) for row in history)
-    if mode == "alg2":  # F(S_1), ..., F(S_|S|) along the order in which elements were added
+    if obj is None:  # server-data = none: no oracle curves, no fractional objective
+        if mode == "amplified":
+            assert run.point is not None
+            extra["fractional-objective"] = None
+            extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
+            extra["step-sets"] = run.step_sets
+            extra["steps"] = run.steps
+    elif mode == "alg2":  # F(S_1), ..., F(S_|S|) along the order in which elements were added
         current, by_k = np.zeros(obj.n_users), []
         for e in selected:
             current = obj.update_current(current, e)
@@ -163,7 +193,14 @@ def _finish(exp: Experiment, run: FedSMRun, history: list[dict[str, Any]]) -> di
 
 
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
-    """Run FedSMStrategy over the grid and write the run folder; return the summary."""
+    """Run FedSMStrategy over the grid and write the run folder; return the summary.
+
+    With ``server-data = "none"`` the server reads no client data: sizes and λ from the
+    nodes, the matroid from configuration, F(S) by federated evaluation after the last
+    round (``federated_evaluation=True``), no greedy reference (:mod:`flower_app.server_data`).
+    """
+    if cfg.server_data == "none":
+        return _server_run_remote(grid, cfg)
     exp = _open(cfg, "flower")
     log(INFO, "run folder: %s", exp.writer.folder)
     obj = exp.problem.objective
@@ -184,8 +221,35 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     return _finish(exp, strategy.run, strategy.history)
 
 
+def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
+    problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+    exp = open_remote_run(cfg, problem, "flower", check=lambda p, m: _run(cfg, p, m))
+    log(INFO, "run folder: %s (server-data = none)", exp.writer.folder)
+    strategy = FedSMStrategy(
+        k=cfg.k,
+        seed=cfg.seed,
+        federated_evaluation=True,
+        cohorts=True,
+        n_users=problem.n_users,
+        matroid=exp.matroid,
+        params=fedsm_params(cfg),
+        lam=problem.max_singleton,
+        discovery_timeout=cfg.discovery_timeout,
+        on_round=exp.writer.log_round,
+    )
+    result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
+    assert strategy.run is not None
+    evaluations = result.evaluate_metrics_clientapp
+    objective = None
+    if evaluations:
+        objective = evaluations[max(evaluations)].get("objective")
+    return _finish(exp, strategy.run, strategy.history, objective)
+
+
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured FedSM mode on the direct engine and write the run folder."""
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []
@@ -210,8 +274,17 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
-    """Return the node's SubmodularClient (its cohort of users)."""
-    return _client(cfg, *partition_of(context))
+    """Return the node's SubmodularClient (its cohort of users).
+
+    With node_config ``data-path`` the node reads only its own file (checksum verified
+    against the manifest next to it, :mod:`flower_app.node_data`); else it loads the
+    configured instance and keeps its cohort's rows.
+    """
+    pid, parts, path = node_partition(context.node_config)
+    if path is not None:
+        rows = load_node_rows(path, cfg.dataset)
+        return SubmodularClient(rows.objective, rows.first_user, rows.n_users_total, pid, parts)
+    return _client(cfg, pid, parts)
 
 
 @lru_cache(maxsize=64)

@@ -30,8 +30,8 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.learning import DictState, LearningClient, RecordState, byzantine_clients
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import Federation, build_federation
-from flower_app.experiment import partition_of
 from flower_app.models.mlp import init_weights
+from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
 from flower_app.strategies.maxfl import AppealStrategy
 
@@ -232,9 +232,17 @@ def _server(s: MaxFLSettings) -> tuple[AppealServer, ParticipationSampler]:
     return server, sampler
 
 
-def _client(s: MaxFLSettings, first: int, count: int, state: DictState, pid: int, parts: int):
+def _client(
+    s: MaxFLSettings,
+    first: int,
+    count: int,
+    state: DictState,
+    pid: int,
+    parts: int,
+    fed: Federation | None = None,
+):
     return LearningClient(
-        federation(s),
+        federation(s) if fed is None else fed,
         first,
         count,
         s.algorithm,
@@ -406,11 +414,19 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
-    """Return the node's LearningClient (its cohort; ρ_k kept in ``context.state``)."""
+    """Return the node's LearningClient (its cohort; ρ_k kept in ``context.state``).
+
+    With node_config ``data-path`` (a ``node-<p>.npz`` of ``python -m flower_app.export``)
+    the node reads only its own clients' images, checksum verified against the manifest
+    next to it, and checks that the run's split keys are the export's.
+    """
     s = settings(cfg)
-    pid, parts = partition_of(context)
+    pid, parts, path = node_partition(context.node_config)
     first, count = cohort_range(s.n_clients, pid, parts)
-    return _client(s, first, count, RecordState(context.state), pid, parts)
+    fed = None
+    if path is not None:
+        fed = load_node_images(path, source_of(cfg, MAXFL_SOURCE_KEYS))
+    return _client(s, first, count, RecordState(context.state), pid, parts, fed)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

@@ -93,6 +93,18 @@ _DECLARED = (
         "discovery-timeout", "float", 300.0, _COMMON,
         "seconds to wait for all nodes to register and announce their users", gt=0,
     ),
+    Setting(
+        "server-data", "choice", "full", _COMMON,
+        "full: the server loads the instance too (true F(S) per round, greedy reference); "
+        "none: it reads no client data (sizes from the nodes, F(S) by federated evaluation, "
+        "no greedy reference; submodular families; docs/node-local-data.md)",
+        choices=("full", "none"),
+    ),
+    Setting(
+        "element-groups", "str", "", _COMMON,
+        "with server-data = none and matroid = partition: CSV (element,group) of the "
+        "elements' groups, as python -m flower_app.export writes it; absolute for flwr run",
+    ),
     # ------------------------------------------------------------------ fedsm
     Setting(
         "fedsm-mode", "choice", "alg1", _FEDSM,

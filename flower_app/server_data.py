@@ -1,0 +1,246 @@
+"""``server-data = "none"``: a ServerApp of the submodular families that reads no client data.
+
+With the default ``server-data = "full"`` the server loads the instance too, for what the
+algorithms never use (true F(S) per round, the centralized-greedy reference, a partition
+matroid's element groups). With ``"none"``:
+
+- n, m (and λ = max f_i({e}) for FedSM Algorithm 2) come from the nodes' ``query.cohort``
+  replies (:func:`probe_instance`), waiting until their cohorts cover all users;
+- the matroid comes from configuration (:func:`remote_matroid`): uniform of rank ``k``, or
+  a partition matroid over the ``element-groups`` CSV given to the server (public metadata
+  of the ground set, written by ``python -m flower_app.export``);
+- the objective of the final set is a federated evaluation, Σ f_i(S) over the nodes
+  (:func:`federated_objective`), and no per-round objective is recorded;
+- there is no greedy reference; ``summary.json`` says so (``server-data``,
+  ``greedy-reference``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from flower_app.config import AppConfig, ConfigError
+from flower_app.strategies.discovery import COHORT_QUERY, DiscoveryError
+
+__all__ = [
+    "RemoteProblem",
+    "evaluator",
+    "federated_objective",
+    "probe_instance",
+    "remote_matroid",
+]
+
+
+@dataclass(frozen=True)
+class RemoteProblem:
+    """What the server knows of an instance it does not hold: sizes from the nodes.
+
+    Attributes
+    ----------
+    name : str
+        The dataset name.
+    n_users, n_elements : int
+        n and m, as the nodes report them.
+    max_singleton : float
+        λ = max over the nodes' reported max_{e,i} f_i({e}).
+    objective : None
+        No objective: the server cannot evaluate F (kept so code can test for it).
+    """
+
+    name: str
+    n_users: int
+    n_elements: int
+    max_singleton: float
+    objective: None = None
+
+
+def probe_instance(grid: Grid, dataset: str, timeout: float, poll: float = 0.5) -> RemoteProblem:
+    """Ask the nodes for n, m and λ until their cohorts cover all users.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    dataset : str
+        The run's dataset name (recorded).
+    timeout : float
+        Seconds to wait (``discovery-timeout``).
+    poll : float, optional
+        Seconds between looks for newly registered nodes.
+
+    Returns
+    -------
+    RemoteProblem
+        The sizes every node agrees on.
+
+    Raises
+    ------
+    DiscoveryError
+        If nodes disagree on n or m, or the users are not covered in time.
+    """
+    deadline = time.monotonic() + timeout
+    asked: set[int] = set()
+    ranges: dict[int, tuple[int, int]] = {}
+    sizes: tuple[int, int] | None = None
+    lam = 0.0
+    failures: dict[int, str] = {}
+    while True:
+        new = [int(n) for n in grid.get_node_ids() if int(n) not in asked]
+        if new:
+            asked.update(new)
+            content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
+            messages = [
+                Message(content, dst_node_id=n, message_type=COHORT_QUERY, group_id="probe")
+                for n in new
+            ]
+            wait = max(deadline - time.monotonic(), 1.0)
+            for reply in grid.send_and_receive(messages, timeout=wait):
+                src = int(reply.metadata.src_node_id)
+                if reply.has_error():
+                    failures[src] = str(reply.error.reason)
+                    log(WARNING, "probe: node %s failed: %s", src, reply.error.reason)
+                    continue
+                props = reply.content.config_records["properties"]
+                mine = (int(props["n-users-total"]), int(props["n-elements"]))
+                if sizes is None:
+                    sizes = mine
+                elif mine != sizes:
+                    raise DiscoveryError(
+                        f"node {src} holds an instance with {mine[0]} users and {mine[1]} "
+                        f"elements, another node {sizes[0]} and {sizes[1]}: the nodes' files "
+                        "come from different exports"
+                    )
+                lam = max(lam, float(props.get("max-singleton", 0.0)))
+                if int(props["num-users"]) > 0:
+                    ranges[src] = (int(props["first-user"]), int(props["num-users"]))
+        covered = sum(c for _, c in ranges.values())
+        if sizes is not None and covered >= sizes[0]:
+            break
+        if time.monotonic() > deadline:
+            failed = "; ".join(f"node {n}: {reason}" for n, reason in sorted(failures.items()))
+            raise DiscoveryError(
+                f"after {timeout:.0f} s the nodes that answered serve {covered} of "
+                f"{'?' if sizes is None else sizes[0]} users; start the missing SuperNodes or "
+                "raise discovery-timeout" + (f" (failed: {failed})" if failed else "")
+            )
+        time.sleep(poll)
+    n, m = sizes
+    log(INFO, "server-data = none: the nodes hold n=%d users, m=%d elements", n, m)
+    return RemoteProblem(name=dataset, n_users=n, n_elements=m, max_singleton=lam)
+
+
+def remote_matroid(cfg: AppConfig, n_elements: int):  # noqa: ANN201 - a Matroid
+    """Build the constraint from configuration alone (no client data).
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        ``matroid``, ``k``, ``partition-capacity`` and, for a partition matroid,
+        ``element-groups`` (the CSV of the export, given to the server).
+    n_elements : int
+        m, as the nodes report it.
+
+    Returns
+    -------
+    Matroid
+        Uniform of rank k, or the partition matroid over the groups file.
+
+    Raises
+    ------
+    ConfigError
+        If k does not fit, or a partition matroid has no groups file.
+    """
+    from flower_app.node_data import NodeDataError, read_groups
+    from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
+
+    if cfg.matroid == "uniform":
+        if cfg.k > n_elements:
+            raise ConfigError(f"k={cfg.k} exceeds the ground set: the nodes hold {n_elements}")
+        return UniformMatroid(n_elements, cfg.k)
+    if not cfg.element_groups:
+        raise ConfigError(
+            "matroid = 'partition' with server-data = 'none' needs run_config "
+            "'element-groups': the element-groups.csv of python -m flower_app.export (the "
+            "server reads no node's data, so it cannot learn the groups from them)"
+        )
+    try:
+        groups = read_groups(cfg.element_groups, n_elements)
+    except NodeDataError as err:
+        raise ConfigError(f"run_config 'element-groups': {err}") from None
+    matroid = PartitionMatroid.from_labels(groups, cfg.partition_capacity)
+    if cfg.k > matroid.rank:
+        raise ConfigError(
+            f"k={cfg.k} exceeds the rank {matroid.rank} of the partition matroid "
+            f"({matroid.capacities.size} groups, capacity {cfg.partition_capacity} each)"
+        )
+    return matroid
+
+
+def federated_objective(
+    grid: Grid,
+    node_ids: Iterable[int],
+    selected: Sequence[int],
+    n_users: int,
+    timeout: float,
+    server_round: int = 0,
+) -> float | None:
+    """Return F(S) = Σ_nodes Σ_i f_i(S) / n by one ``evaluate`` exchange, or None.
+
+    Every node answers with its cohort's ``objective-sum`` (the cohort-mode evaluate
+    contract of :class:`~flower_app.strategies.fedsm.FedSMStrategy`). None (logged) when a
+    node fails or the users that answered are not all n.
+    """
+    sel = np.asarray(list(selected), dtype=np.int64)
+    messages = [
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({"selected": Array(sel)}),
+                    "config": ConfigRecord({"server-round": int(server_round)}),
+                }
+            ),
+            dst_node_id=int(node),
+            message_type=MessageType.EVALUATE,
+        )
+        for node in node_ids
+    ]
+    total, users = 0.0, 0
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    for reply in replies:
+        if reply.has_error():
+            log(WARNING, "federated evaluation: node %s failed: %s",
+                reply.metadata.src_node_id, reply.error.reason)  # fmt: skip
+            return None
+        metrics = reply.content.metric_records["metrics"]
+        value = float(metrics["objective-sum"])
+        if not np.isfinite(value):
+            log(WARNING, "federated evaluation: node %s sent %s", reply.metadata.src_node_id, value)
+            return None
+        total += value
+        users += int(metrics["num-examples"])
+    if len(replies) != len(messages) or users != n_users:
+        log(WARNING, "federated evaluation: %d of %d users answered; no F(S)", users, n_users)
+        return None
+    return total / max(n_users, 1)
+
+
+def evaluator(
+    grid: Grid, strategy: object, n_users: int, timeout: float
+) -> Callable[[Sequence[int]], float | None]:
+    """Return ``S -> F(S)`` by federated evaluation over the nodes the strategy discovered."""
+
+    def evaluate(selected: Sequence[int]) -> float | None:
+        cohorts = getattr(strategy, "cohorts", None)
+        if cohorts is None:
+            return None
+        return federated_objective(grid, cohorts.node_ids, selected, n_users, timeout)
+
+    return evaluate
