@@ -39,6 +39,7 @@ from flower_app.submodular.objectives import MaxRowObjective
 __all__ = [
     "FedSMRound",
     "FedSMServer",
+    "check_report",
     "decode_report",
     "run_fedsm_direct",
     "sampled_entry_sum",
@@ -335,6 +336,48 @@ def run_fedsm_direct(
     return list(server.selected)
 
 
+def check_report(arrays: list[np.ndarray], n_elements: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """Check a node's report without densifying it (``n_elements`` may be a claim).
+
+    Parameters
+    ----------
+    arrays : list of numpy.ndarray
+        The reply's arrays in order: ``[index, value]`` (sparse) or ``[value]`` (dense).
+    n_elements : int
+        Length L of the report.
+
+    Returns
+    -------
+    tuple
+        The ids (None for a dense report) and the values as float64.
+
+    Raises
+    ------
+    ValueError
+        As :func:`decode_report`.
+    """
+    if len(arrays) == 1:
+        index, value = None, np.asarray(arrays[0])
+        if value.shape != (n_elements,):
+            raise ValueError(f"dense report has shape {value.shape}, expected ({n_elements},)")
+    elif len(arrays) == 2:
+        index, value = (np.asarray(a) for a in arrays)
+        if index.ndim != 1 or value.shape != index.shape or index.dtype.kind not in "iu":
+            raise ValueError("sparse report needs 1-D integer ids and values of equal length")
+        if index.size and (index.min() < 0 or index.max() >= n_elements):
+            raise ValueError(f"sparse report has element ids outside 0..{n_elements - 1}")
+        if np.unique(index).size != index.size:
+            raise ValueError("sparse report repeats element ids")
+    else:
+        raise ValueError(f"a report has 1 (dense) or 2 (sparse) arrays, got {len(arrays)}")
+    if value.dtype.kind not in "iuf":
+        raise ValueError(f"report values must be real numbers, got dtype {value.dtype}")
+    values = value.astype(np.float64)
+    if not np.all(np.isfinite(values)) or (values < 0).any():
+        raise ValueError("report values must be finite and non-negative")
+    return index, values
+
+
 def decode_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
     """Decode a node's report (``[index, value]`` sparse or ``[value]`` dense) and check it.
 
@@ -353,27 +396,13 @@ def decode_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
     Raises
     ------
     ValueError
-        On a wrong number of arrays, wrong shapes or dtypes, indices out of range or
-        duplicated, or non-finite or negative values (marginal gains of a monotone
-        function are ≥ 0).
+        On a wrong number of arrays, wrong shapes or dtypes (values must be real numbers,
+        ids integers), indices out of range or duplicated, or non-finite or negative
+        values (marginal gains of a monotone function are ≥ 0).
     """
-    if len(arrays) == 1:
-        value = np.asarray(arrays[0])
-        if value.shape != (n_elements,):
-            raise ValueError(f"dense report has shape {value.shape}, expected ({n_elements},)")
-        dense = value.astype(np.float64)
-    elif len(arrays) == 2:
-        index, value = (np.asarray(a) for a in arrays)
-        if index.ndim != 1 or value.shape != index.shape or index.dtype.kind not in "iu":
-            raise ValueError("sparse report needs 1-D integer ids and values of equal length")
-        if index.size and (index.min() < 0 or index.max() >= n_elements):
-            raise ValueError(f"sparse report has element ids outside 0..{n_elements - 1}")
-        if np.unique(index).size != index.size:
-            raise ValueError("sparse report repeats element ids")
-        dense = np.zeros(n_elements)
-        dense[index.astype(np.int64)] = value.astype(np.float64)
-    else:
-        raise ValueError(f"a report has 1 (dense) or 2 (sparse) arrays, got {len(arrays)}")
-    if not np.all(np.isfinite(dense)) or (dense < 0).any():
-        raise ValueError("report values must be finite and non-negative")
+    index, values = check_report(arrays, n_elements)
+    if index is None:
+        return values
+    dense = np.zeros(n_elements)
+    dense[index.astype(np.int64)] = values
     return dense

@@ -32,6 +32,7 @@ as soon as its reply arrives.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -57,6 +58,7 @@ __all__ = [
     "check_initial_arrays",
     "check_replies",
     "handler_hint",
+    "int_metric",
     "sample_nodes",
     "to_metric",
     "to_metric_record",
@@ -201,6 +203,39 @@ def check_replies(
 
 
 # ---------------------------------------------------------------------------- records
+def int_metric(metrics: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """Return ``metrics[key]`` as an int; reject anything but an integral number.
+
+    Parameters
+    ----------
+    metrics : mapping
+        A reply's MetricRecord (or a dict of it).
+    key : str
+        The metric.
+    default : int, optional
+        Value when the metric is absent (default: it is required).
+
+    Returns
+    -------
+    int
+        The value (a float is accepted only if it is finite and integral, e.g. ``3.0``).
+
+    Raises
+    ------
+    KeyError
+        If the metric is absent and there is no default.
+    ValueError
+        If the value is a list, a bool, non-finite or not integral (``int(inf)`` would
+        raise OverflowError, ``int(2.5)`` would silently give 2).
+    """
+    value = metrics[key] if default is None or key in metrics else default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"metric '{key}' = {value!r}: expected an integer")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"metric '{key}' = {value!r}: expected an integer")
+    return int(value)
+
+
 def to_metric(value: Any) -> Any:
     """Turn a value into what a MetricRecord accepts (Python int/float or lists of them)."""
     if isinstance(value, bool | np.bool_):

@@ -129,15 +129,19 @@ def discover_cohorts(
                         )
                     log(WARNING, "discovery: node %s failed: %s", src, reason)
                     continue
-                props = reply.content.config_records["properties"]
-                if int(props["n-users-total"]) != n_users or int(props["n-elements"]) != n_elements:
+                try:
+                    total, elements, first, count = _cohort_of(reply)
+                except (KeyError, TypeError, ValueError) as err:
+                    log(WARNING, "discovery: reply of node %s left out: %s", src, err)
+                    continue
+                if total != n_users or elements != n_elements:
                     raise DiscoveryError(
-                        f"node {src} loaded an instance with {props['n-users-total']} users and "
-                        f"{props['n-elements']} elements; the server has {n_users} and "
+                        f"node {src} loaded an instance with {total} users and "
+                        f"{elements} elements; the server has {n_users} and "
                         f"{n_elements}: server and nodes must use the same dataset and data-dir"
                     )
-                if int(props["num-users"]) > 0:
-                    known[src] = (int(props["first-user"]), int(props["num-users"]))
+                if count > 0:
+                    known[src] = (first, count)
         covered = _coverage(known, n_users)
         if covered == n_users:
             break
@@ -155,6 +159,24 @@ def discover_cohorts(
         firsts=np.array([known[n][0] for n in order], dtype=np.int64),
         counts=np.array([known[n][1] for n in order], dtype=np.int64),
     )
+
+
+def _cohort_of(reply: Message) -> tuple[int, int, int, int]:
+    """Return a cohort reply's (n-users-total, n-elements, first-user, num-users).
+
+    Raises
+    ------
+    KeyError, ValueError
+        If a key is missing or a value is not an int (or is negative).
+    """
+    props = reply.content.config_records["properties"]
+    out = []
+    for key in ("n-users-total", "n-elements", "first-user", "num-users"):
+        value = props[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"'{key}' = {value!r}: expected an int >= 0")
+        out.append(value)
+    return out[0], out[1], out[2], out[3]
 
 
 def _coverage(known: dict[int, tuple[int, int]], n_users: int) -> int:

@@ -24,11 +24,12 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedsm import decode_report
+from flower_app.algorithms.fedsm import check_report, decode_report
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
     RoundStrategy,
+    int_metric,
     sample_nodes,
     warn_fixed_length,
 )
@@ -217,9 +218,14 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
 
     def _decode_histogram(self, src: int, reply: Message, m: int | None) -> tuple:
         record, metrics, nbytes = reply_parts(reply)
-        m_reply = reported_n_elements(metrics) if m is None else m
-        vec = decode_report(report_arrays(record), m_reply)
-        return vec, int(metrics["num-examples"]), nbytes, m_reply
+        parts = report_arrays(record)
+        if m is None:  # m is only a claim until the majority fixes it: densify after that
+            m_reply = reported_n_elements(metrics)
+            check_report(parts, m_reply)
+            vec: np.ndarray | list[np.ndarray] = parts
+        else:
+            m_reply, vec = m, decode_report(parts, m)
+        return vec, int_metric(metrics, "num-examples"), nbytes, m_reply
 
     def importance_protocol(self, grid: Grid, timeout: float) -> None:
         """Cohort mode: the two exchanges of Algs. 4/5 over all nodes.
@@ -269,6 +275,9 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             lambda s, v: None if v[3] == m else f"histogram for m={v[3]}; the run has m={m}",
             "importance factors",
         )
+        checked.accepted = [
+            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
+        ]
         matroid = build_matroid(m, self.k, self.groups, self.capacities)
         self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
         self._finish_importance(grid, checked, [src for src, _ in checked.accepted])
@@ -292,7 +301,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             value = float(metrics["expected-participants"])
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"expected participants {value}")
-            return value, int(metrics.get("num-examples", 1))
+            return value, int_metric(metrics, "num-examples", 1)
 
         replies = self._send(grid, nodes, arrays, cfg, "importance")
         done = self.check(replies, decode, "importance factors", all_rejected_fails=True)
@@ -338,8 +347,8 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         if not self.cohort_mode and reported_n_elements(metrics) != self._m:
             raise ValueError(f"reply for m={metrics['n-elements']}; the run has m={self._m}")
         vec = decode_int_report(report_arrays(record), self._m)
-        count = int(metrics["participants"])
-        if count < 0 or count > int(metrics.get("num-examples", 1)):
+        count = int_metric(metrics, "participants")
+        if count < 0 or count > int_metric(metrics, "num-examples", 1):
             raise ValueError(f"{count} participants")
         return vec, count, nbytes
 

@@ -78,11 +78,12 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
-from flower_app.algorithms.fedsm import decode_report
+from flower_app.algorithms.fedsm import check_report, decode_report
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
     RoundStrategy,
+    int_metric,
     sample_nodes,
     warn_fixed_length,
 )
@@ -391,11 +392,21 @@ class FedCGStrategy(RoundStrategy):
                 raise ValueError(f"reply for m={metrics['n-elements']}; the run has m={m}")
         else:
             m = reported_n_elements(metrics)
-        vec = decode_report(report_arrays(record), m)
+        parts = report_arrays(record)
+        if self.server is None:
+            # m is only a claim until the majority fixes it: check, densify in _resolve_m
+            check_report(parts, m)
+            vec: np.ndarray | list[np.ndarray] = parts
+        else:
+            vec = decode_report(parts, m)
         n_sent, w_sent = self._sent[src]
         if self.cohort_mode:
-            n_ex, weight = int(metrics["num-examples"]), float(metrics["weight"])
-            if n_ex != n_sent or abs(weight - w_sent) > _TOL * max(1.0, w_sent):
+            n_ex, weight = int_metric(metrics, "num-examples"), float(metrics["weight"])
+            if (
+                n_ex != n_sent
+                or not np.isfinite(weight)
+                or abs(weight - w_sent) > _TOL * max(1.0, w_sent)
+            ):
                 raise ValueError(
                     f"update for {n_ex} users / weight {weight}, sent {n_sent} / {w_sent}"
                 )
@@ -403,7 +414,7 @@ class FedCGStrategy(RoundStrategy):
             n_ex, weight = n_sent, w_sent
         if self.server is not None:
             self._check_mass(vec, weight)
-        return vec, n_ex, weight, nbytes, int(metrics.get("ids-sent", 0)), m
+        return vec, n_ex, weight, nbytes, int_metric(metrics, "ids-sent", 0), m
 
     def _check_mass(self, vec: np.ndarray, weight: float) -> None:
         assert self.server is not None
@@ -421,18 +432,27 @@ class FedCGStrategy(RoundStrategy):
     def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
         """Plain mode, first replies: fix m and the matroid; leave out the others."""
         m = majority_m(checked, lambda value: value[5])
+        context = f"round {server_round}"
+        drop_replies(
+            checked,
+            lambda _, value: (
+                None if value[5] == m else f"reply for m={value[5]}; the run has m={m}"
+            ),
+            context,
+        )
+        checked.accepted = [
+            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
+        ]
         self.server = self._build_server(m, grid_nodes)
 
         def keep(src: int, value: tuple) -> str | None:
-            if value[5] != m:
-                return f"reply for m={value[5]}; the run has m={m}"
             try:
                 self._check_mass(value[0], value[2])
             except ValueError as err:
                 return str(err)
             return None
 
-        drop_replies(checked, keep, f"round {server_round}")
+        drop_replies(checked, keep, context)
 
     def aggregate_accepted(
         self, server_round: int, checked: CheckedReplies

@@ -36,6 +36,7 @@ from flower_app.strategies.base import (
     RoundCallback,
     RoundStrategy,
     check_replies,
+    int_metric,
     sample_nodes,
     to_metric,
     warn_fixed_length,
@@ -522,22 +523,23 @@ class FedSMStrategy(RoundStrategy):
         record = reply.content.array_records["arrays"]
         metrics = reply.content.metric_records["metrics"]
         if self.cohort_mode:
-            ndarrays = record.to_numpy_ndarrays()
+            keys = ["0", "1"] if "1" in record else ["0"]
         else:
-            if int(metrics["num-elements"]) != self.n_elements:
+            if int_metric(metrics, "num-elements") != self.n_elements:
                 raise ValueError(
                     f"num-elements={metrics['num-elements']}, the run has m={self.n_elements}"
                 )
             keys = ["ids", "values"] if "ids" in record else ["values"]
-            if set(record.keys()) != set(keys):
-                raise ValueError(f"report arrays {sorted(record.keys())}: expected {keys}")
-            ndarrays = [record[key].numpy() for key in keys]
+        if set(record.keys()) != set(keys):
+            raise ValueError(f"report arrays {sorted(record.keys())}: expected {keys}")
+        ndarrays = [record[key].numpy() for key in keys]
         report = decode_report(ndarrays, plan.report_size)
-        n_ex = int(metrics["num-examples"])
+        n_ex = int_metric(metrics, "num-examples")
         if n_ex != self._sent[src]:
             raise ValueError(f"reports for {n_ex} users, {self._sent[src]} were sent")
         values = sum(int(a.size) for a in ndarrays)
-        return report, n_ex, record.count_bytes(), values, int(metrics.get("positive-entries", 0))
+        positive = int_metric(metrics, "positive-entries", 0)
+        return report, n_ex, record.count_bytes(), values, positive
 
     def aggregate_accepted(
         self, server_round: int, checked: CheckedReplies
@@ -639,9 +641,9 @@ class FedSMStrategy(RoundStrategy):
 def _decode_setup(src: int, reply: Message) -> tuple[int, float, np.ndarray | None, int | None]:
     metrics = reply.content.metric_records["metrics"]
     m = metrics["num-elements"]
-    if isinstance(m, float) or int(m) < 1:
+    if isinstance(m, float) or int_metric(metrics, "num-elements") < 1:
         raise ValueError(f"num-elements={m!r}: expected a positive int")
-    if int(metrics["num-examples"]) != 1:
+    if int_metric(metrics, "num-examples") != 1:
         raise ValueError("a plain-mode node is one user: num-examples must be 1")
     lam = float(metrics.get("max-singleton", 0.0))
     if not np.isfinite(lam) or lam < 0:
@@ -652,8 +654,8 @@ def _decode_setup(src: int, reply: Message) -> tuple[int, float, np.ndarray | No
         groups = np.asarray(arrays["element-groups"].numpy(), dtype=np.int64)
         if groups.shape != (int(m),) or (groups < 0).any():
             raise ValueError("element-groups must hold one group id >= 0 per element")
-    pid = metrics.get("partition-id")
-    return int(m), lam, groups, None if pid is None else int(pid)
+    pid = None if "partition-id" not in metrics else int_metric(metrics, "partition-id")
+    return int(m), lam, groups, pid
 
 
 def _initial_set(arrays: ArrayRecord | None) -> list[int]:

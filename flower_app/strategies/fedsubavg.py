@@ -57,6 +57,7 @@ from flower_app.strategies.base import (
     InitialArraysError,
     NotEnoughNodesError,
     RoundStrategy,
+    int_metric,
     sample_nodes,
     to_metric,
 )
@@ -346,7 +347,7 @@ class FedSubAvgStrategy(RoundStrategy):
     def _decode_heat(self, src: int, reply: Message) -> tuple[dict[str, np.ndarray], int]:
         assert self.layout is not None
         record = reply.content.array_records["arrays"]
-        n = int(reply.content.metric_records["metrics"]["num-examples"])
+        n = int_metric(reply.content.metric_records["metrics"], "num-examples")
         if n < 0 or (self.weighting == "samples" and n == 0):
             raise ValueError(f"num-examples = {n} in the heat reply")
         rows = {}
@@ -511,6 +512,8 @@ class FedSubAvgStrategy(RoundStrategy):
         metrics = dict(reply.content.metric_records["metrics"])
         if self.cohorts_mode:
             n_users, allowed = self._sent[src]
+            if list(record.keys()) != ["0", "1"]:
+                raise ValueError(f"reply arrays {list(record.keys())}: expected ['0', '1']")
             part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
             return part, record.count_bytes(), {}
         assert self.layout is not None
@@ -521,8 +524,13 @@ class FedSubAvgStrategy(RoundStrategy):
                 f"reply arrays {sorted(record)} differ from the submodel sent {sorted(expected)}"
             )
         for key in self.layout.sparse:
-            if not np.array_equal(record[rows_key(key)].numpy(), rows[key]):
+            got = record[rows_key(key)].numpy()
+            if got.dtype.kind not in "iu" or not np.array_equal(got, rows[key]):
                 raise ValueError(f"'{rows_key(key)}' differs from the rows sent")
+        for key in self.layout.keys:
+            kind, sent = record[key].numpy().dtype.kind, self._sent_values[src][key].dtype.kind
+            if kind != sent and not (kind in "iu" and sent in "iu"):
+                raise ValueError(f"'{key}' has dtype kind {kind!r}, the model {sent!r}")
         n = metrics.get("num-examples")
         if not isinstance(n, int) or n < 0 or (self.weighting == "samples" and n == 0):
             raise ValueError(f"num-examples = {n!r}: expected a non-negative int")

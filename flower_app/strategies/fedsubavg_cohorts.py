@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from flower_app.algorithms.fedsubavg import FeatureHeat, RoundUpdate
+from flower_app.strategies.base import int_metric
 
 __all__ = [
     "HEAT_QUERY",
@@ -148,7 +149,7 @@ def decode_update(
         )
     if not np.all(np.isfinite(sums)):
         raise BadReplyError("non-finite values in the update")
-    n_ex = int(metrics["num-examples"])
+    n_ex = int_metric(metrics, "num-examples")
     weight = float(metrics["weight-sum"])
     if n_ex != n_users:
         raise BadReplyError(f"update of {n_ex} users, {n_users} were sent")

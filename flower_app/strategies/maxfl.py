@@ -67,6 +67,7 @@ from flower_app.strategies.base import (
     InitialArraysError,
     RoundCallback,
     RoundStrategy,
+    int_metric,
     sample_nodes,
     to_metric_record,
 )
@@ -128,7 +129,7 @@ def decode_cohort_reply(
         raise ReplyError("reply lacks the 'arrays' ArrayRecord or the 'metrics' MetricRecord")
     metrics = content.metric_records["metrics"]
     try:
-        users = [int(u) for u in metrics["users"]]
+        users = [_user_id(u) for u in metrics["users"]]
         qs = [float(q) for q in metrics["q"]]
         losses = [float(v) for v in metrics["loss"]]
         h_sum = float(metrics.get("h-sum", 0.0))
@@ -144,9 +145,10 @@ def decode_cohort_reply(
         met = rule_for(algorithm).check_reply(qs, h_sum, metrics)
     except ValueError as err:
         raise ReplyError(str(err)) from err
-    arrays = content.array_records["arrays"].to_numpy_ndarrays()
-    if len(arrays) != len(shapes):
-        raise ReplyError(f"{len(arrays)} arrays, expected {len(shapes)}")
+    record = content.array_records["arrays"]
+    if list(record.keys()) != [str(i) for i in range(len(shapes))]:
+        raise ReplyError(f"arrays {list(record.keys())}, expected '0'..'{len(shapes) - 1}'")
+    arrays = record.to_numpy_ndarrays()
     out = []
     for i, (a, shape) in enumerate(zip(arrays, shapes, strict=True)):
         if tuple(a.shape) != tuple(shape):
@@ -155,6 +157,13 @@ def decode_cohort_reply(
             raise ReplyError(f"array {i} is not a finite float array")
         out.append(a.astype(np.float64))
     return out, qs, losses, h_sum, met
+
+
+def _user_id(value: Any) -> int:
+    """Return a user id from a metric list entry (TypeError unless it is an int)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"user id {value!r} is not an int")
+    return value
 
 
 def _fmt(value: Any) -> str:
@@ -298,7 +307,7 @@ class AppealStrategy(RoundStrategy):
         sent = dict(self._sent)
 
         def decode(src: int, reply: Message) -> list[int]:
-            got = [int(u) for u in reply.content.metric_records["metrics"]["appealing"]]
+            got = [_user_id(u) for u in reply.content.metric_records["metrics"]["appealing"]]
             if not set(got) <= set(sent.get(src, [])):
                 raise ReplyError("opt-in list names clients the node was not asked about")
             return got
@@ -795,9 +804,11 @@ class MaxFLStrategy(AppealStrategy):
                 raise ValueError(f"'{key}' has shape {a.shape}, the model {w.shape}")
             if w.dtype.kind == "f" and (a.dtype.kind != "f" or not np.all(np.isfinite(a))):
                 raise ValueError(f"'{key}' is not a finite floating array")
+            if w.dtype.kind != "f" and a.dtype.kind != w.dtype.kind:
+                raise ValueError(f"'{key}' has dtype {a.dtype}, the model {w.dtype}")
             arrays[key] = a
-        n = metrics.get("num-examples")
-        if not isinstance(n, int | float) or not n >= 0:
+        n = int_metric(metrics, "num-examples")
+        if n < 0:
             raise ValueError(f"metrics need 'num-examples' >= 0, got {n!r}")
         loss = _finite(metrics, self.train_loss_key)
         rho = _finite(metrics, self.rho_key)

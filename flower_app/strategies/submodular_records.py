@@ -32,7 +32,12 @@ from flower_app.strategies.base import (
 )
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 
+#: the largest ground set a reply may announce: element ids travel as int32
+MAX_ELEMENTS = 2**31 - 1
+_INT64_MAX = np.iinfo(np.int64).max
+
 __all__ = [
+    "MAX_ELEMENTS",
     "build_matroid",
     "check_common",
     "decode_int_report",
@@ -70,6 +75,9 @@ def decode_int_report(arrays: list[np.ndarray], n_elements: int) -> np.ndarray:
     """
     if any(np.asarray(a).dtype.kind not in "iu" for a in arrays):
         raise ValueError("report values must be fixed-point integers")
+    big = [a for a in map(np.asarray, arrays) if a.dtype.kind == "u" and a.size]
+    if any(a.max() > _INT64_MAX for a in big):
+        raise ValueError("report values must fit in int64")
     decode_report(arrays, n_elements)  # shapes, ids and signs
     if len(arrays) == 1:
         return np.asarray(arrays[0]).astype(np.int64)
@@ -139,8 +147,11 @@ def reply_parts(reply: Message) -> tuple[ArrayRecord, MetricRecord, int]:
 def reported_n_elements(metrics: MetricRecord) -> int:
     """Return the ground-set size m a plain-mode reply announces (metric ``n-elements``)."""
     m = metrics.get("n-elements")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"metric 'n-elements' = {m!r}: expected the client's ground-set size")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1 or m > MAX_ELEMENTS:
+        raise ValueError(
+            f"metric 'n-elements' = {m!r}: expected the client's ground-set size "
+            f"(1..{MAX_ELEMENTS}: element ids travel as int32)"
+        )
     return m
 
 
