@@ -55,7 +55,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[F
             tmp_path_factory.mktemp(f"flwr-home-{name}"), tmp_path_factory.mktemp("runs"), project
         )
         try:
-            out[name] = cli.run({"data-dir": str(folder)}, num_supernodes=10, timeout=300)
+            # every node trains each round: with fraction-train < 1 the sampled nodes follow
+            # the random node ids Flower's simulation assigns, so runs would differ
+            config = {"data-dir": str(folder), "fraction-train": 1.0}
+            out[name] = cli.run(config, num_supernodes=10, timeout=300)
         finally:
             cli.stop()
     yield out
