@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from flower_app.algorithms.fedsm_amplify import SURROGATES
 from flower_app.algorithms.fedsm_modes import RoundPlan
 from flower_app.algorithms.fedsm_user import (
     GainsUtility,
@@ -54,7 +53,7 @@ from flower_app.algorithms.fedsm_user import (
     user_value,
 )
 from flower_app.clients.fedcg import ScoreTable, SetFunction
-from flower_app.clients.submodular import encode_report
+from flower_app.clients.submodular import encode_report, plan_kind, round_plan
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["as_utility", "fedsm_evaluate", "fedsm_reply"]
@@ -122,35 +121,17 @@ def _ids(record: ArrayRecord, key: str, m: int) -> np.ndarray:
 
 def _plan(record: ArrayRecord, config: Mapping[str, Any], m: int) -> RoundPlan:
     """Parse a plain-mode round request into the round it describes (checked)."""
-    mode = str(config.get("mode", "alg1"))
-    surrogate = str(config.get("surrogate", "none"))
-    if mode not in ("alg1", "alg2"):
-        raise ValueError(f"unknown mode {mode!r}: expected 'alg1' or 'alg2'")
-    if surrogate not in ("none", *SURROGATES):
-        raise ValueError(f"unknown surrogate {surrogate!r}")
-    empty = np.zeros(0, dtype=np.int64)
-    point = None
-    if surrogate != "none":
-        ids = _ids(record, "x-ids", m)
-        values = np.asarray(record["x-values"].numpy(), dtype=np.float64).ravel()
-        if values.shape != ids.shape or not np.all((values >= 0) & (values <= 1)):
-            raise ValueError("x must be given as distinct ids with values in [0, 1]")
-        point = np.zeros(m)
-        point[ids] = values
-    return RoundPlan(
-        server_round=int(config["server-round"]),
-        mode=mode,
-        users=empty,
+    mode, surrogate = plan_kind(config)
+    alg2, amplified = mode == "alg2", surrogate != "none"
+    return round_plan(
+        config,
+        m,
+        users=np.zeros(0, dtype=np.int64),
         selected=_ids(record, "selected", m),
-        d=int(config["d"]),
-        pool=_ids(record, "pool", m) if mode == "alg2" else empty,
-        sequence=_ids(record, "sequence", m) if mode == "alg2" else empty,
-        point=point,
-        eta=float(config.get("eta", 1.0)),
-        surrogate=surrogate,
-        samples=int(config.get("samples", 1)),
-        n_elements=m,
-        j_from=int(config.get("j-from", 1)),
+        pool=_ids(record, "pool", m) if alg2 else None,
+        sequence=_ids(record, "sequence", m) if alg2 else None,
+        x_ids=_ids(record, "x-ids", m) if amplified else None,
+        x_values=record["x-values"].numpy() if amplified else None,
     )
 
 

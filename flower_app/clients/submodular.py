@@ -31,7 +31,7 @@ from flower_app.algorithms.fedsm_amplify import SURROGATES
 from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
 from flower_app.submodular.objectives import MaxRowObjective
 
-__all__ = ["SubmodularClient", "encode_report"]
+__all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
 
 Config = dict[str, Any]
 
@@ -144,44 +144,23 @@ class SubmodularClient(NumPyClient):
 
     def _plan(self, parameters: list[np.ndarray], config: Config) -> RoundPlan:
         """Parse and check a ``fit`` request into the round it describes."""
-        mode = str(config.get("mode", "alg1"))
-        surrogate = str(config.get("surrogate", "none"))
-        if mode not in ("alg1", "alg2"):
-            raise ValueError(f"unknown mode {mode!r}: expected 'alg1' or 'alg2'")
-        if surrogate not in ("none", *SURROGATES):
-            raise ValueError(f"unknown surrogate {surrogate!r}")
+        mode, surrogate = plan_kind(config)
         expected = 2 + (2 if mode == "alg2" else 0) + (2 if surrogate != "none" else 0)
         if len(parameters) != expected:
             raise ValueError(
                 f"fit in mode {mode} (surrogate {surrogate}) expects {expected} arrays, "
                 f"got {len(parameters)}"
             )
-        m = self.objective.n_elements
-        empty = np.zeros(0, dtype=np.int64)
-        pool = self._selected(parameters[2]) if mode == "alg2" else empty
-        sequence = self._selected(parameters[3]) if mode == "alg2" else empty
-        point = None
-        if surrogate != "none":
-            ids = self._selected(parameters[-2])
-            values = np.asarray(parameters[-1], dtype=np.float64).ravel()
-            if values.shape != ids.shape or not np.all((values >= 0) & (values <= 1)):
-                raise ValueError("x must be given as distinct ids with values in [0, 1]")
-            point = np.zeros(m)
-            point[ids] = values
-        return RoundPlan(
-            server_round=int(config["server-round"]),
-            mode=mode,
+        alg2, amplified = mode == "alg2", surrogate != "none"
+        return round_plan(
+            config,
+            self.objective.n_elements,
             users=np.asarray(parameters[1]).astype(np.int64, copy=False).ravel(),
             selected=self._selected(parameters[0]),
-            d=int(config["d"]),
-            pool=pool,
-            sequence=sequence,
-            point=point,
-            eta=float(config.get("eta", 1.0)),
-            surrogate=surrogate,
-            samples=int(config.get("samples", 1)),
-            n_elements=m,
-            j_from=int(config.get("j-from", 1)),
+            pool=self._selected(parameters[2]) if alg2 else None,
+            sequence=self._selected(parameters[3]) if alg2 else None,
+            x_ids=self._selected(parameters[-2]) if amplified else None,
+            x_values=parameters[-1] if amplified else None,
         )
 
     def evaluate(self, parameters: list[np.ndarray], config: Config) -> tuple[float, int, dict]:
@@ -190,3 +169,81 @@ class SubmodularClient(NumPyClient):
         total = self.objective.value(selected)
         mean = total / max(self.num_users, 1)
         return -mean, self.num_users, {"objective-sum": float(total)}
+
+
+def plan_kind(config: Config) -> tuple[str, str]:
+    """Return a round request's ``(mode, surrogate)``, checked."""
+    mode = str(config.get("mode", "alg1"))
+    surrogate = str(config.get("surrogate", "none"))
+    if mode not in ("alg1", "alg2"):
+        raise ValueError(f"unknown mode {mode!r}: expected 'alg1' or 'alg2'")
+    if surrogate not in ("none", *SURROGATES):
+        raise ValueError(f"unknown surrogate {surrogate!r}")
+    return mode, surrogate
+
+
+def round_plan(
+    config: Config,
+    n_elements: int,
+    *,
+    users: np.ndarray,
+    selected: np.ndarray,
+    pool: np.ndarray | None = None,
+    sequence: np.ndarray | None = None,
+    x_ids: np.ndarray | None = None,
+    x_values: np.ndarray | None = None,
+) -> RoundPlan:
+    """Build the round a FedSM request describes from its (already checked) id arrays.
+
+    Shared by the cohort NumPyClient (positional arrays) and the plain-mode helper
+    :func:`flower_app.clients.fedsm.fedsm_reply` (named arrays).
+
+    Parameters
+    ----------
+    config : mapping
+        The request's config (``server-round``, ``d``, ``mode``, ``surrogate``, ...).
+    n_elements : int
+        Ground-set size m.
+    users, selected : numpy.ndarray
+        The node's sampled users and S (int64).
+    pool, sequence : numpy.ndarray, optional
+        Algorithm 2's X and a_1..a_r' (int64).
+    x_ids, x_values : numpy.ndarray, optional
+        Amplification: the non-zero coordinates of x.
+
+    Returns
+    -------
+    RoundPlan
+        The round.
+
+    Raises
+    ------
+    ValueError
+        If x is not given as distinct ids with values in [0, 1].
+    """
+    mode, surrogate = plan_kind(config)
+    empty = np.zeros(0, dtype=np.int64)
+    point = None
+    if surrogate != "none":
+        values = np.asarray(x_values, dtype=np.float64).ravel()
+        if x_ids is None or values.shape != x_ids.shape or not np.all(
+            (values >= 0) & (values <= 1)
+        ):
+            raise ValueError("x must be given as distinct ids with values in [0, 1]")
+        point = np.zeros(n_elements)
+        point[x_ids] = values
+    return RoundPlan(
+        server_round=int(config["server-round"]),
+        mode=mode,
+        users=users,
+        selected=selected,
+        d=int(config["d"]),
+        pool=empty if pool is None else pool,
+        sequence=empty if sequence is None else sequence,
+        point=point,
+        eta=float(config.get("eta", 1.0)),
+        surrogate=surrogate,
+        samples=int(config.get("samples", 1)),
+        n_elements=n_elements,
+        j_from=int(config.get("j-from", 1)),
+    )
