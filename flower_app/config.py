@@ -60,6 +60,8 @@ class AppConfig:
         Seconds to wait for the replies of one round.
     discovery_timeout : float
         Seconds to wait for all nodes to register and announce their users.
+    min_reply_fraction : float
+        Least fraction of a round's sampled users whose replies must arrive.
     server_data : str
         ``"full"`` (the server loads the instance too, for its oracles) or ``"none"`` (it
         reads no client data; see ``docs/node-local-data.md``).
@@ -87,6 +89,7 @@ class AppConfig:
     run_name: str
     round_timeout: float
     discovery_timeout: float
+    min_reply_fraction: float
     server_data: str
     element_groups: str
     extra: tuple[tuple[str, Any], ...] = ()

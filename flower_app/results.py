@@ -56,6 +56,8 @@ class RunWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
         self._metrics = (self.folder / "metrics.jsonl").open("w", encoding="utf-8")
+        #: merged into ``summary.json`` (e.g. a Flower run's node failures)
+        self.extra_summary: dict[str, Any] = {}
 
     def log_round(self, row: dict[str, Any]) -> None:
         """Append one round's metrics as a JSON line and flush it to disk."""
@@ -63,9 +65,21 @@ class RunWriter:
         self._metrics.flush()
         os.fsync(self._metrics.fileno())
 
+    def record_failures(self, failures: dict[str, Any]) -> None:
+        """Put a Flower run's node failures into the summary (``degraded`` and ``failures``).
+
+        Parameters
+        ----------
+        failures : dict
+            :meth:`flower_app.strategies.base.RoundStrategy.failure_summary`.
+        """
+        self.extra_summary["degraded"] = bool(failures.get("degraded"))
+        self.extra_summary["failures"] = failures
+
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json``, close the metrics file and return the summary's path."""
         self._metrics.close()
+        summary.update(self.extra_summary)
         path = self.folder / "summary.json"
         _atomic_write(path, json.dumps(to_jsonable(summary), indent=2))
         return path

@@ -68,6 +68,24 @@ def _answer(msgs, contexts, factory):
     return [handle_train(m, contexts[m.metadata.dst_node_id], factory) for m in msgs]
 
 
+class _Grid:
+    """Answers each message with ``answer(messages) -> replies`` (push, then pull)."""
+
+    def __init__(self, answer) -> None:
+        self.answer, self.replies = answer, {}
+
+    def push_messages(self, messages):
+        msgs = list(messages)
+        for i, m in enumerate(msgs):
+            m.metadata.__dict__["_message_id"] = f"m{len(self.replies) + i}"
+        for m, r in zip(msgs, self.answer(msgs), strict=True):
+            self.replies[m.metadata.message_id] = r
+        return [m.metadata.message_id for m in msgs]
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in ids if i in self.replies]
+
+
 def _bad(msg: Message, vec: np.ndarray, n: int, weight: float) -> Message:
     return Message(
         RecordDict(
@@ -112,11 +130,8 @@ def test_discrete_strategy_keeps_the_histogram_in_context_state() -> None:
     strategy = FedDiscreteGreedyStrategy(cohorts=True, server=server)
     strategy.cohorts = cohorts
 
-    class _Grid:
-        def send_and_receive(self, messages, timeout=None):
-            return _answer(list(messages), contexts, factory)
-
-    strategy.importance_protocol(_Grid(), timeout=10)
+    grid = _Grid(lambda msgs: _answer(msgs, contexts, factory))
+    strategy.importance_protocol(grid, timeout=10)
     assert all(HISTOGRAM_RECORD in ctx.state.array_records for ctx in contexts.values())
     assert server.expected == pytest.approx(obj.n_users)
     for t in (1, 2, 3):
@@ -144,15 +159,13 @@ def test_missing_histogram_stops_the_run_before_greedy_rounds() -> None:
     )
     strategy.cohorts = cohorts
 
-    class _Grid:
-        def send_and_receive(self, messages, timeout=None):
-            msgs = list(messages)
-            replies = _answer(msgs, contexts, factory)
-            replies[0] = Message(Error(code=2, reason="down"), reply_to=msgs[0])
-            return replies
+    def answer(msgs):
+        replies = _answer(msgs, contexts, factory)
+        replies[0] = Message(Error(code=2, reason="down"), reply_to=msgs[0])
+        return replies
 
     with pytest.raises(RuntimeError, match="sent no valid histogram"):
-        strategy.importance_protocol(_Grid(), timeout=10)
+        strategy.importance_protocol(_Grid(answer), timeout=10)
 
 
 @pytest.mark.parametrize(

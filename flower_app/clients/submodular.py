@@ -226,8 +226,10 @@ def round_plan(
     point = None
     if surrogate != "none":
         values = np.asarray(x_values, dtype=np.float64).ravel()
-        if x_ids is None or values.shape != x_ids.shape or not np.all(
-            (values >= 0) & (values <= 1)
+        if (
+            x_ids is None
+            or values.shape != x_ids.shape
+            or not np.all((values >= 0) & (values <= 1))
         ):
             raise ValueError("x must be given as distinct ids with values in [0, 1]")
         point = np.zeros(n_elements)

@@ -317,6 +317,12 @@ class ManagedProcess:
         """Return what the process has logged so far."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def kill(self) -> int | None:
+        """Kill the process group at once (SIGKILL: a crash or power loss); return the code."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        return self.popen.wait(timeout=30)
+
     def stop(self, timeout: float = 20.0) -> int | None:
         """Stop the process group (SIGTERM, then SIGKILL after ``timeout``); return the code."""
         for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -227,8 +227,10 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             objective_fn=None if remote else exp.problem.objective.mean_value,
             on_round=exp.writer.log_round,
             discovery_timeout=cfg.discovery_timeout,
+            min_reply_fraction=cfg.min_reply_fraction,
         )
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
+        exp.writer.record_failures(strategy.failure_summary())
         extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
         selected = list(server.selected)
         objective = None
@@ -242,9 +244,11 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         objective_fn=None if remote else _multilinear(exp),
         on_round=exp.writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
+        min_reply_fraction=cfg.min_reply_fraction,
         evaluate_every=10,
     )
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
+    exp.writer.record_failures(fedcg.failure_summary())
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
     if not remote:
         return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))

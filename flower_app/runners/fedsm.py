@@ -214,9 +214,11 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         lam=obj.max_singleton,
         progress_fn=lambda run: run.progress_value(obj),
         discovery_timeout=cfg.discovery_timeout,
+        min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
     )
     strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
+    exp.writer.record_failures(strategy.failure_summary())
     assert strategy.run is not None
     return _finish(exp, strategy.run, strategy.history)
 
@@ -235,9 +237,11 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         params=fedsm_params(cfg),
         lam=problem.max_singleton,
         discovery_timeout=cfg.discovery_timeout,
+        min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
     )
     result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
+    exp.writer.record_failures(strategy.failure_summary())
     assert strategy.run is not None
     evaluations = result.evaluate_metrics_clientapp
     objective = None

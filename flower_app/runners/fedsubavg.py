@@ -198,6 +198,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         seed=run.spec.seed,
         on_round=run.writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
+        min_reply_fraction=cfg.min_reply_fraction,
     )
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -212,6 +213,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         timeout=cfg.round_timeout,
         evaluate_fn=evaluate_fn,
     )
+    run.writer.record_failures(strategy.failure_summary())
     assert strategy.heat is not None
     return _finish(run, strategy.history, strategy.heat, x0_loss)
 

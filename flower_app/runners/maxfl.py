@@ -317,6 +317,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         eval_every=s.eval_every,
         on_round=writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
+        min_reply_fraction=cfg.min_reply_fraction,
     )
     strategy.start(
         grid=grid,
@@ -324,6 +325,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         num_rounds=s.rounds,
         timeout=cfg.round_timeout,
     )
+    writer.record_failures(strategy.failure_summary())
     return _finish(writer, s, "flower", strategy.history, server.weights, started)
 
 

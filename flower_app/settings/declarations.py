@@ -94,6 +94,12 @@ _DECLARED = (
         "seconds to wait for all nodes to register and announce their users", gt=0,
     ),
     Setting(
+        "min-reply-fraction", "float", 0.5, _COMMON,
+        "least fraction of a round's sampled users whose replies must arrive (nodes that "
+        "fail or go offline are recorded per round); below it the run stops with an error",
+        ge=0, le=1,
+    ),
+    Setting(
         "server-data", "choice", "full", _COMMON,
         "full: the server loads the instance too (true F(S) per round, greedy reference); "
         "none: it reads no client data (sizes from the nodes, F(S) by federated evaluation, "

@@ -25,9 +25,18 @@ counted in ``bad-replies`` and left out, never averaged in), a history of per-ro
 (``self.history``) passed to ``on_round`` as each round ends, and the log lines.
 
 Loud failures: a round in which *every* reply was rejected raises
-:class:`AllRepliesRejectedError` carrying the first rejection's reason; a node whose ClientApp
-has no handler for a message raises :class:`MissingHandlerError` naming the decorator to add,
-as soon as its reply arrives.
+:class:`AllRepliesRejectedError` carrying the first rejection's reason; a round in which fewer
+than ``min_reply_fraction`` of the clients asked were answered for raises
+:class:`TooFewRepliesError`; a node whose ClientApp has no handler for a message raises
+:class:`MissingHandlerError` naming the decorator to add, as soon as its reply arrives.
+
+Node failures (deployment): a node that dies mid-run gets an error reply *from the SuperLink*
+("node unavailable", after the round timeout or Flower's offline detection); the loop
+attributes it to the node it was sent to (by ``reply_to_message_id``), counts it once, and
+records every failed node with Flower's reason in the round's row (``failed-nodes``,
+``users-missing``). :meth:`RoundStrategy.failure_summary` says whether the run was degraded.
+Replies are pulled with a short, growing poll interval (10 ms to 0.5 s) instead of the
+gRPC grid's fixed 3 s, so a deployment round costs little more than its messages.
 """
 
 from __future__ import annotations
@@ -44,11 +53,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 __all__ = [
     "AllRepliesRejectedError",
+    "TooFewRepliesError",
     "CheckedReplies",
     "EvaluateFn",
     "InitialArraysError",
@@ -75,7 +86,11 @@ _NO_HANDLER = re.compile(
 _INVALID_TYPE = re.compile(r"Invalid message type: '?(?P<type>[a-z]+)")
 
 
-class AllRepliesRejectedError(RuntimeError):
+class TooFewRepliesError(RuntimeError):
+    """A round in which too few of the clients asked were answered for (node failures)."""
+
+
+class AllRepliesRejectedError(TooFewRepliesError):
     """A round in which every node that was asked failed or sent a reply that was left out."""
 
 
@@ -106,12 +121,16 @@ class CheckedReplies:
         Nodes that were asked and did not reply.
     first_error : str or None
         The reason of the first reply left out (or of the missing replies).
+    failed : dict of int to str
+        Every asked node whose reply was left out or did not come, with the reason (each
+        node once; a "node unavailable" error sent by the SuperLink is the node's).
     """
 
     accepted: list[tuple[int, Any]] = field(default_factory=list)
     bad: int = 0
     missing: int = 0
     first_error: str | None = None
+    failed: dict[int, str] = field(default_factory=dict)
 
     @property
     def left_out(self) -> int:
@@ -142,6 +161,7 @@ def check_replies(
     decode: Callable[[int, Message], Any],
     expected: Iterable[int],
     context: str,
+    sent: Mapping[str, int] | None = None,
 ) -> CheckedReplies:
     """Decode the replies of one exchange, leaving out (and counting) the bad ones.
 
@@ -157,11 +177,16 @@ def check_replies(
         The nodes the messages went to.
     context : str
         Prefix of the log lines, e.g. ``"round 3"``.
+    sent : mapping of str to int, optional
+        Message id -> destination node of the messages sent: an error reply that the
+        SuperLink sends for an unreachable node is then counted as that node's failure
+        (once), not as a reply from an unexpected sender plus a missing reply.
 
     Returns
     -------
     CheckedReplies
-        Accepted replies with their decoded content, and the counts of the others.
+        Accepted replies with their decoded content, the counts of the others, and every
+        failed node with its reason.
 
     Raises
     ------
@@ -169,10 +194,16 @@ def check_replies(
         If a node's ClientApp has no handler for the message it was sent.
     """
     expected = {int(n) for n in expected}
+    sent = {} if sent is None else sent
     out = CheckedReplies()
     answered: set[int] = set()
     for reply in replies:
         src = int(reply.metadata.src_node_id)
+        if src not in expected and reply.has_error():
+            # Flower reports an unreachable node with the SuperLink as the sender
+            src = int(sent.get(reply.metadata.reply_to_message_id, src))
+        if src in answered and src in expected:
+            continue  # one verdict per node
         answered.add(src)
         try:
             if reply.has_error():
@@ -181,20 +212,26 @@ def check_replies(
                 if hint is not None:
                     raise MissingHandlerError(f"{context}: node {src}: {hint}")
                 if src not in expected:
-                    # Flower reports an unreachable node with the SuperLink as the sender
                     raise ValueError(f"delivery failed: {reason}")
+                if int(reply.error.code) == ErrorCode.NODE_UNAVAILABLE:
+                    raise ValueError(f"node unavailable: {reason}")
                 raise ValueError(f"client error: {reason}")
             if src not in expected:
                 raise ValueError("reply from a node that was not sent anything")
             value = decode(src, reply)
         except (ValueError, KeyError, TypeError) as err:
             out.bad += 1
+            if src in expected:
+                out.failed[src] = str(err)
             if out.first_error is None:
                 out.first_error = f"node {src}: {err}"
             log(WARNING, "%s: reply of node %s left out: %s", context, src, err)
             continue
         out.accepted.append((src, value))
-    out.missing = len(expected - answered)
+    missing = sorted(expected - answered)
+    out.missing = len(missing)
+    for node in missing:
+        out.failed[node] = "no reply within the timeout"
     if out.missing:
         log(WARNING, "%s: %d nodes did not reply in time", context, out.missing)
         if out.first_error is None:
@@ -373,15 +410,30 @@ class RoundStrategy(Strategy):
     on_round : callable, optional
         Receives each round's row (a dict of the round's metrics) as the round ends, e.g. to
         append it to ``metrics.jsonl``.
+    min_reply_fraction : float, optional
+        Least fraction of the round's clients (users, in cohort mode) whose replies must be
+        accepted; a round below it raises :class:`TooFewRepliesError` instead of going on
+        with a different result. Default 0.0: like Flower's ``FedAvg``, a round aggregates
+        whatever came (the loss is recorded in the round's ``failed-nodes`` and
+        ``users-missing``); a round with no usable reply always fails.
     """
 
     #: also send ``configure_evaluate(0, ...)`` before round 1 (federated initial evaluation)
     evaluate_initial: bool = False
 
-    def __init__(self, on_round: RoundCallback | None = None) -> None:
+    def __init__(
+        self, on_round: RoundCallback | None = None, min_reply_fraction: float = 0.0
+    ) -> None:
+        if not 0.0 <= float(min_reply_fraction) <= 1.0:
+            raise ValueError(f"min_reply_fraction={min_reply_fraction}: expected a value in [0, 1]")
         self.on_round = on_round
+        self.min_reply_fraction = float(min_reply_fraction)
         self.history: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
         self._expected: set[int] = set()
+        self._sent_ids: dict[str, int] = {}
+        self._last_checked: CheckedReplies | None = None
+        self._skipped: dict[int, tuple[int, str]] = {}
         self._timeout = 3600.0
         self._t0 = 0.0
 
@@ -459,17 +511,105 @@ class RoundStrategy(Strategy):
         """Return the short text of a round's log line (the strategy's key numbers)."""
         return ""
 
+    def refresh_nodes(self, grid: Grid) -> None:
+        """Before each round: re-discover cohorts (cohort mode), see :func:`refresh_cohorts`.
+
+        Mapped nodes that left the grid are marked offline (their users are skipped and
+        recorded as missing); a node that rejoined under a new id and serves an offline
+        node's users takes its place. No-op without a ``cohorts`` map (plain mode samples
+        from the grid's current nodes every round anyway).
+        """
+        from flower_app.strategies.discovery import CohortMap, refresh_cohorts
+
+        cohorts = getattr(self, "cohorts", None)
+        if isinstance(cohorts, CohortMap):
+            self.cohorts = refresh_cohorts(grid, cohorts, timeout=min(self._timeout, 60.0))
+
+    def group_users(self, users: np.ndarray) -> dict[int, np.ndarray]:
+        """Split sorted users by the node serving them, skipping offline nodes.
+
+        The users of an offline node are recorded in the round's ``failed-nodes`` and
+        ``users-missing`` (reason: offline) and count against ``min_reply_fraction``.
+        """
+        cohorts = self.cohorts  # type: ignore[attr-defined]
+        groups = cohorts.group(users)
+        for node in [n for n in groups if n in cohorts.offline]:
+            self._skipped[node] = (
+                int(groups.pop(node).size),
+                "node offline (left the SuperLink's node list; not sent)",
+            )
+        return groups
+
+    def sent_users(self, node_id: int) -> int:
+        """Return how many clients (users) the round's message to ``node_id`` stands for.
+
+        1 in plain mode; a cohort strategy returns the users it sampled on the node, so that
+        ``users-missing`` and ``min_reply_fraction`` count users, not nodes.
+        """
+        return 1
+
+    def failure_summary(self) -> dict[str, Any]:
+        """Return what the run lost to node failures, for ``summary.json``.
+
+        Returns
+        -------
+        dict
+            ``degraded`` (bool), ``rounds-degraded`` (rounds with a failed node),
+            ``nodes-failed`` (distinct node ids), ``users-missing`` (sum over rounds) and
+            ``first-failure`` (round, node and Flower's reason), or ``None`` values when
+            nothing failed.
+        """
+        nodes = sorted({int(f["node-id"]) for r in self.failures for f in r["failed-nodes"]})
+        first = None
+        if self.failures:
+            r = self.failures[0]
+            first = {"server-round": r["server-round"], **r["failed-nodes"][0]}
+        return {
+            "degraded": bool(self.failures),
+            "rounds-degraded": [int(r["server-round"]) for r in self.failures],
+            "nodes-failed": nodes,
+            "users-missing": int(sum(r["users-missing"] for r in self.failures)),
+            "first-failure": first,
+        }
+
     # ------------------------------------------------------------------ helpers
     def send(
         self, grid: Grid, messages: Iterable[Message], timeout: float | None = None
     ) -> list[Message]:
-        """Send messages, remember whom they went to, and return the replies."""
+        """Send messages, remember whom they went to, and return the replies.
+
+        Pushes the messages and pulls replies with a poll interval growing from 10 ms to
+        0.5 s (Flower's gRPC grid sleeps a fixed 3 s between pulls, which made every
+        deployment round a multiple of 3 s), until every message is answered or
+        ``timeout`` (default: ``start``'s) has passed. Replies are returned in the order
+        the messages were sent, so that sums over them do not depend on arrival order.
+        """
         messages = list(messages)
         self._expected = {int(m.metadata.dst_node_id) for m in messages}
+        self._sent_ids = {}
         if not messages:
             return []
         wait = self._timeout if timeout is None else timeout
-        return list(grid.send_and_receive(messages, timeout=wait))
+        pushed = [str(i) for i in grid.push_messages(messages) if i]
+        # push_messages sets each message's id: keep id -> destination for error replies
+        self._sent_ids = {str(m.metadata.message_id): int(m.metadata.dst_node_id) for m in messages}
+        order = {mid: pos for pos, mid in enumerate(pushed)}
+        pending = set(pushed)
+        replies: list[Message] = []
+        deadline = time.monotonic() + wait
+        interval = 0.01
+        while pending:
+            got = list(grid.pull_messages(sorted(pending, key=order.__getitem__)))
+            replies.extend(got)
+            pending.difference_update(r.metadata.reply_to_message_id for r in got)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0.0)))
+            interval = min(interval * 1.5, 0.5)
+        # in the order the messages were sent, whatever the arrival order: aggregates sum
+        # in the same order on every run
+        replies.sort(key=lambda r: order.get(r.metadata.reply_to_message_id, len(order)))
+        return replies
 
     def check(
         self,
@@ -478,22 +618,49 @@ class RoundStrategy(Strategy):
         context: str,
         expected: Iterable[int] | None = None,
         all_rejected_fails: bool = True,
+        train_round: int | None = None,
     ) -> CheckedReplies:
         """Check replies against the nodes last sent to; fail loudly if none is usable.
+
+        With ``train_round`` (the replies of a round's training exchange), the failed nodes
+        are kept for the round's row and ``min_reply_fraction`` is enforced.
 
         Raises
         ------
         AllRepliesRejectedError
             If ``all_rejected_fails`` and nodes were asked but no reply was accepted.
+        TooFewRepliesError
+            If ``train_round`` is given and fewer than ``min_reply_fraction`` of the round's
+            clients were answered for.
         """
         expected = self._expected if expected is None else {int(n) for n in expected}
-        checked = check_replies(replies, decode, expected, context)
+        checked = check_replies(replies, decode, expected, context, self._sent_ids)
         if all_rejected_fails and expected and not checked.accepted:
             raise AllRepliesRejectedError(
                 f"{context}: all {len(expected)} replies were rejected; first: "
                 f"{checked.first_error}"
             )
+        if train_round is not None:
+            self._last_checked = checked
+            asked = {n: self.sent_users(n) for n in expected}
+            answered = sum(asked.get(n, 0) for n, _ in checked.accepted)
+            total = sum(asked.values()) + sum(u for u, _ in self._skipped.values())
+            if total and not answered and all_rejected_fails:
+                raise AllRepliesRejectedError(
+                    f"round {train_round}: no client's reply accepted ({total} asked); "
+                    f"failed nodes: {self._failed_text(checked)}"
+                )
+            if total and answered < self.min_reply_fraction * total:
+                raise TooFewRepliesError(
+                    f"round {train_round}: replies for {answered} of {total} clients "
+                    f"accepted, below min_reply_fraction={self.min_reply_fraction:g}; "
+                    f"failed nodes: {self._failed_text(checked)}"
+                )
         return checked
+
+    def _failed_text(self, checked: CheckedReplies) -> str:
+        reasons = {n: r for n, (_, r) in self._skipped.items()} | checked.failed
+        return "; ".join(f"{n}: {r}" for n, r in sorted(reasons.items())) or "none"
 
     @staticmethod
     def merged_config(config: ConfigRecord | None, server_round: int, **extra: Any) -> ConfigRecord:
@@ -505,7 +672,9 @@ class RoundStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the replies (bad ones counted, all bad fails) and aggregate the rest."""
-        checked = self.check(replies, self.decode_train_reply, f"round {server_round}")
+        checked = self.check(
+            replies, self.decode_train_reply, f"round {server_round}", train_round=server_round
+        )
         arrays, metrics = self.aggregate_accepted(server_round, checked)
         if metrics is not None and "bad-replies" not in metrics:
             metrics["bad-replies"] = int(checked.left_out)
@@ -577,6 +746,7 @@ class RoundStrategy(Strategy):
             if self.finished():
                 break
             r0 = time.perf_counter()
+            self.refresh_nodes(grid)
             self.before_round(t, arrays, grid)
             messages = self.configure_train(t, arrays, train_config, grid)
             replies = self.send(grid, messages)
@@ -588,6 +758,7 @@ class RoundStrategy(Strategy):
             if metrics is not None:
                 result.train_metrics_clientapp[t] = metrics
                 row.update(dict(metrics))
+            self._record_failures(t, row)
             row.update(self._evaluate(t, arrays, evaluate_config, grid, result))
             if evaluate_fn is not None:
                 res = evaluate_fn(t, arrays)
@@ -616,6 +787,28 @@ class RoundStrategy(Strategy):
             return {}
         result.evaluate_metrics_clientapp[server_round] = res
         return dict(res)
+
+    def _record_failures(self, server_round: int, row: dict[str, Any]) -> None:
+        """Add the round's failed nodes and missing users to its row (and to ``failures``)."""
+        checked, self._last_checked = self._last_checked, None
+        skipped, self._skipped = self._skipped, {}
+        failed = [
+            {"node-id": int(n), "users": int(users), "reason": reason}
+            for n, (users, reason) in sorted(skipped.items())
+        ]
+        if checked is not None:
+            failed += [
+                {"node-id": int(n), "users": int(self.sent_users(n)), "reason": reason}
+                for n, reason in sorted(checked.failed.items())
+            ]
+        if not failed:
+            return
+        missing = sum(f["users"] for f in failed)
+        row["failed-nodes"] = failed
+        row["users-missing"] = missing
+        self.failures.append(
+            {"server-round": server_round, "failed-nodes": failed, "users-missing": missing}
+        )
 
     def _emit(self, row: dict[str, Any], total: int) -> None:
         row["wall-time"] = time.perf_counter() - self._t0

@@ -1,8 +1,13 @@
-"""Discovery: learn which node serves which users before the first round.
+"""Discovery: learn which node serves which users before the first round, and again later.
 
 Simulation starts the ServerApp before every virtual SuperNode has registered, and node ids
 say nothing about partitions; so the server asks every node it sees for its cohort
 (``query.cohort`` → ``get_properties``) until the cohorts cover all n users exactly once.
+
+Re-discovery (:func:`refresh_cohorts`, before every round): a node that left the grid's node
+list (Flower marks a SuperNode offline when its heartbeats stop) is *offline* and its users
+are skipped (recorded as missing); a node that (re)joined under a new node id is asked for
+its cohort, and if it serves exactly the users of an offline node it takes that node's place.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from flwr.serverapp import Grid
 
 from flower_app.strategies.base import MissingHandlerError, handler_hint
 
-__all__ = ["COHORT_QUERY", "CohortMap", "DiscoveryError", "discover_cohorts"]
+__all__ = ["COHORT_QUERY", "CohortMap", "DiscoveryError", "discover_cohorts", "refresh_cohorts"]
 
 
 class DiscoveryError(RuntimeError):
@@ -37,11 +42,20 @@ class CohortMap:
         First global user of each node's cohort (int64, sorted).
     counts : numpy.ndarray
         Cohort sizes (int64).
+    n_elements : int
+        Ground-set size the nodes reported (-1: not known).
+    offline : frozenset of int
+        Mapped nodes that have left the grid's node list (their users are skipped).
+    asked : frozenset of int
+        Every node id ever asked for its cohort (a node is asked once).
     """
 
     node_ids: np.ndarray
     firsts: np.ndarray
     counts: np.ndarray
+    n_elements: int = -1
+    offline: frozenset[int] = frozenset()
+    asked: frozenset[int] = frozenset()
 
     def group(self, users: np.ndarray) -> dict[int, np.ndarray]:
         """Split sorted global user ids by the node that serves them.
@@ -63,6 +77,13 @@ class CohortMap:
             for s, u in zip(np.split(slot, bounds), np.split(users, bounds), strict=True)
             if u.size
         }
+
+    def cohort_of(self, node_id: int) -> tuple[int, int] | None:
+        """Return ``(first user, count)`` of a mapped node, or None."""
+        for n, f, c in zip(self.node_ids, self.firsts, self.counts, strict=True):
+            if int(n) == int(node_id):
+                return int(f), int(c)
+        return None
 
 
 #: the message type of discovery: a ClientApp answers it with ``@app.query("cohort")``
@@ -158,6 +179,78 @@ def discover_cohorts(
         node_ids=np.array(order, dtype=object),
         firsts=np.array([known[n][0] for n in order], dtype=np.int64),
         counts=np.array([known[n][1] for n in order], dtype=np.int64),
+        n_elements=int(n_elements),
+        asked=frozenset(asked),
+    )
+
+
+def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> CohortMap:
+    """Mark mapped nodes that left the grid offline; let a returning node take its place.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid (``get_node_ids`` lists the online nodes).
+    cohorts : CohortMap
+        The current map.
+    timeout : float
+        Seconds to wait for the cohort replies of newly seen nodes.
+
+    Returns
+    -------
+    CohortMap
+        The same object when nothing changed; otherwise a map whose ``offline`` holds the
+        mapped nodes not online, and in which a new node serving exactly an offline node's
+        users (same ``first-user`` and ``num-users``) has replaced it.
+    """
+    online = {int(n) for n in grid.get_node_ids()}
+    mapped = [int(n) for n in cohorts.node_ids]
+    offline = {n for n in mapped if n not in online}
+    new = sorted(n for n in online if n not in mapped and n not in cohorts.asked)
+    if not new and offline == set(cohorts.offline):
+        return cohorts
+    node_ids = list(mapped)
+    if new and offline:
+        where = {
+            (int(f), int(c)): i
+            for i, (f, c) in enumerate(zip(cohorts.firsts, cohorts.counts, strict=True))
+        }
+        for reply in _query_nodes(grid, new, timeout):
+            src = int(reply.metadata.src_node_id)
+            if reply.has_error() or src not in new:
+                continue
+            try:
+                total, elements, first, count = _cohort_of(reply)
+            except (KeyError, TypeError, ValueError) as err:
+                log(WARNING, "re-discovery: reply of node %s left out: %s", src, err)
+                continue
+            i = where.get((first, count))
+            consistent = total == int(cohorts.counts.sum()) and (
+                cohorts.n_elements < 0 or elements == cohorts.n_elements
+            )
+            if i is not None and node_ids[i] in offline and consistent:
+                log(
+                    INFO,
+                    "re-discovery: node %s serves users [%d, %d) of offline node %s: it takes "
+                    "its place",
+                    src,
+                    first,
+                    first + count,
+                    node_ids[i],
+                )
+                offline.discard(node_ids[i])
+                node_ids[i] = src
+    else:
+        new = []  # nothing to replace: a new node is asked once there is
+    for n in offline - set(cohorts.offline):
+        log(WARNING, "node %s is offline: its users are skipped until it comes back", n)
+    return CohortMap(
+        node_ids=np.array(node_ids, dtype=object),
+        firsts=cohorts.firsts,
+        counts=cohorts.counts,
+        n_elements=cohorts.n_elements,
+        offline=frozenset(offline),
+        asked=cohorts.asked | frozenset(new),
     )
 
 

@@ -96,6 +96,10 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         Cohort mode: seconds to wait for all nodes (default 300).
     on_round : callable, optional
         Receives each round's row.
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
 
     Notes
     -----
@@ -118,8 +122,9 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         objective_fn: Callable[[list[int]], float] | None = None,
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
     ) -> None:
-        super().__init__(on_round=on_round)
+        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
         if cohorts and server is None:
             raise ValueError("cohort mode needs the prebuilt server state: pass server=")
         if server is not None and not cohorts:
@@ -226,6 +231,13 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         else:
             m_reply, vec = m, decode_report(parts, m)
         return vec, int_metric(metrics, "num-examples"), nbytes, m_reply
+
+    def refresh_nodes(self, grid: Grid) -> None:
+        """Do not re-discover: a rejoining node has lost its importance factors.
+
+        Every node keeps the factors of Algs. 4/5 in its own state; a node that rejoins
+        under a new id would answer every round with an error.
+        """
 
     def importance_protocol(self, grid: Grid, timeout: float) -> None:
         """Cohort mode: the two exchanges of Algs. 4/5 over all nodes.

@@ -166,6 +166,10 @@ class FedCGStrategy(RoundStrategy):
         Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
     on_round : callable, optional
         Receives each round's row as the round ends.
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
 
     Notes
     -----
@@ -197,8 +201,9 @@ class FedCGStrategy(RoundStrategy):
         evaluate_every: int = 1,
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
     ) -> None:
-        super().__init__(on_round=on_round)
+        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
         if cohorts and server is None:
             raise ValueError("cohort mode needs the prebuilt server state: pass server=")
         if server is not None and not cohorts:
@@ -357,7 +362,7 @@ class FedCGStrategy(RoundStrategy):
         cfg = self._config(config, server_round)
         x = self.server.x.astype(np.float64)
         messages = []
-        for node, node_users in self.cohorts.group(users).items():
+        for node, node_users in self.group_users(users).items():
             node_weights = weights[np.searchsorted(users, node_users)]
             arrays = positional_record(x, node_users.astype(np.int64), node_weights)
             messages.append(train_message(node, arrays, cfg, "direction"))
@@ -502,6 +507,10 @@ class FedCGStrategy(RoundStrategy):
             return arrays
         return self._arrays()
 
+    def sent_users(self, node_id: int) -> int:
+        """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
+        return int(self._sent[node_id][0]) if node_id in self._sent else 1
+
     def round_summary(self, row: dict[str, Any]) -> str:
         """Return the users, nodes and F̂(x) of a round."""
         if "users" not in row:
@@ -510,5 +519,3 @@ class FedCGStrategy(RoundStrategy):
         if "multilinear" in row:
             text += f"  F^(x)={row['multilinear']:.6g}"
         return text
-
-

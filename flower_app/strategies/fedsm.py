@@ -196,6 +196,10 @@ class FedSMStrategy(RoundStrategy):
         Cohort mode: seconds to wait until the cohorts cover all users (default 300).
     on_round : callable, optional
         Receives each round's row (e.g. to append it to ``metrics.jsonl``).
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
 
     Notes
     -----
@@ -272,8 +276,9 @@ class FedSMStrategy(RoundStrategy):
         progress_fn: Callable[[FedSMRun], float] | None = None,
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
     ) -> None:
-        super().__init__(on_round=on_round)
+        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
         if params is None:
             if mode not in MODES:
                 raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
@@ -488,7 +493,7 @@ class FedSMStrategy(RoundStrategy):
             assert self.cohorts is not None
             targets = [
                 (node, ArrayRecord(plan_arrays(plan, users)), int(users.size), entries)
-                for node, users in self.cohorts.group(plan.users).items()
+                for node, users in self.group_users(plan.users).items()
             ]
         else:
             record = plan_record(plan)
@@ -584,6 +589,10 @@ class FedSMStrategy(RoundStrategy):
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return the final S (amplification: the rounded set) as ``{"selected": int64}``."""
         return selected_record(self._require_run().selected)
+
+    def sent_users(self, node_id: int) -> int:
+        """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
+        return int(self._sent.get(node_id, 1))
 
     def round_summary(self, row: dict[str, Any]) -> str:
         """Return '+e -> |S|=s/k  F=...  users=.. nodes=..  up=.. B down=.. B'."""

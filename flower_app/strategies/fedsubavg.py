@@ -157,6 +157,10 @@ class FedSubAvgStrategy(RoundStrategy):
         Cohort mode: seconds to wait until the cohorts cover all users (default 300).
     on_round : callable, optional
         Receives each round's row (e.g. to append to ``metrics.jsonl``).
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
 
     Notes
     -----
@@ -226,8 +230,9 @@ class FedSubAvgStrategy(RoundStrategy):
         local: LocalConfig | None = None,
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
     ) -> None:
-        super().__init__(on_round=on_round)
+        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
         if algorithm is not None:
             self.algorithm = algorithm
         if weighting not in WEIGHTINGS:
@@ -402,7 +407,7 @@ class FedSubAvgStrategy(RoundStrategy):
         if not self.cohorts_mode:
             return
         assert self.cohorts is not None and self.sampler is not None
-        groups = self.cohorts.group(self.sampler.sample())
+        groups = self.group_users(self.sampler.sample())
         replies = self.send(grid, index_set_messages(server_round, groups))
         checked = self.check(
             replies,
@@ -601,6 +606,12 @@ class FedSubAvgStrategy(RoundStrategy):
         if not checked.accepted:
             return None
         return MetricRecord(_weighted_means([m for _, m in checked.accepted]))
+
+    def sent_users(self, node_id: int) -> int:
+        """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
+        if self.cohorts_mode and node_id in self._sent:
+            return int(self._sent[node_id][0])
+        return 1
 
     def round_summary(self, row: dict[str, Any]) -> str:
         """Return the round's key numbers for the log line."""

@@ -196,6 +196,10 @@ class AppealStrategy(RoundStrategy):
         At round T also evaluate locally-tuned models (Table 3; default True).
     on_round : callable, optional
         Receives each round's row (e.g. to append it to ``metrics.jsonl``).
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
     discovery_timeout : float, optional
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
 
@@ -225,9 +229,10 @@ class AppealStrategy(RoundStrategy):
         eval_every: int = 10,
         tuned_final: bool = True,
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
         discovery_timeout: float = 300.0,
     ) -> None:
-        super().__init__(on_round)
+        super().__init__(on_round, min_reply_fraction)
         if int(eval_every) < 1:
             raise ValueError("eval_every must be >= 1")
         self.server = server
@@ -290,7 +295,7 @@ class AppealStrategy(RoundStrategy):
             raise RuntimeError("discovery has not run: call start()")
         out = []
         self._sent = {}
-        for node_id, node_users in self.cohorts.group(np.sort(users)).items():
+        for node_id, node_users in self.group_users(np.sort(users)).items():
             self._sent[node_id] = [int(u) for u in node_users]
             node_cfg = {**config, "users": self._sent[node_id]}
             for key, values in (per_user or {}).items():
@@ -352,6 +357,10 @@ class AppealStrategy(RoundStrategy):
         self._bytes_down = payload.count_bytes() * len(messages)
         return messages
 
+    def sent_users(self, node_id: int) -> int:
+        """Return the clients sampled on ``node_id`` this round (cohort mode), else 1."""
+        return len(self._sent[node_id]) if node_id in self._sent else 1
+
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Check one node's train reply (see :func:`decode_cohort_reply`)."""
         decoded = decode_cohort_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
@@ -373,6 +382,7 @@ class AppealStrategy(RoundStrategy):
             f"round {server_round}",
             expected=self._sent,
             all_rejected_fails=bool(self._expected),
+            train_round=server_round,
         )
         return self._sum(checked)
 
@@ -537,6 +547,10 @@ class MaxFLStrategy(AppealStrategy):
         Metric weighting the federated evaluation's average (default ``"num-examples"``).
     on_round : callable, optional
         Receives each round's row as the round ends.
+    min_reply_fraction : float, optional
+        Least fraction of a round's clients whose replies must arrive and be accepted, else
+        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
+        failed nodes are recorded per round).
     cohorts : bool, optional
         Cohort mode (default False): nodes serve many of the paper's clients, discovered
         by ``query.cohort``; needs ``n_seen`` and ``clients_per_round`` and a
@@ -631,6 +645,7 @@ class MaxFLStrategy(AppealStrategy):
         rho_key: str = "rho",
         weighted_by_key: str = "num-examples",
         on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
         cohorts: bool = False,
         n_seen: int | None = None,
         n_clients: int | None = None,
@@ -664,6 +679,7 @@ class MaxFLStrategy(AppealStrategy):
             eval_every=eval_every,
             tuned_final=tuned_final,
             on_round=on_round,
+            min_reply_fraction=min_reply_fraction,
             discovery_timeout=discovery_timeout,
         )
         self.evaluate_initial = self.cohort_mode

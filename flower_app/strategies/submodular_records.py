@@ -176,6 +176,7 @@ def drop_replies(
             accepted.append((src, value))
             continue
         checked.bad += 1
+        checked.failed[int(src)] = reason
         checked.first_error = checked.first_error or f"node {src}: {reason}"
         log(WARNING, "%s: reply of node %s left out: %s", context, src, reason)
     checked.accepted = accepted
@@ -236,5 +237,3 @@ def check_common(seed: int, min_available_nodes: int) -> None:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
     if min_available_nodes < 1:
         raise ValueError(f"min_available_nodes={min_available_nodes} must be at least 1")
-
-

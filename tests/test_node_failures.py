@@ -1,0 +1,100 @@
+"""Node failures as the strategy loop sees them, on an in-process grid with the real ClientApp.
+
+A node that leaves the grid's node list (Flower marks a dead SuperNode offline) has its users
+skipped and recorded; a node that rejoins under a new id with the same partition takes its
+place (re-discovery); Flower's "node unavailable" error, which the SuperLink sends in the dead
+node's name, is attributed to that node and counted once; ``min_reply_fraction`` stops a run
+that lost too many users. The deployment version (SuperNodes killed and restarted on
+loopback) is ``test_deploy_failures.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ArrayRecord, Error, Message
+from flwr.common.constant import ErrorCode
+
+from flower_app.strategies import FedSMStrategy
+from flower_app.strategies.base import TooFewRepliesError
+from flower_app.submodular.matroids import UniformMatroid
+from tests.test_hostile_replies import N_COHORT, SCENARIOS, M
+
+
+def _strategy(k: int = 4, **kwargs) -> FedSMStrategy:
+    return FedSMStrategy(
+        k=k, clients_per_round=0.75, elements_per_client=0.5, seed=3, cohorts=True,
+        n_users=N_COHORT, matroid=UniformMatroid(M, k), **kwargs,
+    )  # fmt: skip
+
+
+def _run(grid, strategy: FedSMStrategy, on_round=None) -> list[dict]:
+    if on_round is not None:
+        strategy.on_round = on_round
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.k, timeout=5)
+    return [r for r in strategy.history if r["server-round"] >= 1]
+
+
+def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    victim, newcomer = grid.node_ids[1], 7777
+    strategy = _strategy()
+
+    def on_round(row: dict) -> None:
+        if row["server-round"] == 1:  # the victim goes offline
+            grid.node_ids.remove(victim)
+        if row["server-round"] == 2:  # ... and comes back under a new node id
+            grid.contexts[newcomer] = grid.contexts[victim]
+            grid.node_ids.append(newcomer)
+
+    rows = _run(grid, strategy, on_round)
+    r1, r2, r3, r4 = rows
+    assert "failed-nodes" not in r1
+    assert [f["node-id"] for f in r2["failed-nodes"]] == [victim]
+    assert "offline" in r2["failed-nodes"][0]["reason"]
+    assert r2["users-missing"] == r2["failed-nodes"][0]["users"] > 0
+    assert r2["bad-replies"] == 0  # nothing was sent to it: skipped, not a bad reply
+    assert r2["users"] + r2["users-missing"] == r1["users"]
+    assert "failed-nodes" not in r3 and "failed-nodes" not in r4
+    assert newcomer in [int(n) for n in strategy.cohorts.node_ids]
+    assert victim not in [int(n) for n in strategy.cohorts.node_ids]
+    assert r3["users"] == r4["users"] == r1["users"]
+    summary = strategy.failure_summary()
+    assert summary["degraded"] and summary["rounds-degraded"] == [2]
+    assert summary["nodes-failed"] == [victim]
+    assert summary["users-missing"] == r2["users-missing"]
+
+
+def test_node_unavailable_error_from_the_superlink_counts_once_for_the_node() -> None:
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    victim = grid.node_ids[0]
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        if msg.metadata.dst_node_id != victim or msg.metadata.message_type != "train":
+            return reply
+        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"),
+                        reply_to=msg)  # fmt: skip
+        error.metadata.__dict__["_src_node_id"] = 1  # Flower: sent by the SuperLink
+        return error
+
+    grid.tamper = tamper
+    rows = _run(grid, _strategy(k=2))
+    for row in rows:
+        assert row["bad-replies"] == 1  # was 2: "unexpected sender" + "missing"
+        assert [f["node-id"] for f in row["failed-nodes"]] == [victim]
+        assert row["failed-nodes"][0]["reason"].startswith("node unavailable")
+
+
+def test_a_round_below_min_reply_fraction_stops_the_run_with_the_reason() -> None:
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    victim = grid.node_ids[2]
+
+    def tamper(msg: Message, reply: Message) -> Message | None:
+        lost = msg.metadata.dst_node_id == victim and msg.metadata.message_type == "train"
+        return None if lost else reply
+
+    grid.tamper = tamper
+    with pytest.raises(TooFewRepliesError, match=r"below min_reply_fraction=0\.9.*no reply"):
+        _run(grid, _strategy(k=2, min_reply_fraction=0.9))
+    # the same losses are accepted (and recorded) under the default fraction 0
+    rows = _run(SCENARIOS["fedsm-cohort"].grid(), _strategy(k=2))
+    assert all("failed-nodes" not in r for r in rows)
