@@ -62,6 +62,8 @@ class AppConfig:
         Seconds to wait for all nodes to register and announce their users.
     min_reply_fraction : float
         Least fraction of a round's sampled users whose replies must arrive.
+    resume : bool
+        Continue the interrupted run in the run folder from its checkpoint (FedSM).
     server_data : str
         ``"full"`` (the server loads the instance too, for its oracles) or ``"none"`` (it
         reads no client data; see ``docs/node-local-data.md``).
@@ -90,6 +92,7 @@ class AppConfig:
     round_timeout: float
     discovery_timeout: float
     min_reply_fraction: float
+    resume: bool
     server_data: str
     element_groups: str
     extra: tuple[tuple[str, Any], ...] = ()
@@ -125,6 +128,16 @@ class AppConfig:
             raise ConfigError(
                 f"run_config 'server-data' = 'none' is implemented for the submodular families "
                 f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
+            )
+        if values["resume"] and (family != "fedsm" or values["server-data"] != "full"):
+            raise ConfigError(
+                "run_config 'resume' = true is implemented for FedSM (algorithm 'fedsm') with "
+                f"server-data = 'full', not for algorithm {values['algorithm']!r}"
+            )
+        if values["resume"] and not values["run-name"]:
+            raise ConfigError(
+                "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
+                "same 'output-dir'): the run folder holds its checkpoint"
             )
         return cls(**common, extra=extra)
 

@@ -111,7 +111,7 @@ def open_run(
             "matroid": repr(matroid),
         },
     }
-    writer = RunWriter(cfg.run_folder(), config)
+    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     return Experiment(cfg, problem, matroid, writer, reference, engine, time.perf_counter())
 
 

@@ -1,7 +1,9 @@
 """The run folder: ``config.json``, ``metrics.jsonl`` (one line per round), ``summary.json``.
 
 Written as the run goes: the config first, each round's line as soon as the round ends
-(flushed), the summary last, so an interrupted run keeps every finished round.
+(flushed), the summary last, so an interrupted run keeps every finished round. A resumable
+strategy also leaves ``checkpoint.pkl`` after every round (its state, replaced atomically),
+from which ``resume = true`` continues an interrupted run in the same folder.
 """
 
 from __future__ import annotations
@@ -9,12 +11,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RunWriter", "read_metrics", "to_jsonable"]
+__all__ = ["CHECKPOINT", "ResumeError", "RunWriter", "read_metrics", "to_jsonable"]
+
+#: the checkpoint file of a run folder
+CHECKPOINT = "checkpoint.pkl"
+#: config keys that may differ between an interrupted run and its resumption
+RESUME_MAY_CHANGE = ("resume", "round-timeout", "discovery-timeout", "min-reply-fraction")
+
+
+class ResumeError(ValueError):
+    """A run folder cannot be resumed (no checkpoint, or a different configuration)."""
 
 
 def to_jsonable(value: Any) -> Any:
@@ -49,13 +61,34 @@ class RunWriter:
         Run folder (created; an existing ``metrics.jsonl`` is replaced).
     config : dict
         Written to ``config.json`` at once.
+    resume : bool, optional
+        Continue the interrupted run in ``folder``: its ``config.json`` must match
+        ``config`` (except :data:`RESUME_MAY_CHANGE`), its ``checkpoint.pkl`` is loaded into
+        :attr:`checkpoint`, and ``metrics.jsonl`` keeps the rows up to the checkpoint's
+        round (later rows, written after the checkpoint, are dropped: they are redone).
+
+    Raises
+    ------
+    ResumeError
+        With ``resume``: no checkpoint in the folder, or a configuration that differs (the
+        keys are named).
     """
 
-    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, config: dict[str, Any], resume: bool = False) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        #: the loaded checkpoint (``resume``), else None
+        self.checkpoint: dict[str, Any] | None = None
+        kept: list[dict[str, Any]] = []
+        if resume:
+            self.checkpoint = self._load_checkpoint(config)
+            last = int(self.checkpoint["server-round"])
+            kept = [r for r in _complete_rows(self.folder) if int(r.get("server-round", 0)) <= last]
         _atomic_write(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
-        self._metrics = (self.folder / "metrics.jsonl").open("w", encoding="utf-8")
+        _atomic_write(
+            self.folder / "metrics.jsonl", "".join(json.dumps(to_jsonable(r)) + "\n" for r in kept)
+        )
+        self._metrics = (self.folder / "metrics.jsonl").open("a", encoding="utf-8")
         #: merged into ``summary.json`` (e.g. a Flower run's node failures)
         self.extra_summary: dict[str, Any] = {}
 
@@ -64,6 +97,38 @@ class RunWriter:
         self._metrics.write(json.dumps(to_jsonable(row)) + "\n")
         self._metrics.flush()
         os.fsync(self._metrics.fileno())
+
+    def _load_checkpoint(self, config: dict[str, Any]) -> dict[str, Any]:
+        path = self.folder / CHECKPOINT
+        if not path.exists():
+            raise ResumeError(
+                f"resume: {path} does not exist: the run folder has no checkpoint (the run "
+                "never finished a round, or its strategy is not resumable)"
+            )
+        old = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
+        new = to_jsonable(config)
+        differ = sorted(
+            k
+            for k in set(old) | set(new)
+            if k not in RESUME_MAY_CHANGE and old.get(k) != new.get(k)
+        )
+        if differ:
+            raise ResumeError(
+                f"resume: the configuration differs from the interrupted run's in {differ} "
+                f"(e.g. {differ[0]}: {old.get(differ[0])!r} then, {new.get(differ[0])!r} now); "
+                "resume with the same run_config"
+            )
+        with path.open("rb") as fh:
+            return dict(pickle.load(fh))  # noqa: S301 - the run's own file
+
+    def save_checkpoint(self, payload: dict[str, Any]) -> None:
+        """Replace ``checkpoint.pkl`` atomically with ``payload`` (a strategy's state)."""
+        tmp = self.folder / (CHECKPOINT + ".tmp")
+        with tmp.open("wb") as fh:
+            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.folder / CHECKPOINT)
 
     def record_failures(self, failures: dict[str, Any]) -> None:
         """Put a Flower run's node failures into the summary (``degraded`` and ``failures``).
@@ -79,10 +144,24 @@ class RunWriter:
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json``, close the metrics file and return the summary's path."""
         self._metrics.close()
+        if self.checkpoint is not None:
+            summary["resumed-from-round"] = int(self.checkpoint["server-round"])
         summary.update(self.extra_summary)
         path = self.folder / "summary.json"
         _atomic_write(path, json.dumps(to_jsonable(summary), indent=2))
         return path
+
+
+def _complete_rows(folder: Path) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl`` without a last line cut short by a crash."""
+    path = Path(folder) / "metrics.jsonl"
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ loopback) is ``test_deploy_failures.py``.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
@@ -98,3 +100,27 @@ def test_a_round_below_min_reply_fraction_stops_the_run_with_the_reason() -> Non
     # the same losses are accepted (and recorded) under the default fraction 0
     rows = _run(SCENARIOS["fedsm-cohort"].grid(), _strategy(k=2))
     assert all("failed-nodes" not in r for r in rows)
+
+
+def test_fedsm_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run() -> None:
+    """Resume after round 2 (checkpoint pickled as the run folder stores it): same S, same
+    rows, and rounds 1-2 are not sent again."""
+    saved: list[bytes] = []
+    whole = _strategy(k=5)
+    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    rows = _run(SCENARIOS["fedsm-cohort"].grid(), whole)
+    assert len(saved) == 5
+
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    sent_rounds: list[str] = []
+    app = grid.app
+    grid.app = lambda msg, ctx: (sent_rounds.append(msg.metadata.group_id), app(msg, ctx))[1]
+    resumed = _strategy(k=5)
+    resumed.resume_from(pickle.loads(saved[1]))
+    again = _run(grid, resumed)
+    assert resumed.run.selected == whole.run.selected
+    drop = ("round-time", "wall-time")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in again] == [
+        {k: v for k, v in r.items() if k not in drop} for r in rows
+    ]
+    assert {g for g in sent_rounds if g.isdigit()} == {"3", "4", "5"}

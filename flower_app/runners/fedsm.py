@@ -217,6 +217,9 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
     )
+    strategy.checkpoint_fn = exp.writer.save_checkpoint
+    if exp.writer.checkpoint is not None:
+        strategy.resume_from(exp.writer.checkpoint)
     strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
     exp.writer.record_failures(strategy.failure_summary())
     assert strategy.run is not None
@@ -254,6 +257,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured FedSM mode on the direct engine and write the run folder."""
     if cfg.server_data == "none":
         raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []

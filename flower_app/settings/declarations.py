@@ -100,6 +100,11 @@ _DECLARED = (
         ge=0, le=1,
     ),
     Setting(
+        "resume", "bool", False, _COMMON,
+        "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
+        "(same run_config; FedSM on flwr run); finished rounds are not redone",
+    ),
+    Setting(
         "server-data", "choice", "full", _COMMON,
         "full: the server loads the instance too (true F(S) per round, greedy reference); "
         "none: it reads no client data (sizes from the nodes, F(S) by federated evaluation, "

@@ -49,6 +49,7 @@ __all__ = [
     "NotEnoughNodesError",
     "RoundStrategy",
     "ScaffoldSubStrategy",
+    "TooFewRepliesError",
 ]
 
 #: public name -> the module that defines it
@@ -58,6 +59,7 @@ _HOME = {
     "MissingHandlerError": "base",
     "NotEnoughNodesError": "base",
     "RoundStrategy": "base",
+    "TooFewRepliesError": "base",
     "DiscoveryError": "discovery",
     "FedSMStrategy": "fedsm",
     "FedCGStrategy": "fedcg",
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
         MissingHandlerError,
         NotEnoughNodesError,
         RoundStrategy,
+        TooFewRepliesError,
     )
     from flower_app.strategies.discovery import DiscoveryError
     from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy

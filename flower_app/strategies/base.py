@@ -51,7 +51,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -420,6 +420,8 @@ class RoundStrategy(Strategy):
 
     #: also send ``configure_evaluate(0, ...)`` before round 1 (federated initial evaluation)
     evaluate_initial: bool = False
+    #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
+    resumable: bool = False
 
     def __init__(
         self, on_round: RoundCallback | None = None, min_reply_fraction: float = 0.0
@@ -434,6 +436,9 @@ class RoundStrategy(Strategy):
         self._sent_ids: dict[str, int] = {}
         self._last_checked: CheckedReplies | None = None
         self._skipped: dict[int, tuple[int, str]] = {}
+        #: called as ``checkpoint_fn(payload)`` after every round (resumable strategies)
+        self.checkpoint_fn: Callable[[dict[str, Any]], None] | None = None
+        self._resume: dict[str, Any] | None = None
         self._timeout = 3600.0
         self._t0 = 0.0
 
@@ -539,6 +544,34 @@ class RoundStrategy(Strategy):
                 "node offline (left the SuperLink's node list; not sent)",
             )
         return groups
+
+    def checkpoint_state(self) -> Any:
+        """Return the server-side state to resume from after a round (picklable).
+
+        A resumable strategy (``resumable = True``) returns everything its next round
+        depends on besides the arrays (e.g. FedSM's run: S so far, its random generator).
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not resumable")
+
+    def restore_state(self, state: Any) -> None:
+        """Put back what :meth:`checkpoint_state` returned (after ``setup``)."""
+        raise NotImplementedError(f"{type(self).__name__} is not resumable")
+
+    def resume_from(self, payload: dict[str, Any]) -> None:
+        """Make the next ``start()`` continue after the checkpoint's round.
+
+        ``start()`` still runs ``setup`` (discovery: node ids may have changed), then
+        restores the state, the arrays, the history and the failures of the checkpoint,
+        and runs the remaining rounds only.
+
+        Parameters
+        ----------
+        payload : dict
+            What ``checkpoint_fn`` received after the last finished round.
+        """
+        if not self.resumable:
+            raise NotImplementedError(f"{type(self).__name__} is not resumable")
+        self._resume = payload
 
     def sent_users(self, node_id: int) -> int:
         """Return how many clients (users) the round's message to ``node_id`` stands for.
@@ -732,17 +765,22 @@ class RoundStrategy(Strategy):
         total = int(self.setup(grid, arrays, int(num_rounds)))
         arrays = self.initial_state(arrays)
         result = Result()
+        first = 1
+        if self._resume is not None:
+            first = self._restore(self._resume, result) + 1
+            arrays = result.arrays if len(result.arrays) else arrays
+            log(INFO, "resuming after round %d of %d", first - 1, total)
         row0: dict[str, Any] = {}
-        if self.evaluate_initial:
+        if self.evaluate_initial and first == 1:
             row0.update(self._evaluate(0, arrays, evaluate_config, grid, result))
-        if evaluate_fn is not None:
+        if evaluate_fn is not None and first == 1:
             res = evaluate_fn(0, arrays)
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
                 row0.update(dict(res))
         if row0:
             self._emit({"server-round": 0, **row0}, total)
-        for t in range(1, total + 1):
+        for t in range(first, total + 1):
             if self.finished():
                 break
             r0 = time.perf_counter()
@@ -767,9 +805,29 @@ class RoundStrategy(Strategy):
                     row.update(dict(res))
             row["round-time"] = time.perf_counter() - r0
             self._emit(row, total)
+            if self.resumable and self.checkpoint_fn is not None:
+                self.checkpoint_fn(
+                    {
+                        "server-round": t,
+                        "arrays": {k: arrays[k].numpy() for k in arrays},
+                        "state": self.checkpoint_state(),
+                        "history": list(self.history),
+                        "failures": list(self.failures),
+                    }
+                )
         result.arrays = self.finalize(arrays)
         log(INFO, "%s finished in %.2f s", type(self).__name__, time.perf_counter() - self._t0)
         return result
+
+    def _restore(self, payload: dict[str, Any], result: Result) -> int:
+        """Restore a checkpoint into the strategy and ``result``; return its round."""
+        self.restore_state(payload["state"])
+        self.history = list(payload["history"])
+        self.failures = list(payload["failures"])
+        if payload["arrays"]:
+            result.arrays = ArrayRecord({k: Array(v) for k, v in payload["arrays"].items()})
+        self._resume = None
+        return int(payload["server-round"])
 
     def _evaluate(
         self,

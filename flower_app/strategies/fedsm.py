@@ -254,7 +254,13 @@ class FedSMStrategy(RoundStrategy):
     does not match the users it was sent is logged, counted in ``bad-replies`` and left
     out; the estimate is then scaled by the users whose reports arrived; a round in which
     all are left out fails the run.
+
+    Resumable: with ``checkpoint_fn`` set, the run's state goes out after every round, and
+    ``resume_from(payload)`` before ``start`` continues after that round with the same
+    result as an uninterrupted run (the random generator is part of the state).
     """
+
+    resumable = True
 
     def __init__(
         self,
@@ -589,6 +595,16 @@ class FedSMStrategy(RoundStrategy):
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return the final S (amplification: the rounded set) as ``{"selected": int64}``."""
         return selected_record(self._require_run().selected)
+
+    def checkpoint_state(self) -> FedSMRun:
+        """Return the run (S so far, the mode's server state, its random generator)."""
+        return self._require_run()
+
+    def restore_state(self, state: FedSMRun) -> None:
+        """Continue from a checkpointed run (after ``setup``'s discovery)."""
+        if not isinstance(state, FedSMRun):
+            raise TypeError(f"a FedSM checkpoint holds a FedSMRun, not {type(state).__name__}")
+        self.run = state
 
     def sent_users(self, node_id: int) -> int:
         """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
