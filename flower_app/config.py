@@ -129,9 +129,11 @@ class AppConfig:
                 f"run_config 'server-data' = 'none' is implemented for the submodular families "
                 f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
             )
-        if values["resume"] and (family != "fedsm" or values["server-data"] != "full"):
+        if values["resume"] and (
+            family not in ("fedsm", "maxfl") or values["server-data"] != "full"
+        ):
             raise ConfigError(
-                "run_config 'resume' = true is implemented for FedSM (algorithm 'fedsm') with "
+                "run_config 'resume' = true is implemented for FedSM and the MaxFL family with "
                 f"server-data = 'full', not for algorithm {values['algorithm']!r}"
             )
         if values["resume"] and not values["run-name"]:

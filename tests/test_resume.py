@@ -50,33 +50,37 @@ def _rounds(folder) -> list[int]:
     return out
 
 
-def test_resume_after_the_superlink_died_ends_as_the_uninterrupted_run(tmp_path) -> None:
+def _interrupt_and_resume(tmp_path, cfg: dict, rounds: int, after: int = 3):
+    """Run ``cfg`` with ``flwr run``, crash its SuperLink after round ``after``, resume."""
     runs = tmp_path / "runs"
-    folder = runs / FEDSM["run-name"]
+    folder = runs / cfg["run-name"]
     first = LocalSimulation(tmp_path / "home-1", runs)
-    worker = threading.Thread(target=lambda: _quietly(first.run, FEDSM), daemon=True)
+    worker = threading.Thread(target=lambda: _quietly(first.run, cfg), daemon=True)
     worker.start()
     deadline = time.monotonic() + 300
-    while max(_rounds(folder), default=0) < 3:
-        assert time.monotonic() < deadline, "round 3 never ended"
+    while max(_rounds(folder), default=0) < after:
+        assert time.monotonic() < deadline, f"round {after} never ended"
         time.sleep(0.05)
     _crash(first)  # the SuperLink dies, and the simulation and ServerApp with it
     worker.join(timeout=120)
     first.stop()  # the `flwr ls` of the interrupted run's CLI started a fresh SuperLink
     done = max(_rounds(folder))
-    assert 3 <= done < FEDSM["k"], "the run ended before it could be interrupted"
+    assert after <= done < rounds, "the run ended before it could be interrupted"
     assert not (folder / "summary.json").exists()
-
     second = LocalSimulation(tmp_path / "home-2", runs)
     try:
-        run = second.run({**FEDSM, "resume": True}, timeout=600)
+        run = second.run({**cfg, "resume": True}, timeout=600)
     finally:
         second.stop()
     assert run.status == "finished:completed", run.output[-3000:] + run.details
-    checkpointed = run.summary["resumed-from-round"]
-    assert 3 <= checkpointed <= done
+    assert after <= run.summary["resumed-from-round"] <= done
     assert "resuming after round" in run.output
-    assert _rounds(folder) == list(range(1, FEDSM["k"] + 1))  # each round once
+    assert [r for r in _rounds(folder) if r > 0] == list(range(1, rounds + 1))  # each once
+    return run
+
+
+def test_fedsm_resumed_after_the_superlink_died_ends_as_the_uninterrupted_run(tmp_path) -> None:
+    run = _interrupt_and_resume(tmp_path, FEDSM, FEDSM["k"])
     direct = run_direct(
         AppConfig.from_run_config(
             {**FEDSM, "output-dir": str(tmp_path / "direct"), "run-name": "direct"}
@@ -84,6 +88,33 @@ def test_resume_after_the_superlink_died_ends_as_the_uninterrupted_run(tmp_path)
     )
     assert run.summary["selected"] == direct["selected"]
     assert run.summary["objective"] == pytest.approx(direct["objective"])
+
+
+MAXFL = {
+    "algorithm": "maxfl",
+    "dataset": "synthetic-emnist",
+    "num-users": 12,
+    "clients-per-round": 4,
+    "maxfl-rounds": 40,
+    "maxfl-eval-every": 10,
+    "maxfl-solo-steps": 2,
+    "maxfl-local-steps": 2,
+    "seed": 5,
+    "run-name": "maxfl-interrupted",
+}
+
+
+def test_maxfl_resumed_after_the_superlink_died_ends_with_the_uninterrupted_model(
+    tmp_path,
+) -> None:
+    run = _interrupt_and_resume(tmp_path, MAXFL, MAXFL["maxfl-rounds"])
+    whole = LocalSimulation(tmp_path / "home-3", tmp_path / "runs")
+    try:
+        reference = whole.run({**MAXFL, "run-name": "uninterrupted"}, timeout=600)
+    finally:
+        whole.stop()
+    assert reference.status == "finished:completed", reference.details
+    assert run.summary["model-digest"] == reference.summary["model-digest"]
 
 
 def _quietly(fn, cfg) -> None:

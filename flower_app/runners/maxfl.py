@@ -259,7 +259,7 @@ def _client(
 # ---------------------------------------------------------------------- run folder
 def _open(cfg: AppConfig, s: MaxFLSettings, engine: str) -> RunWriter:
     config = {**cfg.to_dict(), "engine": engine, "settings": _jsonable(asdict(s))}
-    return RunWriter(cfg.run_folder(), config)
+    return RunWriter(cfg.run_folder(), config, resume=cfg.resume)
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +319,9 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
     )
+    strategy.checkpoint_fn = writer.save_checkpoint
+    if writer.checkpoint is not None:
+        strategy.resume_from(writer.checkpoint)
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord([np.asarray(w) for w in server.weights]),
@@ -326,7 +329,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         timeout=cfg.round_timeout,
     )
     writer.record_failures(strategy.failure_summary())
-    return _finish(writer, s, "flower", strategy.history, server.weights, started)
+    return _finish(writer, s, "flower", strategy.history, strategy.server.weights, started)
 
 
 class DirectTransport:
@@ -386,6 +389,8 @@ class DirectTransport:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the family's algorithm on the direct engine and write the run folder."""
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run (the direct engine does not checkpoint)")
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "direct")

@@ -102,7 +102,7 @@ _DECLARED = (
     Setting(
         "resume", "bool", False, _COMMON,
         "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
-        "(same run_config; FedSM on flwr run); finished rounds are not redone",
+        "(same run_config; FedSM and MaxFL family on flwr run); finished rounds are not redone",
     ),
     Setting(
         "server-data", "choice", "full", _COMMON,

@@ -216,10 +216,14 @@ class AppealStrategy(RoundStrategy):
     usably raises :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A failed
     opt-in reply keeps that node's clients out of the pool; a failed metrics reply leaves
     its clients out of that evaluation (``eval-failed-nodes``).
+
+    Resumable (``checkpoint_fn`` / ``resume_from``): the server, the client sampler and the
+    opt-in pool cache are checkpointed after every round.
     """
 
     #: evaluate all clients before round 1 (the reproductions' round-0 row)
     evaluate_initial = True
+    resumable = True
 
     def __init__(
         self,
@@ -253,6 +257,22 @@ class AppealStrategy(RoundStrategy):
     def algorithm(self) -> str:
         """The algorithm's name."""
         return self.server.algorithm
+
+    def checkpoint_state(self) -> tuple[AppealServer, ParticipationSampler, PoolCache]:
+        """Return the server (w, the algorithm's state), the client sampler and the pool cache.
+
+        Client-side state (ρ_k) is recomputed by the nodes from their data; algorithms that
+        keep per-client state across rounds on the nodes (SCAFFOLD's c_i, Per-FedAvg,
+        pFedMe) lose it when the nodes restart, so their resumed run may differ.
+        """
+        return self.server, self.sampler, self._pool
+
+    def restore_state(self, state: tuple[AppealServer, ParticipationSampler, PoolCache]) -> None:
+        """Continue from a checkpoint (after ``setup``'s discovery)."""
+        server, sampler, pool = state
+        if not isinstance(server, AppealServer) or not isinstance(sampler, ParticipationSampler):
+            raise TypeError("a MaxFL checkpoint holds (AppealServer, ParticipationSampler, ...)")
+        self.server, self.sampler, self._pool = server, sampler, pool
 
     # ------------------------------------------------------------------ hooks
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
@@ -683,6 +703,7 @@ class MaxFLStrategy(AppealStrategy):
             discovery_timeout=discovery_timeout,
         )
         self.evaluate_initial = self.cohort_mode
+        self.resumable = self.cohort_mode  # plain mode keeps more state: not resumable yet
         self.fraction_train = float(fraction_train)
         self.fraction_evaluate = float(fraction_evaluate)
         self.min_train_nodes = int(min_train_nodes)
