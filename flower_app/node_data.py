@@ -357,12 +357,94 @@ def load_node_rows(path: str | os.PathLike[str], dataset: str | None = None) -> 
     return rows
 
 
+#: bump when the binary cache's layout changes
+_CACHE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """Return the folder of the nodes' binary caches.
+
+    ``$FLOWER_APP_CACHE/node-data`` if set, else ``$XDG_CACHE_HOME/flower_app/node-data``
+    (default ``~/.cache/flower_app/node-data``).
+    """
+    root = os.environ.get("FLOWER_APP_CACHE")
+    if root:
+        return Path(root).expanduser() / "node-data"
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "flower_app" / "node-data"
+
+
+def _binary_cache(path: str, mtime: int, size: int) -> Path:
+    key = hashlib.sha256(f"{path}|{mtime}|{size}|{_CACHE_VERSION}".encode()).hexdigest()[:32]
+    return cache_dir() / f"{key}.npz"
+
+
+def _rows_from(values: sp.csr_matrix, meta: dict[str, Any], folder: Path) -> NodeRows:
+    manifest, entry = meta["manifest"], meta["entry"]
+    first, count = int(entry["first-user"]), int(entry["num-users"])
+    return NodeRows(
+        objective=MaxRowObjective(values, name=f"{manifest['instance']}[{first}:{first + count}]"),
+        first_user=first,
+        n_users_total=int(manifest["n-users"]),
+        n_elements=int(manifest["n-elements"]),
+        partition_id=int(entry["partition-id"]),
+        num_partitions=int(manifest["num-partitions"]),
+        manifest=manifest,
+        folder=folder,
+    )
+
+
+def _read_binary_cache(cache: Path, folder: Path) -> NodeRows | None:
+    """Return the rows from a binary cache, or None if there is none (or it is unreadable)."""
+    try:
+        with np.load(cache, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            values = sp.csr_matrix(
+                (z["data"], z["indices"], z["indptr"]), shape=tuple(int(v) for v in z["shape"])
+            )
+    except (OSError, KeyError, ValueError):
+        return None
+    return _rows_from(values, meta, folder)
+
+
+def _write_binary_cache(cache: Path, values: sp.csr_matrix, meta: dict[str, Any]) -> None:
+    """Write the cache atomically; a node without a writable cache folder just reads again."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(
+            tmp,
+            data=values.data,
+            indices=values.indices,
+            indptr=values.indptr,
+            shape=np.asarray(values.shape, dtype=np.int64),
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        )
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+
+
 @lru_cache(maxsize=16)
 def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
+    """Read a node file once per file version: parquet (checked) or its binary cache.
+
+    Flower 1.41 starts a fresh ClientApp process for every message, so a per-process cache
+    alone reads (and hashes) the parquet file for every message: ~0.5 s with pyarrow's
+    import. The first reader, after the checksum and range checks, leaves the node's CSR
+    arrays in an uncompressed ``.npz`` under :func:`cache_dir`, keyed by the file's path,
+    size and modification time (and the manifest's); later processes load it in
+    milliseconds without importing pandas or pyarrow. A changed file gets a new key.
+    """
+    file = Path(path)
+    cache = _binary_cache(path, mtime, size)
+    if cache.exists():
+        rows = _read_binary_cache(cache, file.parent)
+        if rows is not None:
+            return rows
     import pyarrow.parquet as pq
 
     manifest, entry = file_entry(path)
-    file = Path(path)
     try:
         table = pq.read_table(file, columns=list(_COLUMNS))
     except Exception as err:  # noqa: BLE001 - any reader error names the file
@@ -370,7 +452,7 @@ def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
     user = table.column("user").to_numpy().astype(np.int64)
     item = table.column("item").to_numpy().astype(np.int64)
     value = table.column("value").to_numpy().astype(np.float64)
-    n, m = int(manifest["n-users"]), int(manifest["n-elements"])
+    m = int(manifest["n-elements"])
     first, count = int(entry["first-user"]), int(entry["num-users"])
     if user.size != int(entry["rows"]):
         raise NodeDataError(f"{file}: {user.size} rows, the manifest says {entry['rows']}")
@@ -379,17 +461,9 @@ def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
     if item.size and (item.min() < 0 or item.max() >= m):
         raise NodeDataError(f"{file}: items outside the ground set 0..{m - 1}")
     values = sp.csr_matrix((value, (user - first, item)), shape=(count, m))
-    name = f"{manifest['instance']}[{first}:{first + count}]"
-    return NodeRows(
-        objective=MaxRowObjective(values, name=name),
-        first_user=first,
-        n_users_total=n,
-        n_elements=m,
-        partition_id=int(entry["partition-id"]),
-        num_partitions=int(manifest["num-partitions"]),
-        manifest=manifest,
-        folder=file.parent,
-    )
+    meta = {"manifest": manifest, "entry": entry}
+    _write_binary_cache(cache, values, meta)
+    return _rows_from(values, meta, file.parent)
 
 
 def read_groups(path: str | os.PathLike[str], n_elements: int | None = None) -> np.ndarray:

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ import pytest
 from hypothesis import settings
 
 from flower_app.simulation import FlwrRun, LocalSimulation
+
+# the nodes' binary data caches of this test session (and of the SuperNodes it starts) stay
+# out of the user's ~/.cache
+os.environ.setdefault("FLOWER_APP_CACHE", tempfile.mkdtemp(prefix="flower-app-cache-"))
 
 # no per-example deadline: a test asserts behaviour, never timing (the machine may be busy)
 settings.register_profile("flower_app", deadline=None)

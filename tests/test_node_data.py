@@ -4,6 +4,9 @@ with ``server-data = "none"`` reads no client data and picks the same S (issue 1
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -219,3 +222,38 @@ def test_real_supernodes_that_hold_only_their_file(tmp_path, export) -> None:
     assert run.summary["selected"] == direct["selected"]
     assert run.summary["objective"] == pytest.approx(direct["objective"], rel=1e-12)
     assert run.summary["greedy-reference"] == "off"
+
+
+def test_a_node_reads_its_parquet_once_then_its_binary_cache(tmp_path, export, monkeypatch) -> None:
+    """Flower starts a ClientApp process per message: the second process must load the node's
+    rows from the binary cache, without pyarrow, identical to the checked parquet read; a
+    changed file is read (and checked) again."""
+    monkeypatch.setenv("FLOWER_APP_CACHE", str(tmp_path / "cache"))
+    node = tmp_path / "nodes"
+    node.mkdir()
+    for f in export.iterdir():
+        (node / f.name).write_bytes(f.read_bytes())
+    probe = (
+        "import sys, numpy as np; from flower_app.node_data import load_node_rows; "
+        f"r = load_node_rows({str(node / 'node-1.parquet')!r}); v = r.objective.values; "
+        "print(int('pyarrow' in sys.modules), r.first_user, v.nnz, repr(float(v.sum())))"
+    )
+
+    def fresh_process() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True, env={**os.environ})  # fmt: skip
+        return out.stdout.split()
+
+    first, second = fresh_process(), fresh_process()
+    assert first[0] == "1" and second[0] == "0"  # parquet read once, then the cache
+    assert first[1:] == second[1:]
+    direct = load_node_rows(node / "node-1.parquet")
+    assert second[1:] == [str(direct.first_user), str(direct.objective.values.nnz),
+                          repr(float(direct.objective.values.sum()))]  # fmt: skip
+    assert len(list((tmp_path / "cache" / "node-data").glob("*.npz"))) == 1
+    # a changed file gets a new key: read and checked again (here: refused, tampered)
+    path = node / "node-1.parquet"
+    path.write_bytes(path.read_bytes()[:-8] + b"tampered")
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        fresh_process()
+    assert "sha256" in err.value.stderr or "node-1.parquet" in err.value.stderr
