@@ -12,6 +12,7 @@ from flwr.client import NumPyClient
 
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.config import AppConfig
+from flower_app.quiet import quiet_flower_logs
 from flower_app.registry import load_runner
 
 __all__ = ["app", "make_client"]
@@ -23,4 +24,5 @@ def make_client(context: Context) -> NumPyClient:
     return load_runner(cfg.algorithm).make_client(cfg, context)
 
 
+quiet_flower_logs()  # e.g. each Ray actor's "Manually terminating" at the end of a run
 app = numpy_client_app(make_client)

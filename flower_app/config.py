@@ -71,8 +71,8 @@ class AppConfig:
         CSV of the elements' groups for a partition matroid when ``server_data`` is
         ``"none"`` ("" otherwise).
     extra : tuple of (str, Any)
-        Every family key with its validated value (the algorithm's family as given, the
-        other families' at their defaults), sorted by key.
+        The keys of the algorithm's own family with their validated values, sorted by key
+        (another family's keys are refused unless at their defaults, and are not recorded).
     """
 
     algorithm: str
@@ -122,8 +122,10 @@ class AppConfig:
         common = {
             f.name: values[f.name.replace("_", "-")] for f in fields(cls) if f.name != "extra"
         }
-        extra = tuple(sorted((k, v) for k, v in values.items() if SETTINGS[k].family != "common"))
         family = ALGORITHMS[values["algorithm"]].family
+        # only the algorithm's own family: another family's key with a non-default value was
+        # refused by parse(), and config.json records the keys that applied to the run
+        extra = tuple(sorted((k, v) for k, v in values.items() if SETTINGS[k].family == family))
         if values["server-data"] == "none" and family not in ("fedsm", "fedcg"):
             raise ConfigError(
                 f"run_config 'server-data' = 'none' is implemented for the submodular families "

@@ -13,10 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from hypothesis import settings
+# torch picks its CPU kernels (AVX-512, AVX2, ...) by the machine; sums in another order change
+# the last bits of a model, and the pinned model digests were recorded with AVX2 kernels. Every
+# process of the test session (flwr run, its Ray actors, SuperNodes) inherits this setting, so
+# the pins hold on AVX2 and AVX-512 machines alike (README "Reproducibility").
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
-from flower_app.simulation import FlwrRun, LocalSimulation
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from flower_app.simulation import FlwrRun, LocalSimulation  # noqa: E402
 
 # the nodes' binary data caches of this test session (and of the SuperNodes it starts) stay
 # out of the user's ~/.cache

@@ -27,7 +27,7 @@ from flower_app.clients.fedcg import (
     add_fedcg_handlers,
     fedcg_reply,
 )
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.experiment import run_direct
 from flower_app.runners.fedcg import server_run
@@ -290,3 +290,18 @@ def test_cohort_mode_keeps_the_recorded_results(tmp_path, config, nodes, recorde
     rows = [json.loads(line) for line in text.splitlines()]
     assert len(rows) == (4 if config["algorithm"] == "fed-discrete-greedy" else 6)
     assert all(row["bad-replies"] == 0 for row in rows)
+
+
+def test_discrete_greedy_refuses_a_clients_per_round_it_would_ignore(tmp_path) -> None:
+    """Users are sampled by κ (dgreedy-kappa): an explicit K is refused, not silently ignored."""
+    cfg = AppConfig.from_run_config(
+        {
+            "algorithm": "fed-discrete-greedy",
+            "clients-per-round": 0.5,
+            "k": 3,
+            "output-dir": str(tmp_path),
+        }
+    )
+    with pytest.raises(ConfigError, match="'dgreedy-kappa'.*'clients-per-round' = 0.5"):
+        run_direct(cfg)
+    assert not list(tmp_path.iterdir())  # refused before a run folder was opened

@@ -40,6 +40,11 @@ def test_flwr_run_on_20_supernodes_writes_run_folder(flower_cli, tmp_path) -> No
     assert objectives == sorted(objectives)  # monotone F along the run
     summary = run.summary
     assert "ratio" in run.output and summary["run-folder"] in run.output
+    # one summary line; no warning the user cannot act on (Ray's accelerator FutureWarning,
+    # each Ray actor's "Manually terminating ClientAppActor")
+    assert run.output.count(summary["run-folder"]) == 2  # "run folder: ..." + the summary
+    assert "FutureWarning" not in run.output and "Manually terminating" not in run.output
+    assert "fedsubavg" not in config and "fsa-lr" not in config and "maxfl-rounds" not in config
     direct = _direct(tmp_path, {"k": 6, "seed": 3})
     assert summary["selected"] == direct["selected"]
     assert summary["objective"] == pytest.approx(direct["objective"])

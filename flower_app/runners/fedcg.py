@@ -67,6 +67,7 @@ from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, evaluator, probe_instance
+from flower_app.settings import SETTINGS
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
@@ -125,7 +126,21 @@ def fedcg_server(
 def discrete_server(
     cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid
 ) -> DiscreteGreedyServer:
-    """Build (and so validate) the discrete-greedy server state of a configuration."""
+    """Build (and so validate) the discrete-greedy server state of a configuration.
+
+    Raises
+    ------
+    ConfigError
+        If ``clients-per-round`` is set: the discrete greedy samples each user with
+        probability κ_i = min(1, κ w_i) (``dgreedy-kappa``), so a K would be ignored.
+    """
+    if cfg.clients_per_round != SETTINGS["clients-per-round"].default:
+        raise ConfigError(
+            f"fed-discrete-greedy samples each user with probability min(1, κ w_i) set by "
+            f"'dgreedy-kappa' (now {cfg.get('dgreedy-kappa')}); 'clients-per-round' = "
+            f"{cfg.clients_per_round!r} would be ignored: leave it at its default and set "
+            f"'dgreedy-kappa' instead"
+        )
     return DiscreteGreedyServer(
         problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed
     )

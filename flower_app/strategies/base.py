@@ -420,6 +420,8 @@ class RoundStrategy(Strategy):
 
     #: also send ``configure_evaluate(0, ...)`` before round 1 (federated initial evaluation)
     evaluate_initial: bool = False
+    #: logged before that round-0 evaluation, which may take long (e.g. MaxFL's solo models)
+    initial_evaluation_note: str = ""
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
 
@@ -772,6 +774,8 @@ class RoundStrategy(Strategy):
             log(INFO, "resuming after round %d of %d", first - 1, total)
         row0: dict[str, Any] = {}
         if self.evaluate_initial and first == 1:
+            log(INFO, "[round 0/%d] evaluating the initial model%s", total,
+                f": {self.initial_evaluation_note}" if self.initial_evaluation_note else "")
             row0.update(self._evaluate(0, arrays, evaluate_config, grid, result))
         if evaluate_fn is not None and first == 1:
             res = evaluate_fn(0, arrays)

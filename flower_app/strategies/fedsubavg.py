@@ -309,8 +309,9 @@ class FedSubAvgStrategy(RoundStrategy):
         assert self.heat is not None
         log(
             INFO,
-            "counting query: feature heat dispersion n_max/n_min = %.0f over %d clients "
-            "(entries touched: %d of %d)",
+            "counting query: parameter heat dispersion n_max/n_min = %.0f over %d clients "
+            "(all touched rows, dense ones included; summary.json: parameter-heat-dispersion; "
+            "entries touched: %d of %d)",
             self.heat.dispersion(), self.heat.n_clients,
             int((self.heat.clients > 0).sum()), self.heat.clients.size,
         )

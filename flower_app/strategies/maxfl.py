@@ -223,6 +223,10 @@ class AppealStrategy(RoundStrategy):
 
     #: evaluate all clients before round 1 (the reproductions' round-0 row)
     evaluate_initial = True
+    initial_evaluation_note = (
+        "every client is asked once; on first contact it trains its solo model for ρ_k "
+        "(maxfl-solo-steps), which takes most of this step"
+    )
     resumable = True
 
     def __init__(
