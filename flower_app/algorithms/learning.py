@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -102,6 +103,9 @@ class LocalConfig:
         pFedMe's inner steps K that approximate θ per local step.
     pfedme_lr : float
         pFedMe's personal learning rate (the inner steps on θ).
+    batched : bool
+        Train the local-SGD clients of one request together (:func:`local_sgd_batched`):
+        the same draws as one by one, the same models up to float rounding.
     """
 
     lr: float = 0.05
@@ -119,6 +123,7 @@ class LocalConfig:
     pfedme_lambda: float = 15.0
     pfedme_k: int = 5
     pfedme_lr: float = 0.01
+    batched: bool = False
 
     def __post_init__(self) -> None:
         if self.requirement not in REQUIREMENTS:
@@ -261,6 +266,118 @@ def local_sgd(
                 if correction is not None:
                     g = g + correction[i]
                 p.sub_(lr * g)
+
+
+def local_sgd_batched(
+    models: Sequence[MLP],
+    data: Sequence[tuple[np.ndarray, np.ndarray]],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    rngs: Sequence[np.random.Generator],
+    prox_mu: float = 0.0,
+    corrections: Sequence[Sequence[torch.Tensor] | None] | None = None,
+) -> None:
+    """Run :func:`local_sgd` on several clients' models at once, each in place.
+
+    Each client keeps its own stream: its dropout generator is seeded and its mini-batches
+    are drawn exactly as :func:`local_sgd` draws them, so every client sees the same batches
+    and dropout masks as when trained alone. The clients whose mini-batch has the same size
+    (min(b, n_k)) are stacked and stepped together: one batched forward pass
+    (``torch.baddbmm`` over the stacked weights) and one backward pass of the sum of the
+    clients' losses, whose gradient with respect to client k's weights is client k's own.
+    The arithmetic is the same; only the order of the floating-point sums inside the matrix
+    products may differ, so the models agree with one-by-one training to float32 rounding
+    (``tests/test_maxfl_batched.py`` bounds the difference), not bit for bit.
+
+    Parameters
+    ----------
+    models : sequence of MLP
+        Trained in place (all with the same architecture and dropout).
+    data : sequence of (x, y)
+        Each client's training data.
+    steps : int
+        Local steps (the same for every client).
+    lr : float
+        Learning rate.
+    batch_size : int
+        b; each client uses min(b, n_k) examples without replacement per step.
+    rngs : sequence of numpy.random.Generator
+        Each client's stream (as for :func:`local_sgd`).
+    prox_mu : float, optional
+        FedProx μ (the anchor of each client is its own starting model).
+    corrections : sequence of (sequence of torch.Tensor or None), optional
+        SCAFFOLD: each client's correction added to every gradient.
+    """
+    if not (len(models) == len(data) == len(rngs)):
+        raise ValueError("local_sgd_batched needs one (x, y) and one rng per model")
+    items = [
+        _LocalData(m, x, y, batch_size, r)
+        for m, (x, y), r in zip(models, data, rngs, strict=True)
+    ]
+    corr = list(corrections) if corrections is not None else [None] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(min(batch_size, len(item.y)), []).append(i)
+    for members in groups.values():
+        _sgd_group([items[i] for i in members], [corr[i] for i in members], steps, lr, prox_mu)
+
+
+def _sgd_group(
+    items: list[_LocalData],
+    corrections: list[Sequence[torch.Tensor] | None],
+    steps: int,
+    lr: float,
+    prox_mu: float,
+) -> None:
+    """Step clients with equal mini-batch sizes together (see :func:`local_sgd_batched`)."""
+    model = items[0].model
+    n_layers, p = len(model.layers), model.dropout
+    stacked = [
+        torch.stack([it.params[j].detach() for it in items]).clone().requires_grad_(True)
+        for j in range(2 * n_layers)
+    ]
+    anchor = [t.detach().clone() for t in stacked] if prox_mu > 0 else None
+    corr = None
+    if any(c is not None for c in corrections):
+        corr = [
+            torch.stack(
+                [torch.zeros_like(items[0].params[j]) if c is None else c[j] for c in corrections]
+            )
+            for j in range(2 * n_layers)
+        ]
+    for _ in range(steps):
+        idx = [it.batch() for it in items]
+        h = torch.stack([it.x[i] for it, i in zip(items, idx, strict=True)])
+        y = torch.stack([it.y[i] for it, i in zip(items, idx, strict=True)])
+        for layer in range(n_layers):
+            weight, bias = stacked[2 * layer], stacked[2 * layer + 1]
+            h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+            if layer == n_layers - 1:
+                break
+            h = F.relu(h)
+            if layer == 0 and p > 0:
+                keep = torch.stack(
+                    [torch.rand(h.shape[1:], generator=it.gen) for it in items]
+                ) >= p
+                h = h * keep / (1.0 - p)
+        k, b, c = h.shape
+        loss = F.cross_entropy(h.reshape(k * b, c), y.reshape(k * b), reduction="none")
+        loss = loss.view(k, b).mean(dim=1).sum()
+        if anchor is not None:
+            loss = loss + 0.5 * prox_mu * sum(
+                torch.sum((t - a) ** 2) for t, a in zip(stacked, anchor, strict=True)
+            )
+        grads = torch.autograd.grad(loss, stacked)
+        with torch.no_grad():
+            for j, (t, g) in enumerate(zip(stacked, grads, strict=True)):
+                if corr is not None:
+                    g = g + corr[j]
+                t.sub_(lr * g)
+    with torch.no_grad():
+        for n, it in enumerate(items):
+            for j, param in enumerate(it.params):
+                param.copy_(stacked[j][n])
 
 
 def perfedavg_steps(
@@ -454,6 +571,34 @@ def solo_requirement(
         rho_train, _ = evaluate(model, data.x_train, data.y_train)
         rho_heldout, acc = evaluate(model, data.x_test, data.y_test)
     return SoloResult(rho_train, rho_heldout, acc)
+
+
+def solo_requirements(
+    init: Sequence[np.ndarray],
+    data: Sequence[ClientData],
+    n_classes: int,
+    cfg: LocalConfig,
+    seed: int,
+    users: Sequence[int],
+) -> list[SoloResult]:
+    """Return :func:`solo_requirement` of several clients, their solo models trained together.
+
+    The solo models are trained by :func:`local_sgd_batched` (each client with its own
+    stream, as :func:`solo_requirement` draws it), so the results equal one-by-one training
+    up to float32 rounding.
+    """
+    with single_thread():
+        models = [make_model(init, n_classes, cfg.dropout) for _ in users]
+        local_sgd_batched(
+            models, [(d.x_train, d.y_train) for d in data], cfg.solo_steps, cfg.lr,
+            cfg.batch_size, [user_rng(seed, 0, u, SOLO) for u in users],
+        )  # fmt: skip
+        out = []
+        for model, d in zip(models, data, strict=True):
+            rho_train, _ = evaluate(model, d.x_train, d.y_train)
+            rho_heldout, acc = evaluate(model, d.x_test, d.y_test)
+            out.append(SoloResult(rho_train, rho_heldout, acc))
+    return out
 
 
 @dataclass
@@ -764,6 +909,47 @@ def train_user(
     UserResult
         The client's loss, weight and arrays.
     """
+    job = _prepare(
+        algorithm, weights, data, n_classes, cfg, seed, server_round, user, solo, byzantine,
+        control, client_control, mw_share,
+    )  # fmt: skip
+    with single_thread():
+        job.rule.run(job.model, data, job.steps, cfg, job.rng, job.correction)
+    return _finish(job)
+
+
+@dataclass
+class _UserJob:
+    """One client's round between its losses (before training) and its reply."""
+
+    rule: LocalRule
+    model: MLP
+    data: ClientData
+    steps: int
+    rng: np.random.Generator
+    correction: list[torch.Tensor] | None
+    weights: Sequence[np.ndarray]
+    loss: float
+    train_loss: float
+    args: dict[str, Any]
+
+
+def _prepare(
+    algorithm: str,
+    weights: Sequence[np.ndarray],
+    data: ClientData,
+    n_classes: int,
+    cfg: LocalConfig,
+    seed: int,
+    server_round: int,
+    user: int,
+    solo: SoloResult | None,
+    byzantine: bool,
+    control: Sequence[np.ndarray] | None,
+    client_control: Sequence[np.ndarray] | None,
+    mw_share: float,
+) -> _UserJob:
+    """Check the request, build the client's model and compute its reported losses."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not known; choose one of {ALGORITHMS}")
     rule = LOCAL_RULES[algorithm]()
@@ -778,21 +964,80 @@ def train_user(
             loss = train_loss
         else:
             loss, _ = evaluate(model, data.x_test, data.y_test)
-        if byzantine:
-            loss += cfg.byzantine_loss
-            train_loss += cfg.byzantine_loss
-        rule.run(model, data, steps, cfg, rng, rule.correction(control, client_control))
-        new = model.get_weights()
+    if byzantine:
+        loss += cfg.byzantine_loss
+        train_loss += cfg.byzantine_loss
+    args = {
+        "cfg": cfg, "seed": seed, "server_round": server_round, "user": user, "solo": solo,
+        "byzantine": byzantine, "control": control, "client_control": client_control,
+        "mw_share": mw_share,
+    }  # fmt: skip
+    return _UserJob(
+        rule, model, data, steps, rng, rule.correction(control, client_control), weights,
+        float(loss), float(train_loss), args,
+    )  # fmt: skip
+
+
+def _finish(job: _UserJob) -> UserResult:
+    """Return the client's reply from its trained model."""
+    a = job.args
+    cfg = a["cfg"]
+    new = job.model.get_weights()
     delta = [
         np.asarray(w, np.float64) - np.asarray(v, np.float64)
-        for w, v in zip(weights, new, strict=True)
+        for w, v in zip(job.weights, new, strict=True)
     ]
-    if byzantine:
-        noise_rng = user_rng(seed, server_round, user, BYZANTINE)
+    if a["byzantine"]:
+        noise_rng = user_rng(a["seed"], a["server_round"], a["user"], BYZANTINE)
         delta = [d + noise_rng.normal(0.0, cfg.byzantine_noise, size=d.shape) for d in delta]
-    result = UserResult(loss=float(loss), train_loss=float(train_loss), local_steps=steps)
-    rule.finish(result, delta, cfg, solo, mw_share, control, client_control)
+    result = UserResult(loss=job.loss, train_loss=job.train_loss, local_steps=job.steps)
+    job.rule.finish(
+        result, delta, cfg, a["solo"], a["mw_share"], a["control"], a["client_control"]
+    )
     return result
+
+
+def train_users(requests: Sequence[dict[str, Any]], batched: bool = False) -> list[UserResult]:
+    """Run several clients' rounds (each request: the keyword arguments of :func:`train_user`).
+
+    With ``batched`` false this is :func:`train_user` for each request, in order. With
+    ``batched`` true, the clients whose rule trains by plain local SGD (FedAvg, FedProx,
+    SCAFFOLD, q-FFL, MaxFL, MW-Fed) and whose local steps are equal are trained together by
+    :func:`local_sgd_batched` (same draws, same models up to float rounding); Per-FedAvg and
+    pFedMe clients are trained one by one.
+
+    Returns
+    -------
+    list of UserResult
+        One result per request, in order.
+    """
+    if not batched:
+        return [train_user(**r) for r in requests]
+    jobs = [
+        _prepare(
+            r["algorithm"], r["weights"], r["data"], r["n_classes"], r["cfg"], r["seed"],
+            r["server_round"], r["user"], r["solo"], r.get("byzantine", False),
+            r.get("control"), r.get("client_control"), r.get("mw_share", 1.0),
+        )  # fmt: skip
+        for r in requests
+    ]
+    together: dict[tuple[type, int], list[_UserJob]] = {}
+    with single_thread():
+        for job in jobs:
+            if type(job.rule).run is LocalRule.run:
+                together.setdefault((type(job.rule), job.steps), []).append(job)
+            else:
+                job.rule.run(job.model, job.data, job.steps, job.args["cfg"], job.rng,
+                             job.correction)  # fmt: skip
+        for group in together.values():
+            cfg = group[0].args["cfg"]
+            local_sgd_batched(
+                [j.model for j in group],
+                [(j.data.x_train, j.data.y_train) for j in group],
+                group[0].steps, cfg.lr, cfg.batch_size, [j.rng for j in group],
+                prox_mu=group[0].rule.prox_mu(cfg), corrections=[j.correction for j in group],
+            )  # fmt: skip
+    return [_finish(job) for job in jobs]
 
 
 def tuned_eval(

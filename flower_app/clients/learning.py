@@ -50,7 +50,8 @@ from flower_app.algorithms.learning import (
     make_model,
     single_thread,
     solo_requirement,
-    train_user,
+    solo_requirements,
+    train_users,
     tuned_eval,
 )
 from flower_app.algorithms.server_rules import rule_for
@@ -222,6 +223,20 @@ class LearningClient(NumPyClient):
             self.state.set_solo(user, solo)
         return solo
 
+    def _ensure_solos(self, users: Sequence[int]) -> None:
+        """With batched clients: train the missing solo models of ``users`` together."""
+        if not self.local.batched or self.local.solo_steps < 1:
+            return
+        missing = [u for u in users if self.state.get_solo(u) is None]
+        if not missing:
+            return
+        solos = solo_requirements(
+            self.init, [self.fed.client(u) for u in missing], self.fed.n_classes, self.local,
+            self.seed, missing,
+        )  # fmt: skip
+        for u, solo in zip(missing, solos, strict=True):
+            self.state.set_solo(u, solo)
+
     # ------------------------------------------------------------------ NumPyClient
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
         """Announce the cohort (discovery)."""
@@ -255,22 +270,28 @@ class LearningClient(NumPyClient):
                 raise ValueError(f"'{key}' has {len(shares)} values for {len(users)} users")
         sums: list[np.ndarray] | None = None
         qs, losses, met, h_sum = [], [], [], 0.0
-        for u, share in zip(users, shares, strict=True):
-            res = train_user(
-                self.algorithm,
-                weights,
-                self.fed.client(u),
-                self.fed.n_classes,
-                self.local,
-                self.seed,
-                server_round,
-                u,
-                self.solo(u) if LOCAL_RULES[self.algorithm].needs_rho else None,
-                byzantine=u in self.byzantine,
-                control=control,
-                client_control=self.state.get_control(u) if control is not None else None,
-                mw_share=share,
-            )
+        if LOCAL_RULES[self.algorithm].needs_rho:
+            self._ensure_solos(users)
+        requests = [
+            {
+                "algorithm": self.algorithm,
+                "weights": weights,
+                "data": self.fed.client(u),
+                "n_classes": self.fed.n_classes,
+                "cfg": self.local,
+                "seed": self.seed,
+                "server_round": server_round,
+                "user": u,
+                "solo": self.solo(u) if LOCAL_RULES[self.algorithm].needs_rho else None,
+                "byzantine": u in self.byzantine,
+                "control": control,
+                "client_control": self.state.get_control(u) if control is not None else None,
+                "mw_share": share,
+            }
+            for u, share in zip(users, shares, strict=True)
+        ]
+        results = train_users(requests, batched=self.local.batched)
+        for u, res in zip(users, results, strict=True):
             if res.new_control is not None:
                 self.state.set_control(u, res.new_control)
             sums = (
@@ -298,6 +319,7 @@ class LearningClient(NumPyClient):
             users = self._own(config["users"], seen_only=True)
             with single_thread():
                 model = make_model(weights, self.fed.n_classes, self.local.dropout)
+            self._ensure_solos([u for u in users if u not in self.byzantine])
             appealing = [u for u in users if self._appeals(model, u)]
             return 0.0, len(users), {"appealing": appealing}
         if kind != "metrics":
@@ -327,6 +349,7 @@ class LearningClient(NumPyClient):
         with single_thread():
             model = make_model(weights, self.fed.n_classes, self.local.dropout)
         total_loss = 0.0
+        self._ensure_solos(range(self.first, self.first + self.count))
         for u in range(self.first, self.first + self.count):
             g = "seen" if u < self.fed.n_seen else "unseen"
             data = self.fed.client(u)

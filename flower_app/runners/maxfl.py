@@ -153,6 +153,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         pfedme_lambda=float(cfg.get("maxfl-pfedme-lambda")),
         pfedme_k=int(cfg.get("maxfl-pfedme-k")),
         pfedme_lr=float(cfg.get("maxfl-pfedme-lr")),
+        batched=bool(cfg.get("maxfl-batched-clients")),
     )
     return MaxFLSettings(
         algorithm=cfg.algorithm,

@@ -285,6 +285,11 @@ _DECLARED = (
     ),
     Setting("maxfl-pfedme-k", "int", 5, _MAXFL, "pFedMe's inner steps K per local step", ge=1),
     Setting("maxfl-pfedme-lr", "float", 0.01, _MAXFL, "pFedMe's personal learning rate", gt=0),
+    Setting(
+        "maxfl-batched-clients", "bool", False, _MAXFL,
+        "train a request's local-SGD clients together (stacked MLPs): same draws, models "
+        "equal to one-by-one up to float32 rounding (not bit for bit, so off by default)",
+    ),
     # ------------------------------------------------------------------ fedsubavg
     Setting("fsa-rounds", "int", 200, _FSA, "communication rounds R", ge=1),
     Setting(
