@@ -132,11 +132,14 @@ class AppConfig:
                 f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
             )
         if values["resume"] and (
-            family not in ("fedsm", "maxfl") or values["server-data"] != "full"
+            values["algorithm"] in ("fed-discrete-greedy",)
+            or family not in ("fedsm", "fedcg", "maxfl")
+            or values["server-data"] != "full"
         ):
             raise ConfigError(
-                "run_config 'resume' = true is implemented for FedSM and the MaxFL family with "
-                f"server-data = 'full', not for algorithm {values['algorithm']!r}"
+                "run_config 'resume' = true is implemented for FedSM, FedCG/FedCG+ and the "
+                f"MaxFL family with server-data = 'full', not for algorithm "
+                f"{values['algorithm']!r} (server-data {values['server-data']!r})"
             )
         if values["resume"] and not values["run-name"]:
             raise ConfigError(

@@ -17,8 +17,9 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
 
+from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
 from flower_app.client_app import app as default_client_app
-from flower_app.strategies import FedSMStrategy
+from flower_app.strategies import FedCGStrategy, FedSMStrategy
 from flower_app.strategies.base import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
 from tests.local_grid import LocalGrid
@@ -145,3 +146,29 @@ def test_maxfl_resumed_from_a_checkpoint_ends_with_the_uninterrupted_model() -> 
     assert len(resumed.history) == len(whole.history)
     for a, b in zip(resumed.server.weights, whole.server.weights, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None:
+    """FedCG (cohort mode): resume after round 2 of 5 on fresh nodes gives the same x and set."""
+    sc = SCENARIOS["fedcg-cohort"]
+
+    def make() -> FedCGStrategy:
+        server = FedCGServer(N_COHORT, UniformMatroid(M, 2), 5, 0.0, LocalSteps(), 0.5, seed=0)
+        return FedCGStrategy(cohorts=True, server=server)
+
+    saved: list[bytes] = []
+    whole = make()
+    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
+    assert len(saved) == 5
+    resumed = make()
+    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
+    assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4, 5]
+    assert np.array_equal(resumed.server.x, whole.server.x)
+    assert resumed.selected == whole.selected and whole.selected is not None
+    other = FedCGStrategy(cohorts=True, server=FedCGServer(
+        N_COHORT, UniformMatroid(M, 2), 7, 0.0, LocalSteps(), 0.5, seed=0))  # fmt: skip
+    other.resume_from(pickle.loads(saved[1]))
+    with pytest.raises(ValueError, match="does not match"):
+        other.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=7, timeout=5)

@@ -90,6 +90,30 @@ def test_fedsm_resumed_after_the_superlink_died_ends_as_the_uninterrupted_run(tm
     assert run.summary["objective"] == pytest.approx(direct["objective"])
 
 
+FEDCG = {
+    "algorithm": "fedcg",
+    "num-users": 300,
+    "num-elements": 200,
+    "k": 5,
+    "fedcg-rounds": 40,
+    "clients-per-round": 0.3,
+    "seed": 2,
+    "run-name": "interrupted",
+}
+
+
+def test_fedcg_resumed_after_the_superlink_died_ends_with_the_uninterrupted_x(tmp_path) -> None:
+    run = _interrupt_and_resume(tmp_path, FEDCG, FEDCG["fedcg-rounds"])
+    direct = run_direct(
+        AppConfig.from_run_config(
+            {**FEDCG, "output-dir": str(tmp_path / "direct"), "run-name": "direct"}
+        )
+    )
+    assert run.summary["selected"] == direct["selected"]
+    assert run.summary["objective"] == pytest.approx(direct["objective"])
+    assert run.summary["multilinear"] == pytest.approx(direct["multilinear"], rel=1e-12)
+
+
 MAXFL = {
     "algorithm": "maxfl",
     "dataset": "synthetic-emnist",

@@ -12,6 +12,7 @@ import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,14 +73,22 @@ class SecureFederation:
         self.nodes: dict[int, ManagedProcess] = {}
         self.node_ids: dict[int, int] = {}
 
-    def start(self, timeout: float = 60.0) -> SecureFederation:
-        """Start the SuperLink, register every node key, start every SuperNode."""
+    def start(
+        self,
+        timeout: float = 60.0,
+        node_config: Callable[[int], dict[str, int | float | str]] | None = None,
+    ) -> SecureFederation:
+        """Start the SuperLink, register every node key, start every SuperNode.
+
+        ``node_config(i)`` adds keys to node ``i``'s ``--node-config`` (e.g. its
+        ``data-path``).
+        """
         self.start_superlink(timeout)
         with ThreadPoolExecutor(max_workers=self.num_nodes) as pool:  # one `flwr` CLI each
             ids = list(pool.map(lambda key: self.register(key, timeout), self.keys))
         self.node_ids = dict(enumerate(ids))
         for i in range(self.num_nodes):
-            self.start_node(i)
+            self.start_node(i, **(node_config(i) if node_config is not None else {}))
         return self
 
     def start_superlink(self, timeout: float = 60.0) -> ManagedProcess:

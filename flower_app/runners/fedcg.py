@@ -262,6 +262,9 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         min_reply_fraction=cfg.min_reply_fraction,
         evaluate_every=10,
     )
+    fedcg.checkpoint_fn = exp.writer.save_checkpoint
+    if exp.writer.checkpoint is not None:
+        fedcg.resume_from(exp.writer.checkpoint)
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
     exp.writer.record_failures(fedcg.failure_summary())
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
@@ -276,6 +279,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured algorithm on the direct engine and write the run folder."""
     if cfg.server_data == "none":
         raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
     exp = _open(cfg, "direct")
     server = _server(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []

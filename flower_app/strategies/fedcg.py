@@ -242,6 +242,31 @@ class FedCGStrategy(RoundStrategy):
         self._sent: dict[int, tuple[int, float]] = {}
         self._bytes_down = 0
         self._draws = 0
+        # cohort mode checkpoints its server state (x, round, generators) after every round
+        self.resumable = self.cohort_mode
+
+    # ------------------------------------------------------------------ resume
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Return the cohort-mode server state (x, the round, the server's generators)."""
+        return {"server": self.server}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpointed server state (after ``setup``'s discovery).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If the checkpoint is not a FedCG server state of the same instance and T.
+        """
+        server = state.get("server") if isinstance(state, dict) else None
+        if not isinstance(server, FedCGServer):
+            raise TypeError("a FedCG checkpoint holds {'server': FedCGServer}")
+        assert self.server is not None
+        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.rounds)
+        theirs = (server.matroid.n_elements, server.n_users, server.rounds)
+        if mine != theirs:
+            raise ValueError(f"checkpoint (m, n, T) = {theirs} does not match this run's {mine}")
+        self.server = server
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
