@@ -132,13 +132,13 @@ class AppConfig:
                 f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
             )
         if values["resume"] and (
-            values["algorithm"] in ("fed-discrete-greedy",)
-            or family not in ("fedsm", "fedcg", "maxfl")
+            values["algorithm"] == "central-sgd"
+            or family not in ("fedsm", "fedcg", "maxfl", "fedsubavg")
             or values["server-data"] != "full"
         ):
             raise ConfigError(
-                "run_config 'resume' = true is implemented for FedSM, FedCG/FedCG+ and the "
-                f"MaxFL family with server-data = 'full', not for algorithm "
+                "run_config 'resume' = true is implemented for every federated algorithm (not "
+                f"central-sgd) with server-data = 'full', not for algorithm "
                 f"{values['algorithm']!r} (server-data {values['server-data']!r})"
             )
         if values["resume"] and not values["run-name"]:

@@ -244,7 +244,11 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             discovery_timeout=cfg.discovery_timeout,
             min_reply_fraction=cfg.min_reply_fraction,
         )
+        strategy.checkpoint_fn = exp.writer.save_checkpoint
+        if exp.writer.checkpoint is not None:
+            strategy.resume_from(exp.writer.checkpoint)
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
+        server = strategy.server
         exp.writer.record_failures(strategy.failure_summary())
         extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
         selected = list(server.selected)
@@ -266,6 +270,8 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     if exp.writer.checkpoint is not None:
         fedcg.resume_from(exp.writer.checkpoint)
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
+    server = fedcg.server  # a resumed run continues the checkpoint's server state
+    assert server is not None
     exp.writer.record_failures(fedcg.failure_summary())
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
     if not remote:

@@ -207,6 +207,9 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(evaluate(arrays["x"].numpy()))
 
+    strategy.checkpoint_fn = run.writer.save_checkpoint
+    if run.writer.checkpoint is not None:
+        strategy.resume_from(run.writer.checkpoint)
     strategy.start(
         grid=grid,
         num_rounds=run.spec.rounds,
@@ -220,6 +223,8 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the algorithm on the direct engine and write the run folder; return the summary."""
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
     bar = None

@@ -148,7 +148,33 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         self.protocol_bytes = 0
         self._nodes: list[int] = []
         self._bytes_down = 0
+        # cohort mode checkpoints its server state after every round; on resume the nodes
+        # get their importance factors again (setup), then S so far is restored
+        self.resumable = self.cohort_mode
         log(INFO, "FedDiscreteGreedyStrategy runs k=%d greedy rounds (Alg. 3)", self.k)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Return the cohort-mode server state (S so far, O, the server's generator)."""
+        return {"server": self.server}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpointed server state (after ``setup``'s Algs. 4/5).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If the checkpoint is not a discrete-greedy server state of the same instance.
+        """
+        server = state.get("server") if isinstance(state, dict) else None
+        if not isinstance(server, DiscreteGreedyServer):
+            raise TypeError("a discrete-greedy checkpoint holds {'server': DiscreteGreedyServer}")
+        assert self.server is not None
+        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.k)
+        theirs = (server.matroid.n_elements, server.n_users, server.k)
+        if mine != theirs:
+            raise ValueError(f"checkpoint (m, n, k) = {theirs} does not match this run's {mine}")
+        server.expected = self.server.expected  # what this run's nodes announced again
+        self.server = server
 
     def summary(self) -> None:
         """Log the strategy's settings."""

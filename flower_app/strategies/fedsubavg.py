@@ -278,6 +278,39 @@ class FedSubAvgStrategy(RoundStrategy):
             self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
             self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
             self.x = np.zeros(self.n_params)
+        # cohort mode checkpoints x, the server step's state and the client sampler
+        self.resumable = self.cohorts_mode
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Return the cohort-mode server state.
+
+        x, the server step's state (e.g. Adam moments, SCAFFOLD's c), the client sampler with
+        its generator and the bad-reply count.
+        """
+        return {
+            "x": self.x.copy(), "server": self.server, "sampler": self.sampler,
+            "bad-replies": self.bad_replies,
+        }  # fmt: skip
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint (after ``setup``'s discovery and counting round).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If the checkpoint is not a FedSubAvg state of a model of this size.
+        """
+        if not isinstance(state, dict) or not {"x", "server", "sampler"} <= set(state):
+            raise TypeError("a FedSubAvg checkpoint holds x, server and sampler")
+        x = np.asarray(state["x"], dtype=np.float64)
+        if x.shape != self.x.shape or type(state["server"]) is not type(self.server):
+            raise ValueError(
+                f"checkpoint of {x.size} parameters ({type(state['server']).__name__}) does "
+                f"not match this run's {self.x.size} ({type(self.server).__name__})"
+            )
+        self.x[:] = x
+        self.server, self.sampler = state["server"], state["sampler"]
+        self.bad_replies = int(state.get("bad-replies", 0))
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
