@@ -126,10 +126,13 @@ class AppConfig:
         # only the algorithm's own family: another family's key with a non-default value was
         # refused by parse(), and config.json records the keys that applied to the run
         extra = tuple(sorted((k, v) for k, v in values.items() if SETTINGS[k].family == family))
-        if values["server-data"] == "none" and family not in ("fedsm", "fedcg"):
+        if values["server-data"] == "none" and (
+            family not in ("fedsm", "fedcg", "fedsubavg") or values["algorithm"] == "central-sgd"
+        ):
             raise ConfigError(
                 f"run_config 'server-data' = 'none' is implemented for the submodular families "
-                f"(fedsm, fedcg), not for {family} (algorithm {values['algorithm']!r})"
+                f"(fedsm, fedcg) and the federated FedSubAvg family, not for "
+                f"{values['algorithm']!r} ({family})"
             )
         if values["resume"] and (
             values["algorithm"] == "central-sgd"

@@ -1,7 +1,9 @@
 """Export a dataset into per-node files plus a manifest: ``python -m flower_app.export``.
 
 Submodular datasets become ``node-<p>.parquet`` (user, item, value) files, MaxFL's image
-datasets ``node-<p>.npz`` files (the node's clients' images, labels and splits).
+datasets ``node-<p>.npz`` files (the node's clients' images, labels and splits), FedSubAvg's
+rating tasks ``node-<p>.npz`` files (the node's clients' samples as model rows, their
+submodels, their test samples).
 
 The split is the cohort simulation's (:func:`~flower_app.clients.cohorts.cohort_range`), so
 a deployment whose SuperNodes each hold one of these files and a simulation with the same
@@ -21,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flower_app.registry import MAXFL_DATASETS, SUBMODULAR_DATASETS
+from flower_app.registry import FEDSUBAVG_DATASETS, MAXFL_DATASETS, SUBMODULAR_DATASETS
 
 __all__ = ["export_dataset", "main"]
 
@@ -72,10 +74,13 @@ def export_dataset(
         algorithm = "fedsm"
     elif dataset in MAXFL_DATASETS:
         algorithm = "maxfl"
+    elif dataset in FEDSUBAVG_DATASETS:
+        algorithm = "fedsubavg"
     else:
         raise ValueError(
             f"dataset {dataset!r}: this command exports the submodular datasets "
-            f"({', '.join(SUBMODULAR_DATASETS)}) and MaxFL's ({', '.join(MAXFL_DATASETS)})"
+            f"({', '.join(SUBMODULAR_DATASETS)}), MaxFL's ({', '.join(MAXFL_DATASETS)}) and "
+            f"FedSubAvg's ({', '.join(FEDSUBAVG_DATASETS)})"
         )
     given = {
         "algorithm": algorithm,
@@ -83,13 +88,25 @@ def export_dataset(
         "data-dir": data_dir,
         "data-seed": data_seed,
         "num-users": num_users,
-        **({"num-elements": num_elements} if algorithm == "fedsm" else {}),
+        **({"num-elements": num_elements} if algorithm != "maxfl" else {}),
         **(run_config or {}),
     }
     cfg = AppConfig.from_run_config(given)
     if algorithm == "maxfl":
         return _export_maxfl(cfg, num_partitions, out)
+    if algorithm == "fedsubavg":
+        return _export_ratings(cfg, num_partitions, out)
     return _export_submodular(cfg, num_partitions, out)
+
+
+def _export_ratings(cfg: Any, num_partitions: int, out: str) -> dict[str, Any]:
+    from flower_app.node_data import RATING_SOURCE_KEYS, export_ratings, source_of
+    from flower_app.runners.fedsubavg import load_task
+
+    return export_ratings(
+        load_task(cfg), num_partitions, out, dataset=cfg.dataset,
+        source=source_of(cfg, RATING_SOURCE_KEYS),
+    )  # fmt: skip
 
 
 def _export_submodular(cfg: Any, num_partitions: int, out: str) -> dict[str, Any]:
@@ -132,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write one file per node (the cohort split of the simulation) and a "
         "manifest with sha256 checksums (docs/node-local-data.md).",
     )
-    parser.add_argument("--dataset", required=True, choices=SUBMODULAR_DATASETS + MAXFL_DATASETS)
+    parser.add_argument(
+        "--dataset", required=True,
+        choices=SUBMODULAR_DATASETS + MAXFL_DATASETS + FEDSUBAVG_DATASETS,
+    )  # fmt: skip
     parser.add_argument("--num-partitions", type=int, required=True, help="number of nodes N")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--data-dir", default="", help="dataset root (as run_config data-dir)")
@@ -167,11 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"export failed: {err}", file=sys.stderr)
         return 1
-    sizes = (
-        f"{manifest['n-elements']} elements, {manifest['nnz']} entries"
-        if "n-elements" in manifest
-        else f"{manifest['n-seen']} seen + {manifest['n-unseen']} unseen clients"
-    )
+    if "n-elements" in manifest:
+        sizes = f"{manifest['n-elements']} elements, {manifest['nnz']} entries"
+    elif "n-params" in manifest:
+        sizes = f"{manifest['n-params']} model rows"
+    else:
+        sizes = f"{manifest['n-seen']} seen + {manifest['n-unseen']} unseen clients"
     print(
         f"{manifest['dataset']}: {manifest['n-users']} users, {sizes} -> "
         f"{len(manifest['files'])} node files in {args.out} (manifest.json)"

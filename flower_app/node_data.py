@@ -724,3 +724,178 @@ def _images_cached(path: str, mtime: int, size: int) -> Any:
         float(arrays["mean"]),
         float(arrays["std"]),
     )
+
+
+# ---------------------------------------------------------------------- FedSubAvg ratings
+#: run_config keys that define a rating task (they must match the export's)
+RATING_SOURCE_KEYS = ("dataset", "data-seed", "num-users", "num-elements")
+
+
+def export_ratings(
+    task: Any,
+    num_partitions: int,
+    out: str | os.PathLike[str],
+    *,
+    dataset: str,
+    source: dict[str, Any],
+) -> dict[str, Any]:
+    """Write one ``node-<p>.npz`` per node (FedSubAvg clients, the cohort split) + manifest.
+
+    Parameters
+    ----------
+    task : flower_app.datasets.movielens_rating.RatingTask
+        The rating task (every client).
+    num_partitions : int
+        Number of nodes N.
+    out : str or os.PathLike
+        Output folder.
+    dataset : str
+        The ``dataset`` run_config value.
+    source : dict
+        The run_config values of :data:`RATING_SOURCE_KEYS` that made ``task``.
+
+    Returns
+    -------
+    dict
+        The manifest (also written to ``out/manifest.json``).
+
+    Notes
+    -----
+    A node file holds its clients' samples only, as model rows (the one-hot features of
+    :mod:`flower_app.models.sparse_logreg`; no user or movie ids): ``train-rows``,
+    ``train-pos`` int32 (n, 6), ``train-y`` float64 and ``train-counts`` int64 per client;
+    ``sub-rows`` int32 and ``sub-counts`` (each client's submodel S(i)); ``test-rows``,
+    ``test-y`` and ``test-client`` (global client of each of its test samples);
+    ``eval-local`` int64 (which of its training samples belong to the pooled train-loss
+    sample) and ``n-movies``.
+    """
+    if num_partitions < 1:
+        raise ValueError(f"num-partitions={num_partitions}: expected >= 1")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    n = int(task.n_clients)
+    files = []
+    for p in range(num_partitions):
+        first, count = cohort_range(n, p, num_partitions)
+        lo, hi = int(task.train_ptr[first]), int(task.train_ptr[first + count])
+        s_lo, s_hi = int(task.sub_ptr[first]), int(task.sub_ptr[first + count])
+        mine = (task.test_client >= first) & (task.test_client < first + count)
+        ev = task.eval_idx[(task.eval_idx >= lo) & (task.eval_idx < hi)] - lo
+        path = folder / f"node-{p}.npz"
+        with open(path, "wb") as fh:  # on a handle: np.savez keeps the name as given
+            np.savez(
+                fh,
+                **{
+                    "train-rows": task.train_rows[lo:hi],
+                    "train-pos": task.train_pos[lo:hi],
+                    "train-y": task.train_y[lo:hi],
+                    "train-counts": np.diff(task.train_ptr[first : first + count + 1]),
+                    "sub-rows": task.sub_rows[s_lo:s_hi],
+                    "sub-counts": np.diff(task.sub_ptr[first : first + count + 1]),
+                    "test-rows": task.test_rows[mine],
+                    "test-y": task.test_y[mine],
+                    "test-client": task.test_client[mine],
+                    "eval-local": ev.astype(np.int64),
+                    "n-movies": np.int64(task.layout.n_movies),
+                },
+            )
+        files.append(
+            {
+                "partition-id": p,
+                "file": path.name,
+                "sha256": sha256_file(path),
+                "bytes": path.stat().st_size,
+                "rows": hi - lo,
+                "first-user": int(first),
+                "num-users": int(count),
+            }
+        )
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "family": "fedsubavg",
+        "dataset": dataset,
+        "instance": str(task.name),
+        "n-users": n,
+        "n-params": int(task.n_params),
+        "n-movies": int(task.layout.n_movies),
+        "n-test-unattributed": int((task.test_client < 0).sum()),
+        "num-partitions": int(num_partitions),
+        "split": "contiguous client blocks (flower_app.clients.cohorts.cohort_range)",
+        "source": dict(source),
+        "files": files,
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def load_node_ratings(path: str | os.PathLike[str], source: dict[str, Any]) -> Any:
+    """Load one node's ``node-<p>.npz`` as a RatingTask holding its clients' samples only.
+
+    Every client id exists (so the global ids of the protocol work): the other clients have
+    no samples and empty submodels. ``eval_idx``, ``test_*`` are the node's share of the
+    pooled train-loss sample and test set, so the nodes' sums are the pooled metrics.
+
+    Raises
+    ------
+    NodeDataError
+        Missing or tampered file or manifest, or a run whose task differs from the export.
+    """
+    task = _ratings_cached(*_stamp(str(path)))
+    manifest = read_manifest(Path(path).expanduser().resolve().parent)
+    differ = [
+        f"{key}={source[key]!r} (export: {manifest['source'].get(key)!r})"
+        for key in RATING_SOURCE_KEYS
+        if key in source and manifest["source"].get(key) != source[key]
+    ]
+    if differ:
+        raise NodeDataError(
+            f"{path}: exported for another task than this run's: " + ", ".join(differ)
+        )
+    return task
+
+
+def _spread(counts: np.ndarray, first: int, n: int) -> np.ndarray:
+    """Return (n+1,) offsets: client first+j has counts[j] items, every other client none."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    inner = np.cumsum(counts, dtype=np.int64)
+    ptr[first + 1 : first + 1 + counts.size] = inner
+    ptr[first + 1 + counts.size :] = inner[-1] if inner.size else 0
+    return ptr
+
+
+@lru_cache(maxsize=4)
+def _ratings_cached(path: str, mtime: int, size: int) -> Any:
+    from flower_app.datasets.movielens_rating import RatingTask
+    from flower_app.models.sparse_logreg import OneHotLayout
+
+    manifest, entry = file_entry(path)
+    if manifest.get("family") != "fedsubavg":
+        raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not FedSubAvg's")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            a = {key: z[key] for key in z.files}
+        n = int(manifest["n-users"])
+        first, count = int(entry["first-user"]), int(entry["num-users"])
+        if a["train-counts"].size != count or a["sub-counts"].size != count:
+            raise ValueError(f"{a['train-counts'].size} clients, the manifest says {count}")
+        task = RatingTask(
+            name=str(manifest["instance"]),
+            layout=OneHotLayout(int(a["n-movies"])),
+            user_ids=np.arange(n, dtype=np.int64),  # client numbers (no original ids)
+            train_rows=a["train-rows"],
+            train_pos=a["train-pos"],
+            train_y=a["train-y"],
+            train_ptr=_spread(a["train-counts"], first, n),
+            sub_rows=a["sub-rows"],
+            sub_ptr=_spread(a["sub-counts"], first, n),
+            test_rows=a["test-rows"],
+            test_y=a["test-y"],
+            test_client=a["test-client"],
+            eval_idx=a["eval-local"],
+        )
+    except (OSError, KeyError, ValueError) as err:
+        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
+    if task.n_params != int(manifest["n-params"]):
+        raise NodeDataError(f"{path}: {task.n_params} model rows, the manifest says "
+                            f"{manifest['n-params']}")  # fmt: skip
+    return task

@@ -2,12 +2,13 @@
 
 Certificates and node keys are made, a SuperLink starts with TLS, node authentication and a
 database, and 4 SuperNodes each get ``data-path`` = their own file of
-``python -m flower_app.export`` (MovieLens-1M parquet rows; Fashion-MNIST npz arrays). The
-server reads no client data for FedSM (``server-data='none'``). Both runs must give what the
-direct engine gives for the same seed (which the simulation tests show equals Flower's
-simulation): the same set S for FedSM on MovieLens-1M (k = 10), the same model digest for
-MaxFL on Fashion-MNIST. Needs FLOWER_APP_DATA with ml-1m/ and fashion-mnist/ (CI has both);
-markers ``deploy`` and ``realdata``.
+``python -m flower_app.export`` (MovieLens-1M parquet rows; Fashion-MNIST npz arrays; the
+MovieLens rating task's npz samples). The server reads no client data for FedSM and FedSubAvg
+(``server-data='none'``). Every run must give what the direct engine gives for the same seed
+(which the simulation tests show equals Flower's simulation): the same set S for FedSM on
+MovieLens-1M (k = 10), the same model digest for MaxFL on Fashion-MNIST, the same losses for
+FedSubAvg on the MovieLens rating task. Needs FLOWER_APP_DATA with ml-1m/ and fashion-mnist/
+(CI has both); markers ``deploy`` and ``realdata``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _data_root() -> Path:
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = _data_root()
     out = tmp_path_factory.mktemp("export")
-    folders = {"movielens": out / "ml1m", "fmnist": out / "fmnist"}
+    folders = {"movielens": out / "ml1m", "fmnist": out / "fmnist",
+               "movielens-rating": out / "ml1m-rating"}  # fmt: skip
     for dataset, folder in folders.items():
         args = ["--dataset", dataset, "--data-dir", str(root), "--num-partitions", str(NODES)]
         assert export_main([*args, "--out", str(folder)]) == 0
@@ -117,3 +119,29 @@ def test_maxfl_fmnist_on_nodes_with_their_own_files(deploy, exported, tmp_path) 
     summary = run.summary
     assert summary["model-digest"] == direct["model-digest"]
     assert summary["final"] == pytest.approx(direct["final"])
+
+
+def test_fedsubavg_movielens_rating_on_nodes_with_their_own_files(
+    deploy, exported, tmp_path
+) -> None:
+    federation = deploy(exported["movielens-rating"], "npz")
+    root = _data_root()
+    config = {
+        "algorithm": "fedsubavg",
+        "dataset": "movielens-rating",
+        "data-dir": str(root),
+        "clients-per-round": 50,
+        "fsa-rounds": 3,
+        "seed": 2,
+        "round-timeout": 300.0,
+    }
+    run = federation.run({**config, "run-name": "rating-nodes", "server-data": "none"},
+                         timeout=1800)  # fmt: skip
+    assert run.status == "finished:completed", run.output[-3000:] + run.details
+    direct = run_direct(
+        AppConfig.from_run_config({**config, "output-dir": str(tmp_path), "run-name": "direct"})
+    )
+    summary = run.summary
+    for key in ("train-loss", "test-loss", "test-accuracy"):
+        assert summary[key] == pytest.approx(direct[key], rel=1e-12), key
+    assert summary["feature-heat-dispersion"] == direct["feature-heat-dispersion"]

@@ -163,9 +163,14 @@ def test_server_data_none_needs_groups_for_a_partition_matroid_and_a_submodular_
         )
 
 
-def test_export_dataset_refuses_fedsubavg_for_now(tmp_path) -> None:
-    with pytest.raises(ValueError, match="submodular"):
-        export_dataset("synthetic-movielens-rating", 2, str(tmp_path))
+def test_export_dataset_names_what_it_exports_for_an_unknown_dataset(tmp_path) -> None:
+    with pytest.raises(ValueError, match="submodular datasets.*MaxFL's.*FedSubAvg's"):
+        export_dataset("no-such-dataset", 2, str(tmp_path))
+    with pytest.raises(ConfigError, match="central-sgd"):
+        AppConfig.from_run_config(
+            {"algorithm": "central-sgd", "dataset": "synthetic-movielens-rating",
+             "server-data": "none"}
+        )  # fmt: skip
 
 
 #: a small MaxFL run on the EMNIST stand-in (as tests/test_maxfl_engine.py's)
@@ -257,3 +262,42 @@ def test_a_node_reads_its_parquet_once_then_its_binary_cache(tmp_path, export, m
     with pytest.raises(subprocess.CalledProcessError) as err:
         fresh_process()
     assert "sha256" in err.value.stderr or "node-1.parquet" in err.value.stderr
+
+
+#: a small FedSubAvg run on the synthetic MovieLens rating stand-in
+FSA = {
+    "dataset": "synthetic-movielens-rating",
+    "num-users": 60,
+    "num-elements": 40,
+    "clients-per-round": 10,
+    "fsa-rounds": 5,
+    "seed": 4,
+}
+
+
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "fedadam-sub"])
+def test_fedsubavg_nodes_with_their_own_files_and_no_server_data(tmp_path, algorithm) -> None:
+    """Each node loads only its npz (its users' samples as model rows); the server reads no
+    data; the federated train loss, test loss and accuracy are the pooled ones."""
+    out = tmp_path / "export"
+    args = ["--dataset", FSA["dataset"], "--num-users", "60", "--num-elements", "40"]
+    assert main([*args, "--num-partitions", str(NODES), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["family"] == "fedsubavg" and manifest["n-test-unattributed"] == 0
+    base = {**FSA, "algorithm": algorithm, "output-dir": str(tmp_path)}
+    reference = _run({**base, "run-name": "full"})
+    summary = _run(
+        {**base, "run-name": "none", "server-data": "none"}, node_config=_data_path(out, "npz")
+    )
+    assert summary["server-data"] == "none"
+    for key in ("initial-train-loss", "train-loss", "test-loss", "test-accuracy"):
+        assert summary[key] == pytest.approx(reference[key], rel=1e-12), key
+    assert summary["train-loss-by-round"] == pytest.approx(reference["train-loss-by-round"],
+                                                           rel=1e-12)  # fmt: skip
+    assert summary["feature-heat-dispersion"] == reference["feature-heat-dispersion"]
+    assert summary["bytes-up"] == reference["bytes-up"]
+    # a node file of another task is refused by name
+    runner = load_runner("fedsubavg")
+    other = AppConfig.from_run_config({**FSA, "algorithm": "fedsubavg", "data-seed": 1})
+    with pytest.raises(NodeDataError, match="data-seed=1"):
+        runner.make_client(other, Context(1, 1, _data_path(out, "npz")(0), RecordDict(), {}))

@@ -47,7 +47,7 @@ from flower_app.algorithms.fedsubavg import (
     gather_submodels,
 )
 from flower_app.datasets.movielens_rating import RatingTask
-from flower_app.models.sparse_logreg import log_loss
+from flower_app.models.sparse_logreg import accuracy, log_loss
 
 __all__ = ["SubmodelClient"]
 
@@ -184,14 +184,42 @@ class SubmodelClient(NumPyClient):
         return [update.rows.astype(np.int64), update.sums], int(users.size), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: Config) -> tuple[float, int, dict]:
-        """Return the cohort's mean training loss under the full model ``parameters[0]``."""
+        """Return the cohort's mean training loss under the full model ``parameters[0]``.
+
+        With ``config["kind"] == "metrics"``: the cohort's share of the server's metrics
+        instead, as sums (``eval-loss-sum``, ``eval-n`` over its samples in the pooled
+        train-loss sample; ``test-loss-sum``, ``test-correct``, ``test-n`` over its test
+        samples), so that the nodes' sums give the pooled train loss, test loss and test
+        accuracy without the server holding any data (``server-data = "none"``).
+        """
         x = np.asarray(parameters[0], dtype=np.float64).ravel()
         if x.shape != (self.task.n_params,):
             raise ValueError(f"evaluate expects the full model of {self.task.n_params} rows")
         lo = int(self.task.train_ptr[self.first_user])
         hi = int(self.task.train_ptr[self.first_user + self.num_users])
+        if config.get("kind") == "metrics":
+            return self._metric_sums(x, lo, hi)
         if hi == lo:
             return 0.0, 0, {"loss-sum": 0.0}
         rows = self.task.train_rows[lo:hi].astype(np.int64)
         loss = log_loss(x, rows, self.task.train_y[lo:hi])
         return loss, hi - lo, {"loss-sum": loss * (hi - lo)}
+
+    def _metric_sums(self, x: np.ndarray, lo: int, hi: int) -> tuple[float, int, dict]:
+        task = self.task
+        ev = task.eval_idx[(task.eval_idx >= lo) & (task.eval_idx < hi)]
+        end = self.first_user + self.num_users
+        mine = (task.test_client >= self.first_user) & (task.test_client < end)
+        out: dict[str, Any] = {"eval-n": int(ev.size), "test-n": int(mine.sum())}
+        out["eval-loss-sum"] = (
+            log_loss(x, task.train_rows[ev].astype(np.int64), task.train_y[ev]) * ev.size
+            if ev.size
+            else 0.0
+        )
+        if out["test-n"]:
+            rows, y = task.test_rows[mine].astype(np.int64), task.test_y[mine]
+            out["test-loss-sum"] = log_loss(x, rows, y) * out["test-n"]
+            out["test-correct"] = int(round(accuracy(x, rows, y) * out["test-n"]))
+        else:
+            out["test-loss-sum"], out["test-correct"] = 0.0, 0
+        return float(out["eval-loss-sum"]), int(ev.size), out

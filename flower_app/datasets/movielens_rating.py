@@ -76,6 +76,9 @@ class RatingTask:
         int64 (N+1,) offsets into ``sub_rows``.
     test_rows, test_y : numpy.ndarray
         The test samples (20%).
+    test_client : numpy.ndarray
+        int64 client of each test sample (−1 for a user without training samples), so a
+        node can evaluate its own users' test samples.
     eval_idx : numpy.ndarray
         Indices of the training samples the train loss is measured on (sorted).
     """
@@ -91,6 +94,7 @@ class RatingTask:
     sub_ptr: np.ndarray
     test_rows: np.ndarray
     test_y: np.ndarray
+    test_client: np.ndarray
     eval_idx: np.ndarray
 
     @property
@@ -213,6 +217,10 @@ def build_rating_task(
     n_eval = min(int(eval_samples), train.size)
     eval_idx = np.sort(rng.choice(train.size, size=n_eval, replace=False))
     test = np.flatnonzero(is_test)
+    test_client = np.searchsorted(user_ids, user_col[test])
+    known = test_client < n_clients
+    known[known] = user_ids[test_client[known]] == user_col[test][known]
+    test_client = np.where(known, test_client, -1).astype(np.int64)
     return RatingTask(
         name=name,
         layout=layout,
@@ -225,6 +233,7 @@ def build_rating_task(
         sub_ptr=sub_ptr.astype(np.int64),
         test_rows=rows[test].astype(np.int32),
         test_y=y[test],
+        test_client=test_client,
         eval_idx=eval_idx,
     )
 

@@ -24,7 +24,15 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -44,8 +52,14 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
-from flower_app.experiment import partition_of
+from flower_app.node_data import (
+    RATING_SOURCE_KEYS,
+    load_node_ratings,
+    node_partition,
+    source_of,
+)
 from flower_app.results import RunWriter
+from flower_app.server_data import probe_instance
 from flower_app.strategies.base import to_metric_record
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
@@ -126,11 +140,25 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
     return _Run(cfg, spec, k, task, writer, engine, time.perf_counter())
 
 
-def _heat_summary(task: RatingTask, heat: FeatureHeat) -> dict[str, Any]:
-    blocks = task.layout.blocks()
-    features = slice(blocks["gender"].start, task.n_params)  # everything but the bias
+def _heat_summary(task: RatingTask | None, heat: FeatureHeat, n_params: int = 0) -> dict:
+    """Heat and bytes numbers of the summary (without a task: heat only, from the nodes)."""
+    n_params = task.n_params if task is not None else int(n_params)
+    features = slice(1, n_params)  # everything but the bias (row 0)
     n = heat.clients[features]
     n = n[n > 0]
+    heat_part = {
+        # the paper's Table 1 metric: over features (gender .. age×movie), not the bias
+        "feature-heat-dispersion": heat.dispersion(features),
+        "feature-heat-max": int(n.max()) if n.size else 0,
+        "feature-heat-min": int(n.min()) if n.size else 0,
+        "parameter-heat-dispersion": heat.dispersion(),
+        "rows-touched": int((heat.clients > 0).sum()),
+        "heat-clients": heat.n_clients,
+        "full-model-bytes": int(n_params * VALUE_BYTES),
+    }
+    if task is None:
+        return heat_part
+    assert task.layout.blocks()["gender"].start == 1
     sizes = task.submodel_sizes()
     per_client = client_bytes(sizes)
     return {
@@ -176,8 +204,115 @@ def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss
     return summary
 
 
+def _federated_metrics(grid: Grid, node_ids: list[int], x: np.ndarray, timeout: float) -> dict:
+    """Return train loss (pooled sample), test loss and accuracy as sums over the nodes."""
+    content = RecordDict(
+        {"arrays": ArrayRecord([np.asarray(x, dtype=np.float64)]),
+         "config": ConfigRecord({"kind": "metrics"})}
+    )  # fmt: skip
+    messages = [
+        Message(content, dst_node_id=int(n), message_type=MessageType.EVALUATE, group_id="metrics")
+        for n in node_ids
+    ]
+    keys = ("eval-loss-sum", "eval-n", "test-loss-sum", "test-correct", "test-n")
+    sums = dict.fromkeys(keys, 0.0)
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    for reply in replies:
+        if reply.has_error():
+            raise RuntimeError(
+                f"federated evaluation: node {reply.metadata.src_node_id} failed: "
+                f"{reply.error.reason}"
+            )
+        metrics = reply.content.metric_records["metrics"]
+        for key in sums:
+            sums[key] += float(metrics[key])
+    if len(replies) != len(messages) or not sums["eval-n"]:
+        raise RuntimeError(f"federated evaluation: {len(replies)} of {len(messages)} nodes")
+    out = {"train-loss": sums["eval-loss-sum"] / sums["eval-n"]}
+    if sums["test-n"]:
+        out["test-loss"] = sums["test-loss-sum"] / sums["test-n"]
+        out["test-accuracy"] = sums["test-correct"] / sums["test-n"]
+    return out
+
+
+def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
+    """``server-data = "none"``: sizes from the nodes, metrics by federated evaluation."""
+    started = time.perf_counter()
+    spec = run_spec(cfg)
+    problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+    try:
+        k = resolve_clients_per_round(spec.clients_per_round, problem.n_users)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    config = {
+        **cfg.to_dict(),
+        "engine": "flower",
+        "task": {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements},
+        "clients-per-round-resolved": k,
+    }
+    writer = RunWriter(cfg.run_folder(), config)
+    log(INFO, "run folder: %s (server-data = none)", writer.folder)
+    strategy = FedSubAvgStrategy(
+        cohorts=True, n_clients=problem.n_users, n_params=problem.n_elements,
+        clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
+        weighting=spec.weighting, adam=spec.adam, seed=spec.seed, on_round=writer.log_round,
+        discovery_timeout=cfg.discovery_timeout, min_reply_fraction=cfg.min_reply_fraction,
+    )  # fmt: skip
+    initial: dict[str, float] = {}
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        assert strategy.cohorts is not None
+        nodes = [int(n) for n in strategy.cohorts.node_ids]
+        x = arrays["x"].numpy() if "x" in arrays else np.zeros(problem.n_elements)
+        values = _federated_metrics(grid, nodes, x, cfg.round_timeout)
+        if server_round == 0:
+            initial.update(values)
+            return None
+        return to_metric_record(values)
+
+    strategy.start(grid=grid, num_rounds=spec.rounds, timeout=cfg.round_timeout,
+                   evaluate_fn=evaluate_fn)  # fmt: skip
+    writer.record_failures(strategy.failure_summary())
+    assert strategy.heat is not None
+    history = strategy.history
+    losses = [float(r["train-loss"]) for r in history if "train-loss" in r]
+    last = history[-1] if history else {}
+    summary = {
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "engine": "flower",
+        "server-data": "none",
+        "seed": cfg.seed,
+        "clients-per-round": k,
+        "rounds": len(losses),
+        "weighting": spec.weighting,
+        "initial-train-loss": initial.get("train-loss"),
+        "train-loss": losses[-1] if losses else None,
+        "min-train-loss": min(losses) if losses else None,
+        "test-loss": last.get("test-loss"),
+        "test-accuracy": last.get("test-accuracy"),
+        "train-loss-by-round": losses,
+        "bad-replies": sum(int(r.get("bad-replies", 0)) for r in history),
+        "bytes-up": sum(int(r.get("bytes-up", 0)) for r in history),
+        "bytes-down": sum(int(r.get("bytes-down", 0)) for r in history),
+        **_heat_summary(None, strategy.heat, problem.n_elements),
+        "wall-time": time.perf_counter() - started,
+        "run-folder": str(writer.folder),
+    }
+    writer.write_summary(summary)
+    return summary
+
+
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
-    """Run the algorithm over the grid (CentralSGD: on the server) and write the run folder."""
+    """Run the algorithm over the grid (CentralSGD: on the server) and write the run folder.
+
+    With ``server-data = "none"`` the server reads no client data: n and the model size
+    come from the nodes' discovery replies, and the train loss (on the pooled train-loss
+    sample), test loss and test accuracy from the nodes' sums (federated evaluation after
+    every round); the numbers are the pooled ones up to float rounding.
+    """
+    if cfg.server_data == "none":
+        return _server_run_remote(grid, cfg)
     run = _open(cfg, "flower")
     log(INFO, "run folder: %s", run.writer.folder)
     evaluate = Evaluator(run.task)
@@ -225,6 +360,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the algorithm on the direct engine and write the run folder; return the summary."""
     if cfg.resume:
         raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
     bar = None
@@ -245,8 +382,18 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
-    """Return the node's SubmodelClient (its cohort of users)."""
-    return _client(cfg, *partition_of(context))
+    """Return the node's SubmodelClient (its cohort of users).
+
+    With ``data-path`` in the node_config the node loads only its own exported file
+    (``python -m flower_app.export --dataset movielens-rating ...``), checked against the
+    manifest and the run's task keys.
+    """
+    pid, parts, path = node_partition(context.node_config)
+    if path is None:
+        return _client(cfg, pid, parts)
+    task = load_node_ratings(path, source_of(cfg, RATING_SOURCE_KEYS))
+    first, count = cohort_range(task.n_clients, pid, parts)
+    return SubmodelClient(task, first, count, pid, parts)
 
 
 @lru_cache(maxsize=64)

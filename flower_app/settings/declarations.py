@@ -107,8 +107,9 @@ _DECLARED = (
     Setting(
         "server-data", "choice", "full", _COMMON,
         "full: the server loads the instance too (true F(S) per round, greedy reference); "
-        "none: it reads no client data (sizes from the nodes, F(S) by federated evaluation, "
-        "no greedy reference; submodular families; docs/node-local-data.md)",
+        "none: it reads no client data (sizes from the nodes, F(S) or the losses by federated "
+        "evaluation, no greedy reference; submodular and FedSubAvg families; "
+        "docs/node-local-data.md)",
         choices=("full", "none"),
     ),
     Setting(
