@@ -223,7 +223,8 @@ class FedSMStrategy(RoundStrategy):
                               ``"config"``: ``stage="round"``, ``server-round`` t,
                               ``user-id``, ``d``, ``seed`` int, ``mode`` str ``alg1``/
                               ``alg2``; Alg. 2 adds ``j-from`` int; amplification adds
-                              ``surrogate`` str, ``eta`` float, ``samples`` int.
+                              ``surrogate`` str, ``eta`` float, ``samples`` int;
+                              ``FedSMParams(rng="batched")`` adds ``rng`` str.
     reply         plain       ``"arrays"``: ``ids`` int32 + ``values`` float64 (sparse) or
                               ``values`` float64 (L,) (dense), L = m (Alg. 1) or |X|·r'
                               (Alg. 2: pair (e, j) at pos_X(e)·r' + j − j-from).
@@ -491,6 +492,8 @@ class FedSMStrategy(RoundStrategy):
         entries: dict[str, Any] = {"d": plan.d, "seed": self.seed, "mode": plan.mode}
         if plan.mode == "alg2":
             entries["j-from"] = plan.j_from
+        if plan.rng != "per-user":  # absent means per-user: default messages unchanged
+            entries["rng"] = plan.rng
         if plan.surrogate != "none":
             entries.update(surrogate=plan.surrogate, eta=plan.eta, samples=plan.samples)
         messages, self._sent = [], {}
