@@ -211,9 +211,7 @@ def hypergeometric(u: np.ndarray, s: np.ndarray, n: int, d: int) -> np.ndarray:
     sf, log_total = s.astype(np.float64), float(_log_binom(np.float64(n), np.float64(d)))
     while idx.size:
         hf = h.astype(np.float64)
-        cdf = cdf + np.exp(
-            _log_binom(sf, hf) + _log_binom(n - sf, float(d) - hf) - log_total
-        )
+        cdf = cdf + np.exp(_log_binom(sf, hf) + _log_binom(n - sf, float(d) - hf) - log_total)
         stop = (u < cdf) | (h >= hi)
         out[idx[stop]] = h[stop]
         keep = ~stop
@@ -275,9 +273,7 @@ def support_draw(
     return mask
 
 
-def dense_draw(
-    user: int, n_candidates: int, d: int, seed: int, server_round: int
-) -> np.ndarray:
+def dense_draw(user: int, n_candidates: int, d: int, seed: int, server_round: int) -> np.ndarray:
     """Return one user's d-subset of 0..N−1 under the batched scheme, drawn densely.
 
     For a user whose support is unknown (a gains callable): the d candidates with the
