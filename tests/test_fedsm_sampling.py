@@ -320,3 +320,29 @@ def test_batched_direct_cohort_and_plain_mode_give_the_same_set(mode) -> None:
     sel_plain = plain.start(LocalGrid(n, {}, app=user_app(obj)))
     assert sel_cohort.arrays["selected"].numpy().tolist() == direct
     assert sel_plain.arrays["selected"].numpy().tolist() == direct
+
+
+@pytest.mark.flwr
+def test_flwr_run_with_batched_draws_gives_the_direct_engines_set(flower_cli, tmp_path) -> None:
+    """run_config ``fedsm-rng='batched'`` reaches the server and the nodes (one flwr run)."""
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+
+    config = {
+        "num-users": 40,
+        "num-elements": 60,
+        "k": 6,
+        "clients-per-round": 0.5,
+        "elements-per-client": 0.3,
+        "seed": 4,
+        "fedsm-rng": "batched",
+    }
+    run = flower_cli.run(config, num_supernodes=3)
+    assert run.status == "finished:completed", run.output
+
+    def direct(**extra):
+        cfg = {**config, **extra, "output-dir": str(tmp_path), "run-name": str(len(extra))}
+        return run_direct(AppConfig.from_run_config(cfg))["selected"]
+
+    assert run.summary["selected"] == direct()
+    assert run.summary["selected"] != direct(**{"fedsm-rng": "per-user"})

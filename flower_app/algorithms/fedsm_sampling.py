@@ -178,10 +178,6 @@ def keyed_uniforms(
     return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _log_binom(n: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return gammaln(n + 1.0) - gammaln(k + 1.0) - gammaln(n - k + 1.0)
-
-
 def hypergeometric(u: np.ndarray, s: np.ndarray, n: int, d: int) -> np.ndarray:
     """Invert the hypergeometric CDF: the size h of D ∩ A for |A| = s, |D| = d, N = n.
 
@@ -204,18 +200,22 @@ def hypergeometric(u: np.ndarray, s: np.ndarray, n: int, d: int) -> np.ndarray:
     u = np.asarray(u, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     out = np.empty(s.shape, dtype=np.int64)
-    lo = np.maximum(0, d - (n - s))
+    log_fact = gammaln(np.arange(n + 1, dtype=np.float64) + 1.0)  # log j!, j = 0..N
+
+    def log_binom(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return log_fact[a] - log_fact[b] - log_fact[a - b]
+
+    log_total = float(log_fact[n] - log_fact[d] - log_fact[n - d])
+    h = np.maximum(0, d - (n - s))
     hi = np.minimum(s, d)
     idx = np.arange(s.size)
-    h, cdf = lo.copy(), np.zeros(s.size)
-    sf, log_total = s.astype(np.float64), float(_log_binom(np.float64(n), np.float64(d)))
+    cdf = np.zeros(s.size)
     while idx.size:
-        hf = h.astype(np.float64)
-        cdf = cdf + np.exp(_log_binom(sf, hf) + _log_binom(n - sf, float(d) - hf) - log_total)
+        cdf = cdf + np.exp(log_binom(s, h) + log_binom(n - s, d - h) - log_total)
         stop = (u < cdf) | (h >= hi)
         out[idx[stop]] = h[stop]
         keep = ~stop
-        idx, h, cdf, u, sf, hi = idx[keep], h[keep] + 1, cdf[keep], u[keep], sf[keep], hi[keep]
+        idx, h, cdf, u, s, hi = idx[keep], h[keep] + 1, cdf[keep], u[keep], s[keep], hi[keep]
     return out
 
 
@@ -233,7 +233,7 @@ def support_draw(
     Parameters
     ----------
     upos : numpy.ndarray
-        Position of each support entry's user in ``ids`` (any order).
+        Position of each support entry's user in ``ids`` (any order; grouped is fastest).
     cand : numpy.ndarray
         The entry's candidate index in 0..N−1 (element id or pair id), distinct per user.
     ids : numpy.ndarray
@@ -257,19 +257,32 @@ def support_draw(
     if not 1 <= d <= n_candidates:
         raise ValueError(f"d={d} must lie in 1..{n_candidates}")
     ids = np.asarray(ids, dtype=np.int64)
-    users, counts = np.unique(upos, return_counts=True)
+    cand = np.asarray(cand, dtype=np.int64)
+    if upos.size > 1 and (np.diff(upos) < 0).any():  # group the entries by user
+        order = np.argsort(upos, kind="stable")
+        mask = np.empty(upos.size, dtype=bool)
+        mask[order] = support_draw(
+            upos[order], cand[order], ids, n_candidates, d, seed, server_round
+        )
+        return mask
+    first = np.flatnonzero(np.r_[True, upos[1:] != upos[:-1]])
+    counts = np.diff(np.r_[first, upos.size])
     size = hypergeometric(
-        keyed_uniforms(seed, server_round, ids[users], np.zeros(1, np.int64), HYPER),
+        keyed_uniforms(seed, server_round, ids[upos[first]], np.zeros(1, np.int64), HYPER),
         counts,
         n_candidates,
         d,
     )
-    keys = keyed_words(seed, server_round, ids[upos], cand, KEYS)
-    order = np.lexsort((keys, upos))  # by user, then key
-    group = np.repeat(np.arange(users.size), counts)  # of the sorted entries
-    rank = np.arange(upos.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    mask = np.empty(upos.size, dtype=bool)
-    mask[order] = rank < size[group]
+    group = np.repeat(np.arange(first.size), counts)
+    mask = size[group] >= counts[group]  # h = s: the whole support; h = 0: none of it
+    partial = np.flatnonzero((size > 0) & (size < counts))
+    if partial.size:  # 0 < h < s: the h entries with the smallest keys
+        ent = np.flatnonzero(np.isin(group, partial))
+        keys = keyed_words(seed, server_round, ids[upos[ent]], cand[ent], KEYS)
+        order = np.lexsort((keys, group[ent]))
+        g = group[ent][order]
+        start = np.searchsorted(g, g, side="left")
+        mask[ent[order]] = np.arange(ent.size) - start < size[g]
     return mask
 
 
