@@ -345,7 +345,7 @@ def _support_pair_sum(
         return out, 0
     upos, xpos = gains.support(np.arange(n_users), pool)  # type: ignore[attr-defined]
     upos = np.repeat(upos, r_prime)
-    pair = (np.repeat(xpos, r_prime) * r_prime + np.tile(np.arange(r_prime), xpos.size))
+    pair = np.repeat(xpos, r_prime) * r_prime + np.tile(np.arange(r_prime), xpos.size)
     drawn = support_draw(upos, pair, ids, n_pairs, d, seed, server_round)
     upos, pair = upos[drawn], pair[drawn]
     hits = 0

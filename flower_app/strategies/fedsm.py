@@ -185,7 +185,10 @@ class FedSMStrategy(RoundStrategy):
         and ``groups`` are for plain mode).
     params : FedSMParams, optional
         All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
-        replaces ``mode``, ``clients_per_round`` and ``elements_per_client``.
+        replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
+        (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
+        proportional, same law; :mod:`flower_app.algorithms.fedsm_sampling`) is sent to the
+        nodes with every round.
     lam : float, optional
         λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode
         takes the largest ``max-singleton`` of the setup replies). Default 0.
