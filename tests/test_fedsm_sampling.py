@@ -346,3 +346,16 @@ def test_flwr_run_with_batched_draws_gives_the_direct_engines_set(flower_cli, tm
 
     assert run.summary["selected"] == direct()
     assert run.summary["selected"] != direct(**{"fedsm-rng": "per-user"})
+
+
+@pytest.mark.parametrize("mode", ["alg1", "alg2"])
+def test_a_gains_callable_draws_densely_under_batched_and_runs_to_k(mode) -> None:
+    """No support known: the keyed dense draw (same law), a full run, a valid set."""
+    obj = _objective(seed=5)
+    params = BATCHED[mode]
+    strategy = FedSMStrategy(k=4, seed=2, min_available_nodes=obj.n_users, params=params)
+    result = strategy.start(LocalGrid(obj.n_users, {}, app=user_app(obj, "candidates")))
+    selected = result.arrays["selected"].numpy().tolist()
+    assert len(selected) == 4 == len(set(selected))
+    assert all(0 <= e < obj.n_elements for e in selected)
+    assert all(r["bad-replies"] == 0 for r in strategy.history)
