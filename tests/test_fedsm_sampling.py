@@ -359,3 +359,27 @@ def test_a_gains_callable_draws_densely_under_batched_and_runs_to_k(mode) -> Non
     assert len(selected) == 4 == len(set(selected))
     assert all(0 <= e < obj.n_elements for e in selected)
     assert all(r["bad-replies"] == 0 for r in strategy.history)
+
+
+def test_run_sim_sweep_passes_rng_to_every_run(tmp_path) -> None:
+    """``run_sim.py fedsm-sweep --rng batched``: the rows are the batched direct runs'."""
+    from test_run_sim import run_sim
+
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+
+    argv = [
+        "fedsm-sweep", "--dataset", "synthetic-facility-location", "--num-users", "200",
+        "--num-elements", "60", "--k", "4", "--clients", "0.25", "--elements", "0.2",
+        "--seeds", "1", "--rng", "batched", "--out", str(tmp_path / "sweep"),
+    ]  # fmt: skip
+    assert run_sim.main(argv) == 0
+    row = run_sim.read_sweep(tmp_path / "sweep" / "sweep.csv").iloc[-1]
+    base = {
+        "dataset": "synthetic-facility-location", "num-users": 200, "num-elements": 60,
+        "k": 4, "clients-per-round": 0.25, "elements-per-client": 0.2, "seed": 1,
+        "output-dir": str(tmp_path / "direct"),
+    }  # fmt: skip
+    batched = run_direct(AppConfig.from_run_config({**base, "fedsm-rng": "batched"}))
+    per_user = run_direct(AppConfig.from_run_config({**base, "run-name": "p"}))
+    assert row["objective"] == batched["objective"] != per_user["objective"]
