@@ -266,6 +266,8 @@ def _base_run_config(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.data_dir:
         base["data-dir"] = str(Path(args.data_dir).expanduser().resolve())
+    if getattr(args, "rng", "per-user") != "per-user":
+        base["fedsm-rng"] = args.rng
     return base
 
 
@@ -801,6 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument(
         "--partition-capacity", type=int, default=2, help=help_text("partition-capacity")
+    )
+    sweep.add_argument(
+        "--rng", choices=["per-user", "batched"], default="per-user", help=help_text("fedsm-rng")
     )
     _add_figure_options(sweep)
 

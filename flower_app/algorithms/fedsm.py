@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flower_app.algorithms.counts import resolve_count
+from flower_app.algorithms.fedsm_sampling import check_scheme, support_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -119,13 +120,17 @@ def sampled_entry_sum(
     seed: int,
     server_round: int,
     n_elements: int,
+    rng: str = "per-user",
 ) -> tuple[np.ndarray, int]:
     """Sum the users' gains over their own d-element draws D_i from ``pool``.
 
-    The draw of user ``ids[p]`` is ``user_rng(seed, server_round, ids[p]).choice(|pool|, d,
-    replace=False)`` (positions in ``pool``), so the sum over any set of users does not depend
-    on how the users are split over nodes. Users without a positive entry in ``pool`` report
-    only zeros whatever they draw, so their draw is skipped.
+    With ``rng="per-user"`` the draw of user ``ids[p]`` is ``user_rng(seed, server_round,
+    ids[p]).choice(|pool|, d, replace=False)`` (positions in ``pool``); with ``"batched"``
+    only D_i ∩ A_i is drawn, A_i the user's positive entries in ``pool``, for all users at
+    once (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`: the same law, time
+    proportional to |A_i|). Either way the sum over any set of users does not depend on how
+    the users are split over nodes. Users without a positive entry in ``pool`` report only
+    zeros whatever they draw, so their draw is skipped.
 
     Parameters
     ----------
@@ -148,6 +153,8 @@ def sampled_entry_sum(
         Communication round (seeds the streams).
     n_elements : int
         Ground-set size m (length of the result).
+    rng : str, optional
+        ``"per-user"`` (default) or ``"batched"`` (:mod:`~flower_app.algorithms.fedsm_sampling`).
 
     Returns
     -------
@@ -161,6 +168,10 @@ def sampled_entry_sum(
     pos_of[pool] = np.arange(n_pool)
     keep = (pos_of[elem] >= 0) & (gain > 0)
     upos, elem, gain = upos[keep], elem[keep], gain[keep]
+    if check_scheme(rng) == "batched":
+        hit = support_draw(upos, elem, ids, n_pool, d, seed, server_round)
+        out += np.bincount(elem[hit], weights=gain[hit], minlength=n_elements)
+        return out, int(hit.sum())
     active = np.unique(upos)
     hits = 0
     for start in range(0, active.size, _CHUNK):

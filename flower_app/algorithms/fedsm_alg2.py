@@ -46,6 +46,7 @@ import numpy as np
 
 from flower_app.algorithms.counts import resolve_count
 from flower_app.algorithms.fedsm import user_rng
+from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw, support_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -58,6 +59,7 @@ __all__ = [
     "feasibility_table",
     "pair_report_sum",
     "random_feasible_sequence",
+    "support_elements",
 ]
 
 #: users whose pairs are evaluated together (bounds memory: a dense chunk × m block)
@@ -172,6 +174,26 @@ class PairGains(Protocol):
         ...
 
 
+def support_elements(
+    objective: MaxRowObjective, rows: np.ndarray, current: np.ndarray | None, pool: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (row position, position in X) of the elements where a user can gain.
+
+    The entries of the users' rows in X, with r_ie > f_i(S) when ``current`` (f_i(S)) is
+    given: outside them every pair value f_i(e | S ∪ {a_1..a_j}) (or its surrogate) is 0.
+    This is the support A_i that the batched draw of :func:`pair_report_sum` samples from.
+    """
+    sub = objective.values[np.asarray(rows, dtype=np.int64)]
+    row_of = np.repeat(np.arange(sub.shape[0]), np.diff(sub.indptr))
+    pos_of = np.full(objective.n_elements, -1, dtype=np.int64)
+    pos_of[pool] = np.arange(pool.size)
+    xpos = pos_of[sub.indices]
+    keep = (xpos >= 0) & (sub.data > 0)
+    if current is not None:
+        keep &= sub.data > current[row_of]
+    return row_of[keep], xpos[keep]
+
+
 class PlainPairGains:
     """f_i(e | S ∪ {a_1..a_j}) = max(0, r_ie − max(f_i(S), max_{l ≤ j} r_{i a_l})), j < r'.
 
@@ -220,6 +242,11 @@ class PlainPairGains:
         best = np.maximum.accumulate(prefix, axis=1)  # column j: f_i(S ∪ {a_1..a_j})
         return np.maximum(dense[upos, elem] - best[upos, jdx + self.j_from], 0.0)
 
+    def support(self, users: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return (index into ``users``, position in X) of the elements with f_i(e | S) > 0."""
+        upos, xpos = support_elements(self.objective, self.users[users], self.current[users], pool)
+        return upos, xpos
+
 
 def pair_report_sum(
     gains: PairGains,
@@ -230,10 +257,18 @@ def pair_report_sum(
     d: int,
     seed: int,
     server_round: int,
+    rng: str = "per-user",
 ) -> tuple[np.ndarray, int]:
     """Return Σ_i Σ_{(e, j) ∈ D_i} value_i(e, j) over the pairs, and the positive values sent.
 
     Pair p = x·r' + c stands for (X[x], prefix a_1..a_{c + j_from}), c = 0..r'−1.
+    ``rng="per-user"``: D_i = ``user_rng(seed, t, ids[i]).choice(|X|·r', d,
+    replace=False)``. ``"batched"``: when ``gains`` has ``support(users, pool)`` (the
+    elements of X where user i can gain; its pairs are those elements × every prefix), only
+    D_i ∩ A_i is drawn for all users at once
+    (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`, the same law in time
+    proportional to |A_i|); otherwise D_i is drawn densely from the keyed generator
+    (:func:`~flower_app.algorithms.fedsm_sampling.dense_draw`).
 
     Parameters
     ----------
@@ -253,6 +288,8 @@ def pair_report_sum(
         Run seed.
     server_round : int
         Communication round (seeds the streams).
+    rng : str, optional
+        ``"per-user"`` (default) or ``"batched"``.
 
     Returns
     -------
@@ -266,19 +303,62 @@ def pair_report_sum(
     ids = np.asarray(ids, dtype=np.int64)
     if ids.shape != np.shape(users):
         raise ValueError("ids must have one id per user")
+    batched = check_scheme(rng) == "batched"
+    if batched and hasattr(gains, "support"):
+        return _support_pair_sum(gains, len(users), ids, pool, r_prime, d, seed, server_round)
     out = np.zeros(n_pairs)
     hits = 0
     active = gains.active(np.arange(len(users)), pool) if len(users) else np.zeros(0, int)
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
-        draws = np.stack(
-            [user_rng(seed, server_round, ids[a]).choice(n_pairs, d, replace=False) for a in chunk]
-        )
+        if batched:
+            draws = np.stack([dense_draw(ids[a], n_pairs, d, seed, server_round) for a in chunk])
+        else:
+            draws = np.stack(
+                [
+                    user_rng(seed, server_round, ids[a]).choice(n_pairs, d, replace=False)
+                    for a in chunk
+                ]
+            )
         upos = np.repeat(np.arange(chunk.size), d)
         pair = draws.ravel()
         value = gains.evaluate(chunk, upos, pool[pair // r_prime], pair % r_prime)
         hits += int(np.count_nonzero(value > 0))
         out += np.bincount(pair, weights=value, minlength=n_pairs)
+    return out, hits
+
+
+def _support_pair_sum(
+    gains: PairGains,
+    n_users: int,
+    ids: np.ndarray,
+    pool: np.ndarray,
+    r_prime: int,
+    d: int,
+    seed: int,
+    server_round: int,
+) -> tuple[np.ndarray, int]:
+    """:func:`pair_report_sum`'s batched draw over the users' supports (elements × prefixes)."""
+    n_pairs = pool.size * r_prime
+    out = np.zeros(n_pairs)
+    if n_users == 0:
+        return out, 0
+    upos, xpos = gains.support(np.arange(n_users), pool)  # type: ignore[attr-defined]
+    upos = np.repeat(upos, r_prime)
+    pair = np.repeat(xpos, r_prime) * r_prime + np.tile(np.arange(r_prime), xpos.size)
+    drawn = support_draw(upos, pair, ids, n_pairs, d, seed, server_round)
+    upos, pair = upos[drawn], pair[drawn]
+    hits = 0
+    active = np.unique(upos)
+    bounds = np.searchsorted(upos, active)
+    for start in range(0, active.size, _CHUNK):
+        chunk = active[start : start + _CHUNK]
+        lo = bounds[start]
+        hi = bounds[start + _CHUNK] if start + _CHUNK < active.size else upos.size
+        local = np.searchsorted(chunk, upos[lo:hi])
+        value = gains.evaluate(chunk, local, pool[pair[lo:hi] // r_prime], pair[lo:hi] % r_prime)
+        hits += int(np.count_nonzero(value > 0))
+        out += np.bincount(pair[lo:hi], weights=value, minlength=n_pairs)
     return out, hits
 
 

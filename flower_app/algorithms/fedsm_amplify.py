@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from flower_app.algorithms.fedsm_alg2 import support_elements
 from flower_app.submodular.multilinear import entry_gradients, sampled_entry_gradients
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -196,6 +197,10 @@ class SurrogatePairGains:
         in_pool[pool] = True
         row_of = np.repeat(np.arange(rows.shape[0]), np.diff(rows.indptr))
         return np.asarray(users)[np.unique(row_of[in_pool[rows.indices]])]
+
+    def support(self, users: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return (index into ``users``, position in X) of the users' row entries in X."""
+        return support_elements(self.objective, self.users[users], None, pool)
 
     def evaluate(
         self, users: np.ndarray, upos: np.ndarray, elem: np.ndarray, jdx: np.ndarray

@@ -13,7 +13,10 @@ compute, for any cohort of them; both the Flower strategy and :func:`run_direct`
 these two, so both engines give the same S for the same seed. All of the server's randomness
 (users, sequences, rounding) comes from one generator seeded by ``seed``, used in round
 order; users' randomness from ``default_rng([seed, t, user])`` (and ``[seed, t, user, 1]``
-for the sampled surrogate), t the global communication round.
+for the sampled surrogate), t the global communication round. With ``rng="batched"``
+(:class:`FedSMParams`, run_config ``fedsm-rng``) the users' draws of D come instead from a
+counter-based generator keyed by (seed, t, user), for all users at once and in time
+proportional to each user's support (:mod:`~flower_app.algorithms.fedsm_sampling`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from flower_app.algorithms.fedsm_amplify import (
     SurrogatePairGains,
     surrogate_entries,
 )
+from flower_app.algorithms.fedsm_sampling import check_scheme
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 from flower_app.submodular.objectives import MaxRowObjective
@@ -85,6 +89,10 @@ class FedSMParams:
         Sets R per user and round for the sampled surrogate.
     rounding : str
         ``"pipage"`` (randomized, marginals preserved) or ``"greedy"``.
+    rng : str
+        How users draw D: ``"per-user"`` (default, ``default_rng([seed, t, user])`` and a
+        dense d-subset; the recorded reproductions) or ``"batched"`` (a keyed Philox for all
+        users at once, support-proportional; same law, other realisations).
     """
 
     mode: str = "alg1"
@@ -99,6 +107,7 @@ class FedSMParams:
     surrogate: str = "exact"
     samples: int = 4
     rounding: str = "pipage"
+    rng: str = "per-user"
 
     def steps(self) -> int:
         """Return the amplification's 1/η, checking η."""
@@ -142,6 +151,8 @@ class RoundPlan:
         m.
     j_from : int
         Alg. 2: prefix length of pair column 0.
+    rng : str
+        How users draw D: ``"per-user"`` or ``"batched"`` (sent to the nodes when batched).
     """
 
     server_round: int
@@ -157,6 +168,7 @@ class RoundPlan:
     samples: int
     n_elements: int
     j_from: int = 1
+    rng: str = "per-user"
 
     @property
     def report_size(self) -> int:
@@ -240,7 +252,7 @@ def cohort_report(
             upos, elem, gain = surrogate_entries(
                 objective, users, ids, plan.y(), plan.eta, plan.surrogate, plan.samples, seed, t
             )
-        return sampled_entry_sum(upos, elem, gain, ids, pool, plan.d, seed, t, m)
+        return sampled_entry_sum(upos, elem, gain, ids, pool, plan.d, seed, t, m, plan.rng)
     if plan.surrogate == "none":
         gains: Any = PlainPairGains(objective, users, plan.selected, plan.sequence, plan.j_from)
     else:
@@ -257,7 +269,9 @@ def cohort_report(
             t,
             plan.j_from,
         )
-    return pair_report_sum(gains, users, ids, plan.pool, plan.sequence.size, plan.d, seed, t)
+    return pair_report_sum(
+        gains, users, ids, plan.pool, plan.sequence.size, plan.d, seed, t, plan.rng
+    )
 
 
 class FedSMRun:
@@ -299,6 +313,7 @@ class FedSMRun:
     ) -> None:
         if params.mode not in MODES:
             raise ValueError(f"fedsm mode {params.mode!r}: choose one of {', '.join(MODES)}")
+        check_scheme(params.rng)
         uses_alg2 = params.mode == "alg2" or (params.mode == "amplified" and params.inner == "alg2")
         if params.mode != "alg1" and not isinstance(matroid, UniformMatroid | PartitionMatroid):
             raise ValueError(
@@ -430,6 +445,7 @@ class FedSMRun:
             samples=self.params.samples,
             n_elements=self.matroid.n_elements,
             j_from=self.params.j_from,
+            rng=self.params.rng,
         )
         return self._plan
 

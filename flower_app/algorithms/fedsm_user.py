@@ -16,6 +16,11 @@ Either way the user draws its d elements (or pairs) from its own stream
 (:func:`~flower_app.algorithms.fedsm.sampled_entry_sum`,
 :func:`~flower_app.algorithms.fedsm_alg2.pair_report_sum`), so a run over one-user nodes
 gives the same S as the cohort engines for the same seed.
+
+With ``rng="batched"`` (:mod:`~flower_app.algorithms.fedsm_sampling`) score data still gives
+the cohort engines' S (the same support-proportional draw), but a gains callable, whose
+support the node cannot know, draws D densely from the keyed generator: the same law, other
+draws, so a callable and score data then give different (equally distributed) sets.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from flower_app.algorithms.fedsm import user_rng
 from flower_app.algorithms.fedsm_alg2 import pair_report_sum
 from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
+from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -185,12 +191,23 @@ def user_report(
     if plan.mode == "alg2":
         gains = _CallablePairGains(utility, plan.selected, plan.sequence, plan.j_from)
         return pair_report_sum(
-            gains, np.zeros(1, dtype=np.int64), ids, plan.pool, plan.sequence.size, plan.d, seed, t
+            gains,
+            np.zeros(1, dtype=np.int64),
+            ids,
+            plan.pool,
+            plan.sequence.size,
+            plan.d,
+            seed,
+            t,
+            plan.rng,
         )
     pool = np.setdiff1d(np.arange(m), plan.selected)
     if not 1 <= plan.d <= pool.size:
         raise ValueError(f"d={plan.d} must lie in 1..|E \\ S| = {pool.size}")
-    elements = pool[user_rng(seed, t, int(user_id)).choice(pool.size, plan.d, replace=False)]
+    if check_scheme(plan.rng) == "batched":
+        elements = pool[dense_draw(int(user_id), pool.size, plan.d, seed, t)]
+    else:
+        elements = pool[user_rng(seed, t, int(user_id)).choice(pool.size, plan.d, replace=False)]
     values = utility.gains(plan.selected, elements)
     out = np.zeros(m)
     out[elements] = values

@@ -29,6 +29,7 @@ from flwr.client import NumPyClient
 from flower_app.algorithms.fedsm import ENTRY_BYTES
 from flower_app.algorithms.fedsm_amplify import SURROGATES
 from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
+from flower_app.algorithms.fedsm_sampling import check_scheme
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
@@ -201,7 +202,8 @@ def round_plan(
     Parameters
     ----------
     config : mapping
-        The request's config (``server-round``, ``d``, ``mode``, ``surrogate``, ...).
+        The request's config (``server-round``, ``d``, ``mode``, ``surrogate``, ``rng``
+        (absent: ``"per-user"``), ...).
     n_elements : int
         Ground-set size m.
     users, selected : numpy.ndarray
@@ -248,4 +250,5 @@ def round_plan(
         samples=int(config.get("samples", 1)),
         n_elements=n_elements,
         j_from=int(config.get("j-from", 1)),
+        rng=check_scheme(str(config.get("rng", "per-user"))),
     )

@@ -28,6 +28,11 @@ run_config keys of the family (declared in :mod:`flower_app.settings`, reference
     Sets R ~ y per user and round for the sampled surrogate (default 4).
 ``fedsm-rounding``
     ``"pipage"`` (default) or ``"greedy"``: the oblivious rounding of the final x.
+``fedsm-rng``
+    How users draw their d elements or pairs: ``"per-user"`` (default; one
+    ``default_rng([seed, t, user])`` per user and round, the recorded reproductions) or
+    ``"batched"`` (a keyed Philox for all users at once, in time proportional to each user's
+    support; same law, other draws: :mod:`flower_app.algorithms.fedsm_sampling`).
 """
 
 from __future__ import annotations
@@ -106,6 +111,7 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         surrogate=cfg.get("fedsm-surrogate"),
         samples=cfg.get("fedsm-samples"),
         rounding=cfg.get("fedsm-rounding"),
+        rng=cfg.get("fedsm-rng"),
     )
     if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
         raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")

@@ -158,6 +158,12 @@ _DECLARED = (
         "sets R ~ y per user and round of the sampled surrogate", ge=0,
     ),
     Setting(
+        "fedsm-rng", "choice", "per-user", _FEDSM,
+        "users' draws of D: per-user (default_rng([seed, t, user]) each, the recorded runs) "
+        "or batched (keyed Philox for all users at once, support-proportional; same law)",
+        choices=("per-user", "batched"),
+    ),
+    Setting(
         "fedsm-rounding", "choice", "pipage", _FEDSM,
         "oblivious rounding of amplification's final x", choices=("pipage", "greedy"),
     ),

@@ -185,7 +185,10 @@ class FedSMStrategy(RoundStrategy):
         and ``groups`` are for plain mode).
     params : FedSMParams, optional
         All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
-        replaces ``mode``, ``clients_per_round`` and ``elements_per_client``.
+        replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
+        (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
+        proportional, same law; :mod:`flower_app.algorithms.fedsm_sampling`) is sent to the
+        nodes with every round.
     lam : float, optional
         λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode
         takes the largest ``max-singleton`` of the setup replies). Default 0.
@@ -223,7 +226,8 @@ class FedSMStrategy(RoundStrategy):
                               ``"config"``: ``stage="round"``, ``server-round`` t,
                               ``user-id``, ``d``, ``seed`` int, ``mode`` str ``alg1``/
                               ``alg2``; Alg. 2 adds ``j-from`` int; amplification adds
-                              ``surrogate`` str, ``eta`` float, ``samples`` int.
+                              ``surrogate`` str, ``eta`` float, ``samples`` int;
+                              ``FedSMParams(rng="batched")`` adds ``rng`` str.
     reply         plain       ``"arrays"``: ``ids`` int32 + ``values`` float64 (sparse) or
                               ``values`` float64 (L,) (dense), L = m (Alg. 1) or |X|·r'
                               (Alg. 2: pair (e, j) at pos_X(e)·r' + j − j-from).
@@ -491,6 +495,8 @@ class FedSMStrategy(RoundStrategy):
         entries: dict[str, Any] = {"d": plan.d, "seed": self.seed, "mode": plan.mode}
         if plan.mode == "alg2":
             entries["j-from"] = plan.j_from
+        if plan.rng != "per-user":  # absent means per-user: default messages unchanged
+            entries["rng"] = plan.rng
         if plan.surrogate != "none":
             entries.update(surrogate=plan.surrogate, eta=plan.eta, samples=plan.samples)
         messages, self._sent = [], {}
