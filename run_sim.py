@@ -266,6 +266,11 @@ def _base_run_config(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.data_dir:
         base["data-dir"] = str(Path(args.data_dir).expanduser().resolve())
+    for key in ("data_file", "item_names"):  # your own data (docs/own-data.md)
+        if getattr(args, key, ""):
+            base[key.replace("_", "-")] = str(Path(getattr(args, key)).expanduser().resolve())
+    if getattr(args, "data_columns", "user,item,value") != "user,item,value":
+        base["data-columns"] = args.data_columns
     if getattr(args, "rng", "per-user") != "per-user":
         base["fedsm-rng"] = args.rng
     return base
@@ -754,6 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset", required=True, choices=sorted(DATASETS), help=help_text("dataset")
     )
     sweep.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    sweep.add_argument("--data-file", default="", help=help_text("data-file"))
+    sweep.add_argument("--data-columns", default="user,item,value", help=help_text("data-columns"))
+    sweep.add_argument("--item-names", default="", help=help_text("item-names"))
     sweep.add_argument("--data-seed", type=int, default=0, help=help_text("data-seed"))
     sweep.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
     sweep.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))

@@ -70,6 +70,9 @@ class AppConfig:
     element_groups : str
         CSV of the elements' groups for a partition matroid when ``server_data`` is
         ``"none"`` ("" otherwise).
+    data_file, data_columns, item_names : str
+        Your own data (``dataset`` = ``facility-location-table`` or ``coverage-sets``):
+        the file, its column names, an optional item-name table (docs/own-data.md).
     extra : tuple of (str, Any)
         The keys of the algorithm's own family with their validated values, sorted by key
         (another family's keys are refused unless at their defaults, and are not recorded).
@@ -95,6 +98,9 @@ class AppConfig:
     resume: bool
     server_data: str
     element_groups: str
+    data_file: str
+    data_columns: str
+    item_names: str
     extra: tuple[tuple[str, Any], ...] = ()
 
     @classmethod

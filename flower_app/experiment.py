@@ -207,6 +207,7 @@ def finish_run(
         "objective-by-k": [row.get("objective") for row in history],
         "greedy-by-k": None if ref is None else ref.values,
         "greedy-selected": None if ref is None else ref.selected,
+        **_item_labels(exp, selected, None if ref is None else ref.selected),
         "server-data": exp.cfg.server_data,
         "greedy-reference": "off" if ref is None else "on",
         "objective-source": "federated evaluation" if exp.remote else "server oracle",
@@ -219,6 +220,22 @@ def finish_run(
     }
     exp.writer.write_summary(summary)
     return summary
+
+
+def _item_labels(
+    exp: Experiment, selected: list[int], greedy: list[int] | None
+) -> dict[str, Any]:
+    """``selected-items`` (and names) for your own data's item labels; {} for built-ins."""
+    labels = getattr(exp.problem, "item_labels", None)
+    if not labels:
+        return {}
+    names = getattr(exp.problem, "item_names", None)
+    out: dict[str, Any] = {"selected-items": [labels[int(e)] for e in selected]}
+    if names:
+        out["selected-names"] = [names[int(e)] for e in selected]
+    if greedy is not None:
+        out["greedy-selected-items"] = [labels[int(e)] for e in greedy]
+    return out
 
 
 def run_direct(cfg: AppConfig, progress: bool = False) -> dict:

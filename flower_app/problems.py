@@ -34,11 +34,15 @@ class SubmodularProblem:
         F(S) = (1/n) Σ_i f_i(S).
     element_groups : numpy.ndarray
         One label per element (genre, venue type) for partition matroids.
+    item_labels, item_names : tuple of str or None
+        Your own data's item labels (and names), in element order; None for built-ins.
     """
 
     name: str
     objective: MaxRowObjective
     element_groups: np.ndarray
+    item_labels: tuple[str, ...] | None = None
+    item_names: tuple[str, ...] | None = None
 
     @property
     def n_users(self) -> int:
@@ -53,8 +57,30 @@ class SubmodularProblem:
 
 @lru_cache(maxsize=4)
 def _load(
-    dataset: str, data_dir: str, data_seed: int, num_users: int, num_elements: int
+    dataset: str,
+    data_dir: str,
+    data_seed: int,
+    num_users: int,
+    num_elements: int,
+    own: tuple[str, str, str] = ("", "", ""),
 ) -> SubmodularProblem:
+    if dataset in ("facility-location-table", "coverage-sets"):
+        from flower_app.datasets.own import OwnDataError, load_coverage_sets, load_facility_table
+
+        data_file, columns, names = own
+        try:
+            if dataset == "facility-location-table":
+                inst = load_facility_table(data_file, columns, names)
+                objective: MaxRowObjective = FacilityLocation(inst.values, inst.name)
+            else:
+                if columns == "user,item,value":
+                    columns = "user,item"
+                inst = load_coverage_sets(data_file, columns, names)
+                objective = MaxCoverage(inst.values, inst.name)
+        except OwnDataError as err:
+            raise ConfigError(str(err)) from None
+        groups = np.zeros(inst.values.shape[1], dtype=np.int64)  # one block: see own.py
+        return SubmodularProblem(inst.name, objective, groups, inst.items, inst.item_names)
     if dataset == "synthetic-facility-location":
         from flower_app.datasets.synthetic import synthetic_facility_location
 
@@ -98,7 +124,10 @@ def load_problem(cfg: AppConfig) -> SubmodularProblem:
     SubmodularProblem
         The cached instance.
     """
-    return _load(cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements)
+    return _load(
+        cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements,
+        (cfg.data_file, cfg.data_columns, cfg.item_names),
+    )  # fmt: skip
 
 
 def build_matroid(cfg: AppConfig, problem: SubmodularProblem) -> Matroid:

@@ -34,6 +34,8 @@ DATASETS = {
     "movielens": "MovieLens-1M facility location (users = clients), ml-1m/*.dat in data-dir",
     "dblp": "DBLP researcher-venue max coverage 2018-2021, dblp/dblp.xml(.gz) in data-dir",
     "synthetic-dblp": "calibrated synthetic stand-in for DBLP (704,738 researchers, 2,675 venues)",
+    "facility-location-table": "your own (user, item, value) table in data-file (CSV/TSV/parquet)",
+    "coverage-sets": "your own set system in data-file (one line of items per user, or pairs)",
     # maxfl
     "fmnist": "Fashion-MNIST, official IDX files fashion-mnist/*.gz in data-dir",
     "emnist": "EMNIST ByClass (62 classes), official IDX files emnist/*.gz in data-dir",
@@ -47,7 +49,14 @@ DATASETS = {
 FAMILIES = ("fedsm", "fedcg", "maxfl", "fedsubavg")
 
 #: datasets of the submodular families (facility location and max coverage instances)
-SUBMODULAR_DATASETS = ("synthetic-facility-location", "movielens", "dblp", "synthetic-dblp")
+SUBMODULAR_DATASETS = (
+    "synthetic-facility-location",
+    "movielens",
+    "dblp",
+    "synthetic-dblp",
+    "facility-location-table",
+    "coverage-sets",
+)
 #: datasets of MaxFL and its baselines
 MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist")
 #: datasets of FedSubAvg and its baselines

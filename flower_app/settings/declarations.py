@@ -117,6 +117,22 @@ _DECLARED = (
         "with server-data = none and matroid = partition: CSV (element,group) of the "
         "elements' groups, as python -m flower_app.export writes it; absolute for flwr run",
     ),
+    Setting(
+        "data-file", "str", "", _COMMON,
+        "your own data (dataset = facility-location-table or coverage-sets): a CSV, TSV or "
+        "parquet table, or (coverage) a text file of one line of items per user; absolute "
+        "for flwr run (docs/own-data.md)",
+    ),
+    Setting(
+        "data-columns", "str", "user,item,value", _COMMON,
+        "column names of data-file's table: user,item,value (facility location) or "
+        "user,item (coverage pairs)",
+    ),
+    Setting(
+        "item-names", "str", "", _COMMON,
+        "optional CSV (item,name) naming data-file's items; summary.json then lists the "
+        "selected items by name",
+    ),
     # ------------------------------------------------------------------ fedsm
     Setting(
         "fedsm-mode", "choice", "alg1", _FEDSM,
