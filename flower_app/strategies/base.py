@@ -875,14 +875,17 @@ class RoundStrategy(Strategy):
     def _emit(self, row: dict[str, Any], total: int) -> None:
         row["wall-time"] = time.perf_counter() - self._t0
         self.history.append(row)
+        t = int(row["server-round"])
+        open_ended = bool(getattr(self, "rounds_open_ended", False))
         log(
             INFO,
-            "[round %d/%d] %s  bad=%s  %.2f s",
-            row["server-round"],
-            total,
+            "[round %d/%s] %s  bad=%s  %.2f s%s",
+            t,
+            "?" if open_ended else total,
             self.round_summary(row),
             row.get("bad-replies", 0),
             row.get("round-time", 0.0),
+            "" if open_ended else _eta(self.history, t, total),
         )
         if self.on_round is not None:
             self.on_round(row)
@@ -890,6 +893,21 @@ class RoundStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy's settings (subclasses say more)."""
         log(INFO, "%s", type(self).__name__)
+
+
+def _eta(history: list[dict[str, Any]], t: int, total: int) -> str:
+    """Return ``"  eta 2m05s"`` (mean round time × rounds left), or "" under 5 s."""
+    times = [float(r["round-time"]) for r in history if r.get("server-round", 0) >= 1
+             and "round-time" in r]  # fmt: skip
+    if not times or t >= total:
+        return ""
+    left = sum(times) / len(times) * (total - t)
+    if left < 5.0:
+        return ""
+    minutes, seconds = divmod(int(round(left)), 60)
+    hours, minutes = divmod(minutes, 60)
+    text = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+    return f"  eta {text}"
 
 
 def warn_fixed_length(name: str, asked: int, runs: int, why: str) -> None:

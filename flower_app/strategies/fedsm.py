@@ -403,6 +403,7 @@ class FedSMStrategy(RoundStrategy):
             warn_fixed_length("FedSM Algorithm 1", num_rounds, rounds, "k − |S₀| elements")
             return rounds
         log(INFO, "FedSM %s: rounds end with the protocol (num_rounds not used)", run.params.mode)
+        self.rounds_open_ended = True  # logged as [round t/?], without an ETA
         return MAX_ROUNDS
 
     def _setup_plain(self, grid: Grid, initial: list[int]) -> None:
