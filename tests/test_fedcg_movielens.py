@@ -29,7 +29,10 @@ def _run(tmp_path, name: str, **config) -> dict:
 
 
 def test_discrete_greedy_reaches_95_percent_of_greedy(tmp_path) -> None:
-    summary = _run(tmp_path, "dg", algorithm="fed-discrete-greedy", k=10, **{"dgreedy-kappa": 50.0})
+    # users are sampled by κ, so clients-per-round stays at its default (an explicit one is
+    # refused: it would be ignored)
+    summary = _run(tmp_path, "dg", algorithm="fed-discrete-greedy", k=10,
+                   **{"dgreedy-kappa": 50.0, "clients-per-round": 0.1})  # fmt: skip
     assert summary["ratio-to-greedy"] >= 0.95
     assert 0 < summary["mean-participants"] < 6040
     assert abs(summary["mean-participants"] - summary["expected-participants"]) < 0.05 * 6040

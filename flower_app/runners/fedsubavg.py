@@ -136,7 +136,7 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
         "task": {"name": task.name, **task.stats()},
         "clients-per-round-resolved": k,
     }
-    writer = RunWriter(cfg.run_folder(), config)
+    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     return _Run(cfg, spec, k, task, writer, engine, time.perf_counter())
 
 
