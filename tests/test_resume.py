@@ -73,7 +73,9 @@ def _interrupt_and_resume(tmp_path, cfg: dict, rounds: int, after: int = 3):
     finally:
         second.stop()
     assert run.status == "finished:completed", run.output[-3000:] + run.details
-    assert after <= run.summary["resumed-from-round"] <= done
+    # a round's metrics row is written just before its checkpoint: a crash between the two
+    # resumes from the round before (and runs that round again; its row is replaced)
+    assert after - 1 <= run.summary["resumed-from-round"] <= done
     assert "resuming after round" in run.output
     assert [r for r in _rounds(folder) if r > 0] == list(range(1, rounds + 1))  # each once
     return run
