@@ -297,7 +297,7 @@ class LocalSteps:
     fill_base : bool
         Complete each LMO answer to a base with random zero-gradient elements (the
         default, as the authors' DBLP script). The filler is noise mass: x becomes
-        fractional on almost every element (all 57,910 of the issue-14 stand-in, against
+        fractional on almost every element (all 57,910 of a shopping-trips set system, against
         25,552 without), the rounds cost more (9.7 s against 3.3 s there), greedy rounding
         is unaffected (F(S)/greedy 1.0 both ways) and pipage rounding is ruined (0.022
         against 0.849). False sends only the positive-gradient part, also an argmax vertex.
