@@ -14,10 +14,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flower_app.registry import ALGORITHMS, DATASETS
 from flower_app.settings import MATROIDS, SETTINGS, ConfigError, parse
+
+if TYPE_CHECKING:
+    from flower_app.privacy import SecureAggregation
+
+#: the families whose strategies take ``secure-aggregation`` = true
+SECURE_FAMILIES = ("fedsm",)
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
 
@@ -73,6 +79,12 @@ class AppConfig:
     data_file, data_columns, item_names : str
         Your own data (``dataset`` = ``facility-location-table`` or ``coverage-sets``):
         the file, its column names, an optional item-name table (docs/own-data.md).
+    secure_aggregation : bool
+        Sum each round's replies with secure aggregation (see :attr:`secure`).
+    secagg_num_shares, secagg_reconstruction_threshold : int or float
+        Its neighbourhood size and threshold (counts, or fractions).
+    secagg_frac_bits : int
+        Its fixed-point fractional bits.
     extra : tuple of (str, Any)
         The keys of the algorithm's own family with their validated values, sorted by key
         (another family's keys are refused unless at their defaults, and are not recorded).
@@ -101,6 +113,10 @@ class AppConfig:
     data_file: str
     data_columns: str
     item_names: str
+    secure_aggregation: bool
+    secagg_num_shares: int | float
+    secagg_reconstruction_threshold: int | float
+    secagg_frac_bits: int
     extra: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
@@ -150,12 +166,31 @@ class AppConfig:
                 f"central-sgd) with server-data = 'full', not for algorithm "
                 f"{values['algorithm']!r} (server-data {values['server-data']!r})"
             )
+        if values["secure-aggregation"] and family not in SECURE_FAMILIES:
+            raise ConfigError(
+                f"run_config 'secure-aggregation' = true is implemented for the "
+                f"{', '.join(SECURE_FAMILIES)} family, not yet for {values['algorithm']!r} "
+                f"({family})"
+            )
         if values["resume"] and not values["run-name"]:
             raise ConfigError(
                 "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
                 "same 'output-dir'): the run folder holds its checkpoint"
             )
         return cls(**common, extra=extra)
+
+    @property
+    def secure(self) -> SecureAggregation | None:
+        """Return the secure-aggregation settings, or None when it is off."""
+        if not self.secure_aggregation:
+            return None
+        from flower_app.privacy import SecureAggregation
+
+        return SecureAggregation(
+            num_shares=self.secagg_num_shares,
+            reconstruction_threshold=self.secagg_reconstruction_threshold,
+            frac_bits=self.secagg_frac_bits,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration with kebab-case keys (as written to config.json)."""

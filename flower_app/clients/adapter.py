@@ -114,7 +114,9 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 
 
 def numpy_client_app(
-    factory: ClientFactory, actions: dict[str, Iterable[str]] | None = None
+    factory: ClientFactory,
+    actions: dict[str, Iterable[str]] | None = None,
+    mods: list[Any] | None = None,
 ) -> ClientApp:
     """Return a Message-API ClientApp whose handlers call a NumPyClient.
 
@@ -127,13 +129,18 @@ def numpy_client_app(
         Named actions to register per category (``"query"``, ``"train"``, ``"evaluate"``)
         besides the default one (default: :data:`ACTIONS`, what this package's strategies
         send).
+    mods : list, optional
+        Flower mods around every handler (default: ``[secure_aggregation_mod]``, a no-op
+        unless a strategy runs with secure aggregation).
 
     Returns
     -------
     ClientApp
         Answers ``train``, ``evaluate`` and ``query`` messages, plain or with an action.
     """
-    app = ClientApp()
+    from flower_app.privacy.secagg_client import secure_aggregation_mod
+
+    app = ClientApp(mods=[secure_aggregation_mod] if mods is None else list(mods))
     handlers = {"query": handle_query, "train": handle_train, "evaluate": handle_evaluate}
     named = ACTIONS if actions is None else actions
     for category, handle in handlers.items():

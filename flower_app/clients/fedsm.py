@@ -168,7 +168,7 @@ def fedsm_reply(
         Setup: ``metrics`` ``num-elements``, ``max-singleton``, ``objective``,
         ``num-examples`` (and ``partition-id``, ``arrays`` ``element-groups``). Round: the
         report, sparse (``ids`` int32, ``values`` float64) or dense (``values``), whichever
-        is smaller,
+        is smaller (always dense if the config has ``secure-aggregation``),
         and ``metrics`` ``num-examples`` = 1, ``num-elements``, ``user-values``,
         ``positive-entries``.
 
@@ -205,7 +205,7 @@ def fedsm_reply(
         raise ValueError(f"unknown FedSM stage {stage!r}: expected 'setup' or 'round'")
     plan = _plan(record, config, m)
     report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]))
-    encoded = encode_report(report)
+    encoded = encode_report(report, dense=bool(config.get("secure-aggregation", 0)))
     keys = ["ids", "values"] if len(encoded) == 2 else ["values"]
     out = ArrayRecord({key: Array(a) for key, a in zip(keys, encoded, strict=True)})
     metrics = {

@@ -37,13 +37,16 @@ __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
 Config = dict[str, Any]
 
 
-def encode_report(total: np.ndarray) -> list[np.ndarray]:
+def encode_report(total: np.ndarray, dense: bool = False) -> list[np.ndarray]:
     """Encode a report vector sparsely (ids, values) or densely, whichever is smaller.
 
     Parameters
     ----------
     total : numpy.ndarray
         float64 vector over E.
+    dense : bool, optional
+        Always dense (under secure aggregation, where only equal-length vectors can be
+        summed and the ids would show which elements a user gained on).
 
     Returns
     -------
@@ -51,7 +54,7 @@ def encode_report(total: np.ndarray) -> list[np.ndarray]:
         ``[index int32, value float64]`` or ``[value float64]``.
     """
     nz = np.flatnonzero(total)
-    if nz.size * ENTRY_BYTES < total.size * 8:
+    if not dense and nz.size * ENTRY_BYTES < total.size * 8:
         return [nz.astype(np.int32), total[nz].astype(np.float64)]
     return [total.astype(np.float64)]
 
@@ -141,7 +144,8 @@ class SubmodularClient(NumPyClient):
             "user-values": int(plan.users.size * plan.d),
             "positive-entries": int(hits),
         }
-        return encode_report(total), int(plan.users.size), metrics
+        dense = bool(config.get("secure-aggregation", 0))
+        return encode_report(total, dense), int(plan.users.size), metrics
 
     def _plan(self, parameters: list[np.ndarray], config: Config) -> RoundPlan:
         """Parse and check a ``fit`` request into the round it describes."""

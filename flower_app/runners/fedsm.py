@@ -222,6 +222,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
+        secure_aggregation=cfg.secure,
     )
     strategy.checkpoint_fn = exp.writer.save_checkpoint
     if exp.writer.checkpoint is not None:
@@ -248,6 +249,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
+        secure_aggregation=cfg.secure,
     )
     result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
     exp.writer.record_failures(strategy.failure_summary())

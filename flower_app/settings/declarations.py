@@ -133,6 +133,26 @@ _DECLARED = (
         "optional CSV (item,name) naming data-file's items; summary.json then lists the "
         "selected items by name",
     ),
+    Setting(
+        "secure-aggregation", "bool", False, _COMMON,
+        "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
+        "the sum (FedSM family; docs/privacy.md)",
+    ),
+    Setting(
+        "secagg-num-shares", "count", 1.0, _COMMON,
+        "secure aggregation: neighbours each node shares its secrets with, a count or a "
+        "fraction of the round's nodes (1.0 = all, SecAgg)",
+    ),
+    Setting(
+        "secagg-reconstruction-threshold", "count", 0.5, _COMMON,
+        "secure aggregation: shares needed to rebuild a secret, a count or a fraction of "
+        "secagg-num-shares (dropouts tolerated: shares - threshold per neighbourhood)",
+    ),
+    Setting(
+        "secagg-frac-bits", "int", 24, _COMMON,
+        "secure aggregation: fractional bits of the fixed-point encoding of real values "
+        "(each client's value off by at most 2^-(bits+1); integers are exact)", ge=0, le=52,
+    ),
     # ------------------------------------------------------------------ fedsm
     Setting(
         "fedsm-mode", "choice", "alg1", _FEDSM,

@@ -57,6 +57,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
+
 __all__ = [
     "AllRepliesRejectedError",
     "TooFewRepliesError",
@@ -74,6 +76,9 @@ __all__ = [
     "to_metric",
     "to_metric_record",
 ]
+
+#: the sender id of a securely aggregated sum (no node has a negative id)
+SUMMED_SENDER = -1
 
 #: Flower's ``evaluate_fn``: ``(server_round, arrays) -> MetricRecord | None``
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -416,6 +421,12 @@ class RoundStrategy(Strategy):
         with a different result. Default 0.0: like Flower's ``FedAvg``, a round aggregates
         whatever came (the loss is recorded in the round's ``failed-nodes`` and
         ``users-missing``); a round with no usable reply always fails.
+    secure_aggregation : SecureAggregation, optional
+        Sum each round's train replies with secure aggregation
+        (:mod:`flower_app.privacy`): the server obtains only the sum of the nodes'
+        replies; the nodes' ClientApps need :func:`~flower_app.privacy.
+        secure_aggregation_mod`. Default None (replies in the clear). Strategies whose
+        aggregate is not a sum of replies refuse it (``supports_secure_aggregation``).
     """
 
     #: also send ``configure_evaluate(0, ...)`` before round 1 (federated initial evaluation)
@@ -424,12 +435,33 @@ class RoundStrategy(Strategy):
     initial_evaluation_note: str = ""
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
+    #: the round's aggregate is a function of the sum of the train replies (see
+    #: :meth:`merge_senders`), so secure aggregation can replace the replies by their sum
+    supports_secure_aggregation: bool = False
+    #: metrics of a train reply sent in the clear under secure aggregation (every node
+    #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
+    secure_public_metrics: tuple[str, ...] = ()
 
     def __init__(
-        self, on_round: RoundCallback | None = None, min_reply_fraction: float = 0.0
+        self,
+        on_round: RoundCallback | None = None,
+        min_reply_fraction: float = 0.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         if not 0.0 <= float(min_reply_fraction) <= 1.0:
             raise ValueError(f"min_reply_fraction={min_reply_fraction}: expected a value in [0, 1]")
+        if secure_aggregation is not None:
+            if not isinstance(secure_aggregation, SecureAggregation):
+                raise TypeError(
+                    "secure_aggregation must be a flower_app.privacy.SecureAggregation, not "
+                    f"{type(secure_aggregation).__name__}"
+                )
+            if not self.supports_secure_aggregation:
+                raise ValueError(
+                    f"{type(self).__name__} does not support secure aggregation yet: its "
+                    "aggregate is not computed from the sum of the replies alone"
+                )
+        self.secure_aggregation = secure_aggregation
         self.on_round = on_round
         self.min_reply_fraction = float(min_reply_fraction)
         self.history: list[dict[str, Any]] = []
@@ -438,6 +470,7 @@ class RoundStrategy(Strategy):
         self._sent_ids: dict[str, int] = {}
         self._last_checked: CheckedReplies | None = None
         self._skipped: dict[int, tuple[int, str]] = {}
+        self._summed_nodes: list[int] = []
         #: called as ``checkpoint_fn(payload)`` after every round (resumable strategies)
         self.checkpoint_fn: Callable[[dict[str, Any]], None] | None = None
         self._resume: dict[str, Any] | None = None
@@ -676,22 +709,35 @@ class RoundStrategy(Strategy):
                 f"{checked.first_error}"
             )
         if train_round is not None:
-            self._last_checked = checked
-            asked = {n: self.sent_users(n) for n in expected}
-            answered = sum(asked.get(n, 0) for n, _ in checked.accepted)
-            total = sum(asked.values()) + sum(u for u, _ in self._skipped.values())
-            if total and not answered and all_rejected_fails:
-                raise AllRepliesRejectedError(
-                    f"round {train_round}: no client's reply accepted ({total} asked); "
-                    f"failed nodes: {self._failed_text(checked)}"
-                )
-            if total and answered < self.min_reply_fraction * total:
-                raise TooFewRepliesError(
-                    f"round {train_round}: replies for {answered} of {total} clients "
-                    f"accepted, below min_reply_fraction={self.min_reply_fraction:g}; "
-                    f"failed nodes: {self._failed_text(checked)}"
-                )
+            self._enforce_replies(train_round, checked, expected, all_rejected_fails)
         return checked
+
+    def _enforce_replies(
+        self,
+        train_round: int,
+        checked: CheckedReplies,
+        expected: set[int],
+        all_rejected_fails: bool,
+    ) -> None:
+        """Keep a round's checked replies for its row; enforce ``min_reply_fraction``."""
+        self._last_checked = checked
+        asked = {n: self.sent_users(n) for n in expected}
+        accepted = {n for n, _ in checked.accepted}
+        answered = sum(asked.get(n, 0) for n in accepted)
+        if SUMMED_SENDER in accepted:  # a secure sum stands for its survivors
+            answered += sum(asked.get(n, 0) for n in self._summed_nodes)
+        total = sum(asked.values()) + sum(u for u, _ in self._skipped.values())
+        if total and not answered and all_rejected_fails:
+            raise AllRepliesRejectedError(
+                f"round {train_round}: no client's reply accepted ({total} asked); "
+                f"failed nodes: {self._failed_text(checked)}"
+            )
+        if total and answered < self.min_reply_fraction * total:
+            raise TooFewRepliesError(
+                f"round {train_round}: replies for {answered} of {total} clients "
+                f"accepted, below min_reply_fraction={self.min_reply_fraction:g}; "
+                f"failed nodes: {self._failed_text(checked)}"
+            )
 
     def _failed_text(self, checked: CheckedReplies) -> str:
         reasons = {n: r for n, (_, r) in self._skipped.items()} | checked.failed
@@ -713,6 +759,82 @@ class RoundStrategy(Strategy):
         arrays, metrics = self.aggregate_accepted(server_round, checked)
         if metrics is not None and "bad-replies" not in metrics:
             metrics["bad-replies"] = int(checked.left_out)
+        return arrays, metrics
+
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Register the sum of ``nodes``' replies as one sender; return its id.
+
+        Under secure aggregation the server receives one summed reply for the round's
+        surviving nodes; :meth:`decode_train_reply` is called on it with the id returned
+        here, so the strategy's per-sender bookkeeping (e.g. users sent per node) must
+        answer for that id with the survivors' total. Default: ``self._sent[-1]`` = the
+        sum of ``self._sent[n]``; returns -1 (no node has a negative id).
+        """
+        sent = getattr(self, "_sent", None)
+        if isinstance(sent, dict):
+            sent[SUMMED_SENDER] = sum(int(sent.get(n, 0)) for n in nodes)
+        return SUMMED_SENDER
+
+    def secure_train(
+        self, server_round: int, grid: Grid, messages: list[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run a round's train exchange under secure aggregation and aggregate the sum.
+
+        The summed reply is decoded by :meth:`decode_train_reply` as one sender (see
+        :meth:`merge_senders`); if the strategy rejects it, the round fails (a single bad
+        reply cannot be singled out of a sum). The protocol's cost (messages, bytes, time)
+        goes into the round's metrics.
+
+        Raises
+        ------
+        AllRepliesRejectedError
+            If no node's reply could be summed, or the sum was rejected.
+        """
+        assert self.secure_aggregation is not None
+        context = f"round {server_round}"
+        expected = {int(m.metadata.dst_node_id) for m in messages}
+        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg-{server_round}")
+        outcome = secure_sum(
+            lambda msgs: self.send(grid, msgs),
+            messages,
+            self.secure_aggregation,
+            rng,
+            server_round,
+            self.secure_public_metrics,
+        )
+        checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
+        checked.missing = len(outcome.failed) - outcome.bad
+        for node, reason in sorted(outcome.failed.items()):
+            log(WARNING, "%s: node %s left out: %s", context, node, reason)
+            if checked.first_error is None:
+                checked.first_error = f"node {node}: {reason}"
+        if outcome.content is not None and outcome.template is not None:
+            self._summed_nodes = list(outcome.survivors)
+            sender = self.merge_senders(outcome.survivors)
+            reply = Message(outcome.content, reply_to=outcome.template)
+            try:
+                checked.accepted.append((sender, self.decode_train_reply(sender, reply)))
+            except (ValueError, KeyError, TypeError) as err:
+                raise AllRepliesRejectedError(
+                    f"{context}: the securely aggregated sum of {len(outcome.survivors)} "
+                    f"nodes was rejected: {err} (a single bad reply cannot be singled out "
+                    "of a sum)"
+                ) from err
+            finally:
+                sent = getattr(self, "_sent", None)
+                if isinstance(sent, dict):
+                    sent.pop(SUMMED_SENDER, None)
+        self._expected = expected
+        self._enforce_replies(server_round, checked, expected, True)
+        arrays, metrics = self.aggregate_accepted(server_round, checked)
+        if metrics is not None:
+            metrics["bad-replies"] = int(checked.left_out)
+            metrics["secagg-nodes"] = len(outcome.survivors)
+            for key, value in outcome.cost.items():
+                metrics[key] = value
+            if "secagg-bytes-up" in outcome.cost:  # what really went up, not the sum's size
+                metrics["bytes-up"] = int(outcome.cost["secagg-bytes-up"])
+                metrics["bytes-up-max-client"] = int(outcome.cost["secagg-bytes-up-max-node"])
         return arrays, metrics
 
     def start(
@@ -791,8 +913,10 @@ class RoundStrategy(Strategy):
             self.refresh_nodes(grid)
             self.before_round(t, arrays, grid)
             messages = self.configure_train(t, arrays, train_config, grid)
-            replies = self.send(grid, messages)
-            new_arrays, metrics = self.aggregate_train(t, replies)
+            if self.secure_aggregation is None:
+                new_arrays, metrics = self.aggregate_train(t, self.send(grid, messages))
+            else:
+                new_arrays, metrics = self.secure_train(t, grid, list(messages))
             if new_arrays is not None:
                 arrays = new_arrays
                 result.arrays = new_arrays

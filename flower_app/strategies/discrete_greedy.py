@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
@@ -123,8 +124,13 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
+        super().__init__(
+            on_round=on_round,
+            min_reply_fraction=min_reply_fraction,
+            secure_aggregation=secure_aggregation,
+        )
         if cohorts and server is None:
             raise ValueError("cohort mode needs the prebuilt server state: pass server=")
         if server is not None and not cohorts:

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedsm import decode_report
 from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
@@ -203,6 +204,14 @@ class FedSMStrategy(RoundStrategy):
         Least fraction of a round's clients whose replies must arrive and be accepted, else
         the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
         failed nodes are recorded per round).
+    secure_aggregation : SecureAggregation, optional
+        Sum each round's reports with secure aggregation (:mod:`flower_app.privacy`; the
+        nodes' ClientApps need ``secure_aggregation_mod``, this package's has it). Nodes
+        then report densely; the server learns only Σ of the reports, of ``num-examples``,
+        ``user-values`` and ``positive-entries`` (``num-elements`` travels in the clear).
+        Marginal gains that are integers (e.g. ratings) are summed exactly, so S is the
+        plain run's. Plain mode's setup exchange (m, λ_i, f_i(S₀)) and the federated
+        evaluation are not covered. Default None.
 
     Notes
     -----
@@ -265,6 +274,8 @@ class FedSMStrategy(RoundStrategy):
     """
 
     resumable = True
+    supports_secure_aggregation = True
+    secure_public_metrics = ("num-elements",)
 
     def __init__(
         self,
@@ -287,8 +298,13 @@ class FedSMStrategy(RoundStrategy):
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
+        super().__init__(
+            on_round=on_round,
+            min_reply_fraction=min_reply_fraction,
+            secure_aggregation=secure_aggregation,
+        )
         if params is None:
             if mode not in MODES:
                 raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")

@@ -52,6 +52,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat, rows_key
+from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     CheckedReplies,
     InitialArraysError,
@@ -231,8 +232,13 @@ class FedSubAvgStrategy(RoundStrategy):
         discovery_timeout: float = 300.0,
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        super().__init__(on_round=on_round, min_reply_fraction=min_reply_fraction)
+        super().__init__(
+            on_round=on_round,
+            min_reply_fraction=min_reply_fraction,
+            secure_aggregation=secure_aggregation,
+        )
         if algorithm is not None:
             self.algorithm = algorithm
         if weighting not in WEIGHTINGS:

@@ -1,0 +1,368 @@
+"""Secure aggregation (SecAgg+ on Flower's primitives): the server sees only sums.
+
+Property tests of the encoding (exact integer sums, bounded fixed-point error, masks that
+cancel), then the protocol on an in-process grid with the real ClientApp (the package's
+NumPyClient app with its mod, and a user's own Message-API ClientApp with the mod added):
+every message the server receives is inspected for a node's reply in the clear, the sum
+equals the plain run's exactly (integer marginal gains), the selected set is the same for
+the same seed, and nodes that drop out during the protocol leave the right sum.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from flwr.app import ArrayRecord, Context, Error, Message
+from flwr.clientapp import ClientApp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flower_app.clients.adapter import numpy_client_app
+from flower_app.clients.cohorts import cohort_range
+from flower_app.clients.fedsm import fedsm_reply
+from flower_app.clients.submodular import SubmodularClient
+from flower_app.privacy import SecureAggregation, secure_aggregation_mod
+from flower_app.privacy.fixed_point import decode_sum, encode_reply, layout_of, mask_stream
+from flower_app.strategies import FedCGStrategy, FedSMStrategy
+from flower_app.strategies.base import AllRepliesRejectedError
+from flower_app.submodular.matroids import UniformMatroid
+from flower_app.submodular.objectives import MaxRowObjective
+from tests.local_grid import LocalGrid
+
+N_USERS, M, K, NODES = 40, 15, 4, 5
+
+
+# ---------------------------------------------------------------------------- encoding
+@given(st.lists(st.lists(st.integers(-(2**40), 2**40), min_size=3, max_size=3),
+                min_size=1, max_size=12))  # fmt: skip
+def test_integer_entries_sum_exactly(rows: list[list[int]]) -> None:
+    from flwr.app import Array, RecordDict
+
+    n = len(rows)
+    total = np.zeros(3, np.uint64)
+    for row in rows:
+        content = RecordDict({"arrays": ArrayRecord({"v": Array(np.array(row, np.int64))})})
+        total += encode_reply(layout_of(content), 24, n)
+    entries = [e for e, _ in layout_of(content)]
+    out = decode_sum(total, entries, 24, {})
+    assert out.array_records["arrays"]["v"].numpy().tolist() == np.sum(rows, axis=0).tolist()
+
+
+@given(st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=30),
+       st.integers(8, 30))  # fmt: skip
+def test_real_entries_sum_within_the_stated_quantisation_error(xs: list[float], f: int) -> None:
+    from flwr.app import MetricRecord, RecordDict
+
+    total = np.zeros(1, np.uint64)
+    entries = None
+    for x in xs:
+        content = RecordDict({"metrics": MetricRecord({"loss": float(x)})})
+        layout = layout_of(content)
+        entries = [e for e, _ in layout]
+        total += encode_reply(layout, f, len(xs))
+    got = decode_sum(total, entries, f, {}).metric_records["metrics"]["loss"]
+    assert abs(got - sum(xs)) <= len(xs) * 2.0 ** -(f + 1) + 1e-9 * abs(sum(xs))
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(min_size=1, max_size=64))
+def test_masks_are_keyed_and_cancel_in_pairs(a: bytes, b: bytes) -> None:
+    x = np.arange(20, dtype=np.uint64)
+    ma, mb = mask_stream(a, 20), mask_stream(b, 20)
+    assert np.array_equal((x + ma) - ma, x)  # wraps modulo 2^64
+    assert np.array_equal(mask_stream(a, 20), ma)
+    if a != b:
+        assert not np.array_equal(ma, mb)
+
+
+def test_a_value_too_large_to_sum_is_refused_with_its_name() -> None:
+    from flwr.app import Array, RecordDict
+
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.array([1e12]))})})
+    with pytest.raises(ValueError, match="'arrays/w'.*lower secagg-frac-bits"):
+        encode_reply(layout_of(content), 24, 1000)
+    bad = RecordDict({"arrays": ArrayRecord({"w": Array(np.array([np.nan]))})})
+    with pytest.raises(ValueError, match="non-finite"):
+        encode_reply(layout_of(bad), 24, 2)
+
+
+def test_settings_plan_shares_and_threshold() -> None:
+    assert SecureAggregation().plan(10) == (10, 5)
+    assert SecureAggregation(num_shares=0.3).plan(100) == (31, 16)
+    assert SecureAggregation(num_shares=4, reconstruction_threshold=3).plan(100) == (5, 3)
+    with pytest.raises(ValueError, match="frac_bits"):
+        SecureAggregation(frac_bits=60)
+    with pytest.raises(ValueError, match="fraction must be in"):
+        SecureAggregation(num_shares=1.5)
+
+
+# ---------------------------------------------------------------------------- protocol
+def _ratings(seed: int = 5) -> np.ndarray:
+    """Integer ratings 0..5 (most 0): marginal gains are integers, sums exact."""
+    rng = np.random.default_rng(seed)
+    r = rng.integers(1, 6, size=(N_USERS, M)).astype(np.float64)
+    r[rng.random((N_USERS, M)) < 0.6] = 0.0
+    return r
+
+
+def _cohort_app(ratings: np.ndarray) -> ClientApp:
+    def factory(context: Context) -> SubmodularClient:
+        p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
+        first, count = cohort_range(N_USERS, p, parts)
+        rows = MaxRowObjective(sp.csr_matrix(ratings[first : first + count]))
+        return SubmodularClient(rows, first, N_USERS, p, parts)
+
+    return numpy_client_app(factory)
+
+
+class Recorder(FedSMStrategy):
+    """FedSM that keeps what it decoded (per node in the clear, the sum under SecAgg)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(k=K, clients_per_round=0.6, elements_per_client=0.6, seed=11,
+                         **kwargs)  # fmt: skip
+        self.decoded: list[dict[int, np.ndarray]] = []
+
+    def decode_train_reply(self, src, reply):
+        out = super().decode_train_reply(src, reply)
+        if not self.decoded or self._round_seen != self.run_round():
+            self.decoded.append({})
+            self._round_seen = self.run_round()
+        self.decoded[-1][src] = out[0]
+        return out
+
+    def run_round(self) -> int:
+        return len(self.run.selected)
+
+    _round_seen = -1
+
+
+def _cohort_strategy(**kwargs) -> Recorder:
+    return Recorder(cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K), **kwargs)
+
+
+class Wiretap(LocalGrid):
+    """LocalGrid that keeps every reply the server receives; may drop or break one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.received: list[Message] = []
+        self.fail: dict[tuple[int, str], str] = {}  # (node, stage) -> "error" | "lost"
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            stage = None
+            if "secagg" in msg.content.config_records:
+                stage = msg.content.config_records["secagg"]["stage"]
+            how = self.fail.get((int(msg.metadata.dst_node_id), stage))
+            mid = super().push_messages([msg])[0]
+            if how == "lost":
+                self._replies.pop(mid)
+            elif how == "error":
+                self._replies[mid] = Message(Error(code=0, reason="node crashed"), reply_to=msg)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        got = super().pull_messages(message_ids)
+        self.received.extend(got)
+        return got
+
+
+def _run(strategy: FedSMStrategy, grid: LocalGrid) -> list[int]:
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=K, timeout=0.5)
+    return list(strategy.run.selected)
+
+
+def _plain_and_secure(fail: dict | None = None, **settings):
+    ratings = _ratings()
+    plain_grid = Wiretap(NODES, {}, app=_cohort_app(ratings))
+    plain = _cohort_strategy()
+    s_plain = _run(plain, plain_grid)
+    grid = Wiretap(NODES, {}, app=_cohort_app(ratings))
+    grid.fail = dict(fail or {})
+    secure = _cohort_strategy(secure_aggregation=SecureAggregation(**settings))
+    s_secure = _run(secure, grid)
+    return plain, s_plain, plain_grid, secure, s_secure, grid
+
+
+def _payload_bytes(msg: Message) -> bytes:
+    out = b""
+    if msg.has_error():
+        return out
+    for rec in msg.content.array_records.values():
+        for key in rec:
+            out += rec[key].numpy().tobytes()
+    return out
+
+
+def test_secure_fedsm_selects_the_same_set_from_exactly_the_same_sums() -> None:
+    plain, s_plain, _, secure, s_secure, grid = _plain_and_secure()
+    assert s_secure == s_plain and len(s_plain) == K
+    assert len(secure.decoded) == len(plain.decoded) == K
+    for by_node, summed in zip(plain.decoded, secure.decoded, strict=True):
+        assert list(summed) == [-1]  # one sender: the sum
+        assert np.array_equal(summed[-1], np.sum(list(by_node.values()), axis=0))  # exact
+    rows = [r for r in secure.history if r["server-round"] >= 1]
+    assert all(r["secagg-nodes"] == NODES and r["bad-replies"] == 0 for r in rows)
+    assert all(r["secagg-messages"] == 8 * NODES for r in rows)  # 4 stages, out and back
+    assert all(r["bytes-up"] == r["secagg-bytes-up"] > 0 for r in rows)
+
+
+def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> None:
+    plain, _, plain_grid, secure, _, grid = _plain_and_secure()
+    reports = [r for by_node in plain.decoded for r in by_node.values() if r.any()]
+    assert reports
+    # every reply of the rounds (discovery's cohort sizes are not replies to sum)
+    train_replies = [m for m in grid.received if m.metadata.message_type == "train"]
+    assert len(train_replies) == 4 * NODES * K
+    for msg in train_replies:
+        # nothing but the masked vector travels as an array, and it is uint64
+        for name, rec in msg.content.array_records.items():
+            assert name == "secagg-vector"
+            assert [rec[k].numpy().dtype for k in rec] == [np.dtype(np.uint64)]
+        # a node's (dense or sparse) report values are not in any payload
+        blob = _payload_bytes(msg)
+        for report in reports:
+            assert report.tobytes() not in blob
+            nz = report[report != 0]
+            assert nz.tobytes() not in blob
+        # metrics: only the public ones, in the clear
+        for rec in msg.content.config_records.values():
+            assert set(rec) <= {"pk1", "pk2", "destinations", "ciphertexts", "layout",
+                                "nodes", "shares", "num-elements"}  # fmt: skip
+    # while the plain run's replies hold the reports themselves
+    assert any(
+        r.tobytes() in _payload_bytes(m) or r[r != 0].tobytes() in _payload_bytes(m)
+        for m in plain_grid.received
+        for r in reports
+    )
+
+
+@pytest.mark.parametrize("stage", ["collect", "unmask"])
+@pytest.mark.parametrize("how", ["error", "lost"])
+def test_a_node_dropping_out_mid_protocol_still_gives_the_right_sum(stage, how) -> None:
+    victim = 1002
+    fail = {(victim, stage): how}
+    plain, _, _, secure, _, grid = _plain_and_secure(fail)
+    rows = [r for r in secure.history if r["server-round"] >= 1]
+    for t, (by_node, summed, row) in enumerate(
+        zip(plain.decoded, secure.decoded, rows, strict=True)
+    ):
+        if stage == "collect":  # its vector never came: the others' sum, its masks removed
+            expected = sum(v for n, v in by_node.items() if n != victim)
+            assert row["secagg-nodes"] == NODES - 1
+            assert [f["node-id"] for f in row["failed-nodes"]] == [victim]
+            assert row["users-missing"] == row["failed-nodes"][0]["users"] > 0
+            assert row["users"] + row["users-missing"] == 24
+            # masks left in would show as huge values; the sum is small non-negative ints
+            assert summed[-1].min() >= 0 and summed[-1].max() <= 5 * 24
+            assert np.array_equal(summed[-1], np.rint(summed[-1]))
+            if t == 0:  # later rounds: S differs from the plain run's (users missing)
+                assert np.array_equal(summed[-1], expected)
+        else:  # its vector came; its private mask is rebuilt from the others' shares
+            expected = sum(by_node.values())
+            assert row["secagg-nodes"] == NODES and "failed-nodes" not in row
+            assert np.array_equal(summed[-1], expected)
+    if stage == "unmask":
+        assert secure.run.selected == plain.run.selected
+
+
+def test_too_many_dropouts_fail_the_round_loudly() -> None:
+    ratings = _ratings()
+    grid = Wiretap(3, {}, app=_cohort_app(ratings))
+    grid.fail = {(1000, "collect"): "error", (1001, "unmask"): "lost"}
+    strategy = _cohort_strategy(secure_aggregation=SecureAggregation(reconstruction_threshold=3))
+    with pytest.raises(AllRepliesRejectedError, match="fewer than the threshold 3"):
+        _run(strategy, grid)
+
+
+def test_plain_mode_with_a_users_own_clientapp_and_the_mod() -> None:
+    """One node per user, a Message-API ClientApp written as Flower users write them."""
+    ratings = _ratings()
+
+    def app(mods: list) -> ClientApp:
+        client = ClientApp(mods=mods)
+
+        @client.train()
+        def train(msg: Message, context: Context) -> Message:
+            scores = ratings[int(context.node_config["partition-id"])]
+            return fedsm_reply(msg, context, scores)
+
+        return client
+
+    def node_config(i: int) -> dict:
+        return {"partition-id": i, "num-partitions": 12}
+
+    def strategy(**kw) -> FedSMStrategy:
+        return FedSMStrategy(k=3, clients_per_round=0.5, elements_per_client=0.5, seed=2,
+                             min_available_nodes=12, **kw)  # fmt: skip
+
+    plain = strategy()
+    plain.start(LocalGrid(12, {}, app=app([]), node_config=node_config), ArrayRecord(), 3)
+    secure = strategy(secure_aggregation=SecureAggregation(num_shares=3))
+    grid = Wiretap(12, {}, app=app([secure_aggregation_mod]), node_config=node_config)
+    secure.start(grid, ArrayRecord(), 3)
+    assert secure.run.selected == plain.run.selected
+    row = secure.history[-1]
+    assert row["secagg-nodes"] == 6 and row["users"] == 6
+    # without the mod, the nodes cannot take part: a clear error naming the mod
+    missing = strategy(secure_aggregation=SecureAggregation())
+    with pytest.raises(AllRepliesRejectedError, match="secure_aggregation_mod"):
+        missing.start(LocalGrid(12, {}, app=app([]), node_config=node_config), ArrayRecord(), 3)
+
+
+def test_neighbour_rings_are_seeded_and_symmetric() -> None:
+    from flower_app.privacy.secagg_server import _neighbours
+
+    nodes = list(range(100, 130))
+    ring = _neighbours(nodes, 7, random.Random("s"))
+    assert ring == _neighbours(nodes, 7, random.Random("s"))
+    for u, around in ring.items():
+        assert u in around and len(around) == 7
+        assert all(u in ring[v] for v in around)
+
+
+def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
+    with pytest.raises(ValueError, match="does not support secure aggregation"):
+        FedCGStrategy(secure_aggregation=SecureAggregation())
+    with pytest.raises(TypeError, match="SecureAggregation"):
+        FedSMStrategy(secure_aggregation=True)
+
+
+# ---------------------------------------------------------------------------- flwr run
+@pytest.mark.flwr
+def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_path) -> None:
+    """Flower's simulation engine (Ray), 6 SuperNodes: the same S as the plain run, with the
+    protocol's cost in every round's row and the settings in config.json."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+
+    small = {"num-users": 60, "num-elements": 40, "k": 4, "clients-per-round": 0.5,
+             "elements-per-client": 0.5, "seed": 5}  # fmt: skip
+    run = flower_cli.run({**small, "secure-aggregation": True, "secagg-num-shares": 3},
+                         num_supernodes=6)  # fmt: skip
+    assert run.status == "finished:completed", run.output
+    config = json.loads((run.folder / "config.json").read_text())
+    assert config["secure-aggregation"] is True and config["secagg-num-shares"] == 3
+    rows = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        assert row["secagg-nodes"] == 6 and row["bad-replies"] == 0
+        assert row["secagg-messages"] == 48 and row["secagg-bytes-up"] == row["bytes-up"] > 0
+    cfg = AppConfig.from_run_config({**small, "output-dir": str(tmp_path), "run-name": "d"})
+    assert run.summary["selected"] == run_direct(cfg)["selected"]
+
+
+def test_secure_aggregation_is_refused_for_families_without_it() -> None:
+    from flower_app.config import AppConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="'secure-aggregation' = true is implemented for"):
+        AppConfig.from_run_config({"algorithm": "fedcg", "secure-aggregation": True})
+    assert AppConfig.from_run_config({"secure-aggregation": True}).secure == SecureAggregation()
+    assert AppConfig.from_run_config({}).secure is None
