@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from flower_app.privacy import SecureAggregation
 
 #: the families whose strategies take ``secure-aggregation`` = true
-SECURE_FAMILIES = ("fedsm",)
+SECURE_FAMILIES = ("fedsm", "maxfl")
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
 
@@ -166,11 +166,13 @@ class AppConfig:
                 f"central-sgd) with server-data = 'full', not for algorithm "
                 f"{values['algorithm']!r} (server-data {values['server-data']!r})"
             )
-        if values["secure-aggregation"] and family not in SECURE_FAMILIES:
+        if values["secure-aggregation"] and (
+            family not in SECURE_FAMILIES or values["algorithm"] == "mwfed"
+        ):
             raise ConfigError(
                 f"run_config 'secure-aggregation' = true is implemented for the "
-                f"{', '.join(SECURE_FAMILIES)} family, not yet for {values['algorithm']!r} "
-                f"({family})"
+                f"{' and '.join(SECURE_FAMILIES)} families (except mwfed, whose step needs "
+                f"every client's reply), not yet for {values['algorithm']!r} ({family})"
             )
         if values["resume"] and not values["run-name"]:
             raise ConfigError(

@@ -366,3 +366,59 @@ def test_secure_aggregation_is_refused_for_families_without_it() -> None:
         AppConfig.from_run_config({"algorithm": "fedcg", "secure-aggregation": True})
     assert AppConfig.from_run_config({"secure-aggregation": True}).secure == SecureAggregation()
     assert AppConfig.from_run_config({}).secure is None
+
+
+# ---------------------------------------------------------------------------- MaxFL
+MAXFL_SMALL = {
+    "algorithm": "maxfl", "dataset": "synthetic-emnist", "num-users": 6,
+    "clients-per-round": 4, "maxfl-rounds": 3, "maxfl-eval-every": 1,
+    "maxfl-mandatory-rounds": 3, "maxfl-solo-steps": 20, "maxfl-local-steps": 5, "seed": 4,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ["maxfl", "qffl", "scaffold"])
+def test_maxfl_family_under_secure_aggregation_matches_the_plain_model(tmp_path, algorithm):
+    """The model after 3 rounds equals the direct engine's within the fixed-point error
+    (float sums: 2^-25 per value and node, f = 24), the row sums agree, and no reply
+    carries a client's q_k, loss or update in the clear."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+    from flower_app.runners import maxfl as runner
+
+    def cfg(name: str, **extra) -> AppConfig:
+        out = {"output-dir": str(tmp_path), "run-name": name}
+        return AppConfig.from_run_config({**MAXFL_SMALL, "algorithm": algorithm, **extra, **out})
+
+    def rows_of(name: str) -> list[dict]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines]
+
+    direct = run_direct(cfg("direct"))
+    grid = Wiretap(3, {**MAXFL_SMALL, "algorithm": algorithm})
+    secure = runner.server_run(grid, cfg("secure", **{"secure-aggregation": True}))
+    assert secure["model-digest"] != direct["model-digest"]  # fixed point: not bit-equal
+    a, b = np.load(tmp_path / "direct" / "model.npz"), np.load(tmp_path / "secure" / "model.npz")
+    for key in a.files:
+        np.testing.assert_allclose(b[key], a[key], rtol=0, atol=1e-5)
+    rows, plain = rows_of("secure"), rows_of("direct")
+    for r, p in zip(rows[1:], plain[1:], strict=True):
+        assert r["secagg-nodes"] >= 2 and r["bad-replies"] == 0 and r["users"] == p["users"]
+        assert r["q-mean"] == pytest.approx(p["q-mean"], abs=1e-6)
+        assert r["train-loss"] == pytest.approx(p["train-loss"], rel=1e-6)
+    for msg in grid.received:
+        if msg.metadata.message_type == "train" and not msg.has_error():
+            assert set(msg.content.array_records) <= {"secagg-vector"}
+            assert not msg.content.metric_records
+
+
+def test_mwfed_and_plain_mode_maxfl_refuse_secure_aggregation() -> None:
+    from flower_app.config import AppConfig, ConfigError
+    from flower_app.strategies import MaxFLStrategy
+
+    with pytest.raises(ConfigError, match="except mwfed"):
+        AppConfig.from_run_config({**MAXFL_SMALL, "algorithm": "mwfed",
+                                   "secure-aggregation": True})  # fmt: skip
+    with pytest.raises(ValueError, match="cohort mode"):
+        MaxFLStrategy(secure_aggregation=SecureAggregation())

@@ -71,6 +71,9 @@ class TrainOutcome:
         The clients whose arrays are in the sums, in the order of ``q`` and ``losses``.
     met : list of bool
         MW-Fed: whether each of them reported F_k(w) < ρ_k (empty for other algorithms).
+    q_sum, loss_sum : float or None
+        Σ q_k and Σ F_k(w) when only the sums are known (secure aggregation: ``q`` and
+        ``losses`` are then empty); None otherwise.
     bad_replies : int
         Replies left out (errors, invalid content, timeouts).
     info : dict
@@ -84,6 +87,8 @@ class TrainOutcome:
     h_sum: float = 0.0
     ids: list[int] = field(default_factory=list)
     met: list[bool] = field(default_factory=list)
+    q_sum: float | None = None
+    loss_sum: float | None = None
     bad_replies: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -287,6 +292,15 @@ def outcome_row(outcome: TrainOutcome) -> dict[str, Any]:
     ``users``, ``bad-replies``, ``q-mean``, ``train-loss`` (None if no client trained) and
     the transport's extras (``outcome.info``).
     """
+    if outcome.q_sum is not None and outcome.loss_sum is not None:  # sums only (SecAgg)
+        users = max(outcome.users, 1)
+        return {
+            "users": outcome.users,
+            "bad-replies": outcome.bad_replies,
+            "q-mean": outcome.q_sum / users if outcome.users else 0.0,
+            "train-loss": outcome.loss_sum / users if outcome.users else None,
+            **outcome.info,
+        }
     return {
         "users": outcome.users,
         "bad-replies": outcome.bad_replies,

@@ -123,7 +123,7 @@ class MaxFLRule(ServerRule):
     def step(self, server: AppealServer, outcome: TrainOutcome) -> dict[str, float]:
         """Step w ← w − η_g / (Σ q_k + ε) · Σ q_k Δw_k."""
         assert outcome.sums is not None
-        q_sum = float(np.sum(outcome.q))
+        q_sum = float(np.sum(outcome.q)) if outcome.q_sum is None else float(outcome.q_sum)
         server.weights = maxfl_update(
             server.weights, outcome.sums, q_sum, server.server_lr, server.eps
         )

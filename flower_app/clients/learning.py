@@ -19,7 +19,9 @@ The NumPyClient methods and what they exchange (the strategy side is
     ``users`` (list of int), ``q`` and ``loss`` (lists of float, one per user),
     ``h-sum`` (float; q-FFL). MW-Fed: ``mw-share`` (list of float, one s_k > 0 per user,
     required) sets each client's weight and local steps; the metrics add ``met`` (list
-    of int 0/1: F_k(w) < ρ_k with the loss as reported).
+    of int 0/1: F_k(w) < ρ_k with the loss as reported). Under secure aggregation
+    (``secure-aggregation`` in the config) the metrics are sums only: ``q-sum``,
+    ``loss-sum``, ``h-sum`` (MW-Fed refuses it: its step needs each client's ``met``).
 ``evaluate(parameters, {"kind": "appeal", "users"})``
     metrics ``appealing``: the listed clients for which F_k(w) < ρ_k (requirement split).
     Byzantine clients always opt in (an attacker wants to be sampled; they lie about their
@@ -304,6 +306,12 @@ class LearningClient(NumPyClient):
             met.append(int(res.met))
             h_sum += res.h
         assert sums is not None, "fit needs at least one client"
+        if config.get("secure-aggregation"):  # only sums: the server sees Σ over all nodes
+            if self.rule.reports_met:
+                raise ValueError(f"{self.algorithm} needs per-client replies, not sums")
+            sums_only = {"q-sum": float(np.sum(qs)), "loss-sum": float(np.sum(losses)),
+                         "h-sum": float(h_sum)}  # fmt: skip
+            return sums, len(users), sums_only
         metrics: dict[str, Any] = {"users": users, "q": qs, "loss": losses, "h-sum": float(h_sum)}
         if self.rule.reports_met:
             metrics["met"] = met

@@ -319,6 +319,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
+        secure_aggregation=cfg.secure,
     )
     strategy.checkpoint_fn = writer.save_checkpoint
     if writer.checkpoint is not None:

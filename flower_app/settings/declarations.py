@@ -136,7 +136,7 @@ _DECLARED = (
     Setting(
         "secure-aggregation", "bool", False, _COMMON,
         "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
-        "the sum (FedSM family; docs/privacy.md)",
+        "the sum (FedSM and MaxFL families, MW-Fed excepted; docs/privacy.md)",
     ),
     Setting(
         "secagg-num-shares", "count", 1.0, _COMMON,

@@ -59,10 +59,17 @@ from flower_app.algorithms.appeal import (
     round_row,
     summarise_metrics,
 )
-from flower_app.algorithms.maxfl import adaptive_server_lr, aggregation_weight, maxfl_update
+from flower_app.algorithms.maxfl import (
+    Q_MAX,
+    adaptive_server_lr,
+    aggregation_weight,
+    maxfl_update,
+)
 from flower_app.algorithms.participation import ParticipationSampler
 from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
+from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
     CheckedReplies,
     InitialArraysError,
     RoundCallback,
@@ -170,6 +177,42 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def decode_summed_reply(
+    reply: Message, users: int, shapes: list[tuple[int, ...]]
+) -> tuple[list[np.ndarray], int, float, float, float]:
+    """Check a securely aggregated cohort reply; return sums, users, Σq, Σloss, Σh.
+
+    Raises
+    ------
+    ReplyError
+        If the summed ``num-examples`` is not the clients sent, a sum is missing or
+        non-finite, Σ q_k leaves [0, users/4], or the arrays do not have the model's shapes.
+    """
+    content = reply.content
+    metrics = content.metric_records["metrics"]
+    if int(metrics["num-examples"]) != users:
+        raise ReplyError(f"the sum is over {metrics['num-examples']} clients, {users} were sent")
+    try:
+        q_sum, loss_sum = float(metrics["q-sum"]), float(metrics["loss-sum"])
+        h_sum = float(metrics.get("h-sum", 0.0))
+    except (KeyError, TypeError) as err:
+        raise ReplyError(f"a secure reply needs 'q-sum', 'loss-sum': {err}") from err
+    if not np.all(np.isfinite([q_sum, loss_sum, h_sum])):
+        raise ReplyError("non-finite Σ q_k, Σ loss or Σ h")
+    if q_sum < -1e-6 or q_sum > users * Q_MAX + 1e-6:
+        raise ReplyError(f"Σ q_k = {q_sum} outside [0, {users}/4]")
+    record = content.array_records["arrays"]
+    if list(record.keys()) != [str(i) for i in range(len(shapes))]:
+        raise ReplyError(f"arrays {list(record.keys())}, expected '0'..'{len(shapes) - 1}'")
+    sums = [a.astype(np.float64) for a in record.to_numpy_ndarrays()]
+    for i, (a, shape) in enumerate(zip(sums, shapes, strict=True)):
+        if tuple(a.shape) != tuple(shape) or not np.all(np.isfinite(a)):
+            raise ReplyError(
+                f"summed array {i} has shape {a.shape} (model: {shape}) or non-finite values"
+            )
+    return sums, users, max(q_sum, 0.0), loss_sum, h_sum
+
+
 class AppealStrategy(RoundStrategy):
     """MaxFL or a baseline in cohort mode: seen/unseen clients, flexible participation.
 
@@ -202,6 +245,13 @@ class AppealStrategy(RoundStrategy):
         failed nodes are recorded per round).
     discovery_timeout : float, optional
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
+    secure_aggregation : SecureAggregation, optional
+        Sum each round's train replies with secure aggregation (:mod:`flower_app.privacy`):
+        nodes then reply with sums only (``q-sum``, ``loss-sum``, ``h-sum`` instead of the
+        per-client lists) and the server learns Σ_k q_k Δw_k (fixed point, 2^-(f+1) per
+        value and node), Σ q_k, Σ F_k(w), Σ h_k and the number of clients. MW-Fed refuses
+        it (its step needs every client's ``met``). The opt-in pool and the evaluation
+        sums still travel per node. Default None.
 
     Notes
     -----
@@ -228,6 +278,7 @@ class AppealStrategy(RoundStrategy):
         "(maxfl-solo-steps), which takes most of this step"
     )
     resumable = True
+    supports_secure_aggregation = True
 
     def __init__(
         self,
@@ -239,8 +290,14 @@ class AppealStrategy(RoundStrategy):
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         discovery_timeout: float = 300.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        super().__init__(on_round, min_reply_fraction)
+        super().__init__(on_round, min_reply_fraction, secure_aggregation)
+        if secure_aggregation is not None and server.rule.reports_met:
+            raise ValueError(
+                f"{server.algorithm} does not support secure aggregation: its step needs "
+                "each client's 'met' (MW-Fed's multiplicative weights are per client)"
+            )
         if int(eval_every) < 1:
             raise ValueError("eval_every must be >= 1")
         self.server = server
@@ -387,8 +444,15 @@ class AppealStrategy(RoundStrategy):
 
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Check one node's train reply (see :func:`decode_cohort_reply`)."""
+        if src == SUMMED_SENDER:
+            return decode_summed_reply(reply, len(self._sent[src]), self.server.shapes)
         decoded = decode_cohort_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
         return *decoded, reply.content.array_records["arrays"].count_bytes()
+
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Under secure aggregation: the summed reply stands for all the nodes' clients."""
+        self._sent[SUMMED_SENDER] = [u for n in nodes for u in self._sent.get(n, [])]
+        return SUMMED_SENDER
 
     def collect_train(self, server_round: int, replies: Iterable[Message]) -> TrainOutcome:
         """Validate the train replies and sum the valid ones (bad ones are counted).
@@ -449,8 +513,23 @@ class AppealStrategy(RoundStrategy):
     def aggregate_accepted(
         self, server_round: int, checked: CheckedReplies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Not used: :meth:`aggregate_train` sums the cohorts' replies itself."""
-        raise NotImplementedError
+        """Apply the step to a securely aggregated round (one summed reply, or none).
+
+        Rounds in the clear go through :meth:`aggregate_train`, which sums the replies.
+        """
+        outcome = TrainOutcome(None, 0, bad_replies=checked.left_out)
+        outcome.info = {"nodes": len(self._sent), "bytes-down": self._bytes_down}
+        for _, (sums, users, q_sum, loss_sum, h_sum) in checked.accepted:
+            outcome.sums, outcome.users = sums, users
+            outcome.q_sum, outcome.loss_sum, outcome.h_sum = q_sum, loss_sum, h_sum
+        row = round_row(server_round, self._pool_size, self._users.size)
+        row.update(self.server.step(outcome))
+        row.update(outcome_row(outcome))
+        row.pop("server-round")
+        metrics = to_metric_record(row)
+        if outcome.sums is None:
+            return None, metrics
+        return ArrayRecord([np.asarray(w) for w in self.server.weights]), metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -588,6 +667,9 @@ class MaxFLStrategy(AppealStrategy):
         Cohort mode: K.
     eval_every, tuned_final, discovery_timeout : optional
         Cohort mode: see :class:`AppealStrategy`.
+    secure_aggregation : SecureAggregation, optional
+        Cohort mode: see :class:`AppealStrategy` (plain mode refuses it: the server
+        computes each q_k from the node's F_k(w) and ρ_k).
 
     Notes
     -----
@@ -677,8 +759,15 @@ class MaxFLStrategy(AppealStrategy):
         eval_every: int = 10,
         tuned_final: bool = True,
         discovery_timeout: float = 300.0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        adaptive_server_lr(0.0, server_lr, eps)  # raises on ε ≤ 0 or η_g ≤ 0
+        adaptive_server_lr(0.0, server_lr, eps)
+        if secure_aggregation is not None and not cohorts:
+            raise ValueError(
+                "MaxFLStrategy supports secure aggregation in cohort mode (cohorts=True): in "
+                "plain mode the server computes q_k from each node's F_k(w) and ρ_k, which a "
+                "sum would hide"
+            )  # raises on ε ≤ 0 or η_g ≤ 0
         if not 0.0 < fraction_train <= 1.0 or not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError("fraction_train must lie in (0, 1], fraction_evaluate in [0, 1]")
         if int(mandatory_rounds) < 0:
@@ -705,6 +794,7 @@ class MaxFLStrategy(AppealStrategy):
             on_round=on_round,
             min_reply_fraction=min_reply_fraction,
             discovery_timeout=discovery_timeout,
+            secure_aggregation=secure_aggregation,
         )
         self.evaluate_initial = self.cohort_mode
         self.resumable = self.cohort_mode  # plain mode keeps more state: not resumable yet
