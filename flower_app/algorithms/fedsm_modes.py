@@ -21,6 +21,7 @@ proportional to each user's support (:mod:`~flower_app.algorithms.fedsm_sampling
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,15 @@ from flower_app.algorithms.fedsm_amplify import (
     SurrogatePairGains,
     surrogate_entries,
 )
+from flower_app.algorithms.fedsm_dp import dp_entry_counts, dp_reporters
 from flower_app.algorithms.fedsm_sampling import check_scheme
+from flower_app.algorithms.shuffle_dp import (
+    ShuffleDP,
+    bits_for,
+    calibrate_flip,
+    compose,
+    debias_counts,
+)
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 from flower_app.submodular.objectives import MaxRowObjective
@@ -93,6 +102,12 @@ class FedSMParams:
         How users draw D: ``"per-user"`` (default, ``default_rng([seed, t, user])`` and a
         dense d-subset; the recorded reproductions) or ``"batched"`` (a keyed Philox for all
         users at once, support-proportional; same law, other realisations).
+    dp_epsilon : float
+        ε′ > 0 of every sum query (one element, one round) under the shuffle-model DP of
+        Appendix C (:mod:`flower_app.privacy.shuffle_dp`); 0 (default) turns it off.
+        Algorithm 1 without amplification, ``rng="per-user"``.
+    dp_delta : float
+        δ′ of every sum query (default 1e-6).
     """
 
     mode: str = "alg1"
@@ -108,6 +123,8 @@ class FedSMParams:
     samples: int = 4
     rounding: str = "pipage"
     rng: str = "per-user"
+    dp_epsilon: float = 0.0
+    dp_delta: float = 1e-6
 
     def steps(self) -> int:
         """Return the amplification's 1/η, checking η."""
@@ -153,6 +170,12 @@ class RoundPlan:
         Alg. 2: prefix length of pair column 0.
     rng : str
         How users draw D: ``"per-user"`` or ``"batched"`` (sent to the nodes when batched).
+    dp_bits : int
+        Shuffle-model DP: bits k per value (0: no DP).
+    dp_flip : numpy.ndarray or None
+        Shuffle-model DP: the flip probability p_e of every element (float64 (m,)).
+    dp_lam : float
+        Shuffle-model DP: λ, the bound on a value.
     """
 
     server_round: int
@@ -169,6 +192,9 @@ class RoundPlan:
     n_elements: int
     j_from: int = 1
     rng: str = "per-user"
+    dp_bits: int = 0
+    dp_flip: np.ndarray | None = None
+    dp_lam: float = 0.0
 
     @property
     def report_size(self) -> int:
@@ -248,6 +274,8 @@ def cohort_report(
         if plan.surrogate == "none":
             current = objective.user_values(plan.selected, users)
             upos, elem, gain = objective.positive_gain_entries(current, users)
+            if plan.dp_bits:
+                return dp_entry_counts(upos, elem, gain, ids, pool, plan, seed)
         else:
             upos, elem, gain = surrogate_entries(
                 objective, users, ids, plan.y(), plan.eta, plan.surrogate, plan.samples, seed, t
@@ -356,8 +384,18 @@ class FedSMRun:
                 raise ValueError(
                     f"starting set {self.initial} must be independent with at most k={k} elements"
                 )
+        if params.dp_epsilon:
+            ShuffleDP(float(params.dp_epsilon), float(params.dp_delta))  # checks both
+            if params.mode != "alg1" or params.rng != "per-user":
+                raise ValueError(
+                    "fedsm dp-epsilon (shuffle-model DP) is implemented for Algorithm 1 with "
+                    f"rng='per-user', not mode={params.mode!r}, rng={params.rng!r}"
+                )
+            if not (math.isfinite(lam) and lam > 0):
+                raise ValueError(f"fedsm dp-epsilon needs λ > 0 (the bound on a value), got {lam}")
         self.n_users, self.matroid, self.k = n_users, matroid, k
         self.params, self.lam, self.seed = params, float(lam), int(seed)
+        self.dp_queries = np.zeros(n_users if params.dp_epsilon else 0, dtype=np.int64)
         self.rng = np.random.default_rng(self.seed)
         self.server_round = 0
         self.step = 0
@@ -447,7 +485,22 @@ class FedSMRun:
             j_from=self.params.j_from,
             rng=self.params.rng,
         )
+        if self.params.dp_epsilon:
+            self._plan = self._with_dp(self._plan)
         return self._plan
+
+    def _with_dp(self, plan: RoundPlan) -> RoundPlan:
+        """Add the round's shuffle-DP parameters: k, and p_e from each element's reporters."""
+        reporters = dp_reporters(plan, self.seed)
+        pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
+        eps, delta = float(self.params.dp_epsilon), float(self.params.dp_delta)
+        counts = reporters[pool]
+        bits = bits_for(eps, int(np.median(counts[counts > 0])) if counts.any() else 1)
+        flip = np.ones(plan.n_elements)
+        for n in np.unique(counts[counts > 0]):
+            flip[pool[counts == n]] = calibrate_flip(int(n), bits, eps, delta)
+        self._dp_reporters = reporters
+        return dataclasses.replace(plan, dp_bits=bits, dp_flip=flip, dp_lam=self.lam)
 
     def update(self, report_sum: np.ndarray, users: int) -> dict[str, Any]:
         """Apply the summed reports of ``users`` users; return the round's metrics.
@@ -473,6 +526,24 @@ class FedSMRun:
         self.server_round = plan.server_round
         inner = self.inner
         row: dict[str, Any] = {"server-round": plan.server_round}
+        if plan.dp_bits:
+            assert plan.dp_flip is not None
+            report_sum = debias_counts(
+                report_sum, self._dp_reporters, plan.dp_lam, plan.dp_bits, plan.dp_flip
+            )
+            self.dp_queries[plan.users] += plan.d
+            pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
+            row.update(
+                {
+                    "dp-bits": plan.dp_bits,
+                    "dp-flip-mean": float(plan.dp_flip[pool].mean()),
+                    **compose(
+                        float(self.params.dp_epsilon),
+                        float(self.params.dp_delta),
+                        int(self.dp_queries.max()),
+                    ),
+                }
+            )
         if isinstance(inner, FedSMServer):
             rec = inner.select(report_sum, users)
             row.update(element=rec.element, estimate=rec.estimate, **{"elements-added": 1})

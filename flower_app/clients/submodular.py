@@ -255,4 +255,19 @@ def round_plan(
         n_elements=n_elements,
         j_from=int(config.get("j-from", 1)),
         rng=check_scheme(str(config.get("rng", "per-user"))),
+        **_dp_fields(config, n_elements),
     )
+
+
+def _dp_fields(config: Config, n_elements: int) -> dict[str, Any]:
+    """Return the shuffle-DP fields of a round (``dp-bits``, ``dp-lam``, ``dp-flip``)."""
+    bits = int(config.get("dp-bits", 0))
+    if not bits:
+        return {}
+    flip = np.asarray(config.get("dp-flip", []), dtype=np.float64)
+    lam = float(config.get("dp-lam", 0.0))
+    if bits < 1 or flip.shape != (n_elements,) or not np.all((flip >= 0) & (flip <= 1)):
+        raise ValueError(f"dp-flip must hold {n_elements} probabilities and dp-bits be >= 1")
+    if not (np.isfinite(lam) and lam > 0):
+        raise ValueError(f"dp-lam = {lam}: expected a bound > 0")
+    return {"dp_bits": bits, "dp_flip": flip, "dp_lam": lam}

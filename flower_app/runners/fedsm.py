@@ -112,7 +112,14 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         samples=cfg.get("fedsm-samples"),
         rounding=cfg.get("fedsm-rounding"),
         rng=cfg.get("fedsm-rng"),
+        dp_epsilon=cfg.get("fedsm-dp-epsilon"),
+        dp_delta=cfg.get("fedsm-dp-delta"),
     )
+    if params.dp_epsilon and (params.mode != "alg1" or params.rng != "per-user"):
+        raise ConfigError(
+            "run_config 'fedsm-dp-epsilon' > 0 (shuffle-model DP) is implemented for "
+            "fedsm-mode = 'alg1' with fedsm-rng = 'per-user'"
+        )
     if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
         raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")
     if params.mode == "amplified":
@@ -193,9 +200,25 @@ def _finish(
         extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
         extra["step-sets"] = run.step_sets
         extra["steps"] = run.steps
+    if run.params.dp_epsilon:
+        extra["privacy"] = _privacy(run, history)
     summary.update(extra)
     exp.writer.write_summary(summary)
     return summary
+
+
+def _privacy(run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the run's privacy accounting (shuffle-model DP): per query and composed."""
+    last = history[-1] if history else {}
+    return {
+        "mechanism": "shuffle-model bounded sums (Cheu et al. 2019), FedSM Appendix C",
+        "trust": "the server sees only each element's total count: secure aggregation (or a "
+        "shuffler) required; replies in the clear are locally randomised only",
+        "dp-epsilon-per-query": float(run.params.dp_epsilon),
+        "dp-delta-per-query": float(run.params.dp_delta),
+        "dp-bits-per-value": [row.get("dp-bits") for row in history],
+        **{k: last[k] for k in last if k.startswith(("dp-queries", "dp-epsilon-", "dp-delta-"))},
+    }
 
 
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:

@@ -200,6 +200,15 @@ _DECLARED = (
         choices=("per-user", "batched"),
     ),
     Setting(
+        "fedsm-dp-epsilon", "float", 0.0, _FEDSM,
+        "shuffle-model differential privacy (Appendix C): epsilon' of every sum query (one "
+        "element, one round); 0 = off; Algorithm 1, per-user draws (docs/privacy.md)", ge=0,
+    ),
+    Setting(
+        "fedsm-dp-delta", "float", 1e-6, _FEDSM,
+        "delta' of every sum query under fedsm-dp-epsilon", gt=0, lt=1,
+    ),
+    Setting(
         "fedsm-rounding", "choice", "pipage", _FEDSM,
         "oblivious rounding of amplification's final x", choices=("pipage", "greedy"),
     ),

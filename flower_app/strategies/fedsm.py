@@ -516,6 +516,12 @@ class FedSMStrategy(RoundStrategy):
             entries["rng"] = plan.rng
         if plan.surrogate != "none":
             entries.update(surrogate=plan.surrogate, eta=plan.eta, samples=plan.samples)
+        if plan.dp_bits:  # shuffle-model DP: k bits, λ and every element's flip probability
+            assert plan.dp_flip is not None
+            entries.update(
+                {"dp-bits": plan.dp_bits, "dp-lam": plan.dp_lam,
+                 "dp-flip": [float(v) for v in plan.dp_flip]}
+            )  # fmt: skip
         messages, self._sent = [], {}
         self._down = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0}
         if self.cohort_mode:

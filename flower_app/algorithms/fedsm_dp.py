@@ -1,0 +1,104 @@
+"""FedSM Algorithm 1 under shuffle-model differential privacy (Appendix C, Prop. C.1).
+
+Each sampled user draws its d elements exactly as without DP (the same stream
+``default_rng([seed, t, user])``), then reports, for every drawn element, the number of
+ones among k randomised bits encoding f_i(e | S) ∈ [0, λ]
+(:func:`flower_app.algorithms.shuffle_dp.randomize_counts`), from its own DP stream
+``default_rng([seed, t, user, DP_STREAM])``. A node sends the sum of its users' counts;
+the server, which knows every user's draw from the public seed (so the number of
+reporters n_e of each element), debiases the total
+(:func:`~flower_app.algorithms.shuffle_dp.debias_counts`) into an unbiased estimate of
+Σ_i f_i(e | S) and goes on as Algorithm 1 does. Unlike the plain report, users without a
+positive gain must report too (their zeros are randomised like every other value).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flower_app.algorithms.fedsm import user_rng
+from flower_app.algorithms.shuffle_dp import randomize_counts
+
+if TYPE_CHECKING:
+    from flower_app.algorithms.fedsm_modes import RoundPlan
+
+__all__ = ["DP_STREAM", "dp_entry_counts", "dp_reporters"]
+
+#: the fourth word of a user's DP stream key (its draws use the first three)
+DP_STREAM = 0xD9
+
+_CHUNK = 1024
+
+
+def _draws(ids: np.ndarray, n_pool: int, d: int, seed: int, server_round: int) -> np.ndarray:
+    return np.stack(
+        [user_rng(seed, server_round, int(u)).choice(n_pool, d, replace=False) for u in ids]
+    )
+
+
+def dp_reporters(plan: RoundPlan, seed: int) -> np.ndarray:
+    """Return, for every element, how many of the round's users drew it (server side).
+
+    The draws are the users' public-seed streams (no data), so the server knows n_e.
+    """
+    pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
+    out = np.zeros(plan.n_elements, dtype=np.int64)
+    ids = np.asarray(plan.users, dtype=np.int64)
+    for start in range(0, ids.size, _CHUNK):
+        draws = _draws(ids[start : start + _CHUNK], pool.size, plan.d, seed, plan.server_round)
+        out += np.bincount(pool[draws.ravel()], minlength=plan.n_elements)
+    return out
+
+
+def dp_entry_counts(
+    upos: np.ndarray,
+    elem: np.ndarray,
+    gain: np.ndarray,
+    ids: np.ndarray,
+    pool: np.ndarray,
+    plan: RoundPlan,
+    seed: int,
+) -> tuple[np.ndarray, int]:
+    """Return the users' summed counts of ones per element, and the values they encoded.
+
+    Parameters
+    ----------
+    upos, elem, gain : numpy.ndarray
+        The users' positive gains (position in ``ids``, element, f_i(e | S)).
+    ids : numpy.ndarray
+        Global ids of the node's sampled users (every one reports).
+    pool : numpy.ndarray
+        E \\ S, sorted.
+    plan : RoundPlan
+        The round, with ``dp_bits``, ``dp_flip``, ``dp_lam``.
+    seed : int
+        Run seed.
+
+    Returns
+    -------
+    tuple
+        ``(counts, values)``: float64 counts over E (integers), and users × d.
+    """
+    assert plan.dp_flip is not None
+    m, t, k = plan.n_elements, plan.server_round, plan.dp_bits
+    pos_of = np.full(m, -1, dtype=np.int64)
+    pos_of[pool] = np.arange(pool.size)
+    keep = (pos_of[elem] >= 0) & (gain > 0)
+    upos, elem, gain = upos[keep], elem[keep], gain[keep]
+    out = np.zeros(m)
+    ids = np.asarray(ids, dtype=np.int64)
+    for start in range(0, ids.size, _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        draws = _draws(chunk, pool.size, plan.d, seed, t)
+        dense = np.zeros((chunk.size, pool.size))
+        lo, hi = np.searchsorted(upos, [start, start + chunk.size])
+        dense[upos[lo:hi] - start, pos_of[elem[lo:hi]]] = gain[lo:hi]
+        values = np.take_along_axis(dense, draws, axis=1)
+        elements = pool[draws]
+        for row, user in enumerate(chunk):
+            rng = np.random.default_rng([int(seed), int(t), int(user), DP_STREAM])
+            ones = randomize_counts(values[row], plan.dp_lam, k, plan.dp_flip[elements[row]], rng)
+            out += np.bincount(elements[row], weights=ones, minlength=m)
+    return out, int(ids.size * plan.d)

@@ -1,0 +1,149 @@
+"""Shuffle-model differential privacy of FedSM's sums (Appendix C): calibration, estimator,
+and the same run on every engine (with and without secure aggregation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from flwr.app import ArrayRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.shuffle_dp import (
+    ShuffleDP,
+    bits_for,
+    calibrate_flip,
+    compose,
+    debias_counts,
+    hockey_stick,
+    query_delta,
+    randomize_counts,
+)
+from flower_app.privacy import SecureAggregation
+from flower_app.strategies import FedSMStrategy
+from flower_app.submodular.matroids import UniformMatroid
+from flower_app.submodular.objectives import MaxRowObjective
+from tests.local_grid import LocalGrid
+from tests.test_secure_aggregation import N_USERS, M, _cohort_app, _ratings
+
+
+def _exact_delta(n: int, k: int, p: float, eps: float, a: int) -> float:
+    """δ(ε) of the count when the other clients hold ``a`` one-bits (no bound)."""
+    m = (n - 1) * k
+    others = np.convolve(stats.binom.pmf(np.arange(a + 1), a, 1 - p / 2),
+                         stats.binom.pmf(np.arange(m - a + 1), m - a, p / 2))  # fmt: skip
+    high = np.convolve(others, stats.binom.pmf(np.arange(k + 1), k, 1 - p / 2))
+    low = np.convolve(others, stats.binom.pmf(np.arange(k + 1), k, p / 2))
+    return max(hockey_stick(high, low, eps), hockey_stick(low, high, eps))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(2, 80), st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0]),
+       st.sampled_from([1e-5, 1e-6]))  # fmt: skip
+def test_calibrated_flip_is_private_against_the_exact_worst_cases(n, eps, delta) -> None:
+    k = bits_for(eps, n)
+    p = calibrate_flip(n, k, eps, delta)
+    assert query_delta(n, k, p, eps) <= delta
+    m = (n - 1) * k
+    for a in (0, m // 3, m // 2, m):  # whatever the other clients hold
+        assert _exact_delta(n, k, p, eps, a) <= delta
+    if p > 0.01:  # and clearly less noise would not be private (the bound is not vacuous)
+        assert _exact_delta(n, k, p * 0.5, eps, 0) > delta
+
+
+def test_more_privacy_needs_more_flips() -> None:
+    flips = [calibrate_flip(60, 8, eps, 1e-6) for eps in (0.25, 0.5, 1.0, 2.0, 4.0)]
+    assert flips == sorted(flips, reverse=True) and 0 < flips[-1] < flips[0] <= 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(0, 5), min_size=3, max_size=40), st.integers(1, 40),
+       st.floats(0.05, 0.95))  # fmt: skip
+def test_the_debiased_count_is_an_unbiased_estimate_of_the_sum(values, k, p) -> None:
+    """Mean over 4,000 independent runs within 5 standard errors of Σ values."""
+    x = np.asarray(values)
+    rng = np.random.default_rng(len(values) * 1000 + k)
+    runs = 4000
+    counts = randomize_counts(np.tile(x, (runs, 1)), 5.0, k, np.full(x.size, p), rng).sum(axis=1)
+    est = debias_counts(counts, np.full(runs, x.size), 5.0, k, np.full(runs, p))
+    se = est.std(ddof=1) / np.sqrt(runs)
+    assert abs(est.mean() - x.sum()) <= 5 * se + 1e-9
+
+
+def test_composition_reports_basic_and_advanced_bounds() -> None:
+    out = compose(0.1, 1e-7, 400, slack=1e-6)
+    assert out["dp-epsilon-basic"] == pytest.approx(40.0)
+    assert out["dp-delta-basic"] == pytest.approx(4e-5)
+    assert out["dp-epsilon-advanced"] < 40.0 and out["dp-delta-advanced"] == pytest.approx(4.1e-5)
+    big = compose(8.0, 1e-6, 10)  # advanced is worse than basic for large ε': basic kept
+    assert big["dp-epsilon-advanced"] == big["dp-epsilon-basic"] == 80.0
+    with pytest.raises(ValueError, match="epsilon"):
+        ShuffleDP(0.0)
+
+
+# ---------------------------------------------------------------------------- FedSM
+K_SET = 4
+
+
+def _params(eps: float) -> FedSMParams:
+    return FedSMParams("alg1", 0.6, 0.6, dp_epsilon=eps, dp_delta=1e-6)
+
+
+def _direct(eps: float, ratings: np.ndarray) -> tuple[list[int], list[dict]]:
+    run = FedSMRun(N_USERS, UniformMatroid(M, K_SET), K_SET, _params(eps), 5.0, seed=11)
+    obj = MaxRowObjective(sp.csr_matrix(ratings))
+    rows = []
+    while not run.done:
+        plan = run.plan()
+        total, _ = cohort_report(obj, plan.users, plan.users, plan, 11)
+        rows.append(run.update(total, plan.users.size))
+    return run.selected, rows
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_dp_fedsm_on_flower_nodes_selects_what_the_direct_engine_does(secure) -> None:
+    ratings = _ratings()
+    direct, rows = _direct(2.0, ratings)
+    strategy = FedSMStrategy(
+        k=K_SET, seed=11, cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K_SET),
+        params=_params(2.0), lam=5.0,
+        secure_aggregation=SecureAggregation() if secure else None,
+    )  # fmt: skip
+    strategy.start(LocalGrid(5, {}, app=_cohort_app(ratings)), ArrayRecord(), K_SET, timeout=2)
+    assert strategy.run.selected == direct
+    got = [r for r in strategy.history if r["server-round"] >= 1]
+    for a, b in zip(got, rows, strict=True):
+        assert a["estimate"] == pytest.approx(b["estimate"], rel=1e-12)
+        assert a["dp-bits"] == b["dp-bits"] >= 1 and 0 < a["dp-flip-mean"] < 1
+        assert a["dp-epsilon-basic"] == b["dp-epsilon-basic"] > 0
+
+
+def test_dp_noise_changes_the_estimates_and_more_epsilon_changes_them_less() -> None:
+    ratings = _ratings()
+    plain_run = FedSMRun(N_USERS, UniformMatroid(M, K_SET), K_SET, _params(0.0), 5.0, seed=11)
+    obj = MaxRowObjective(sp.csr_matrix(ratings))
+    plan = plain_run.plan()
+    truth, _ = cohort_report(obj, plan.users, plan.users, plan, 11)
+    errors = []
+    for eps in (0.5, 8.0):
+        run = FedSMRun(N_USERS, UniformMatroid(M, K_SET), K_SET, _params(eps), 5.0, seed=11)
+        dplan = run.plan()
+        counts, _ = cohort_report(obj, dplan.users, dplan.users, dplan, 11)
+        assert np.array_equal(counts, np.rint(counts))  # counts of ones: integers
+        est = debias_counts(counts, run._dp_reporters, 5.0, dplan.dp_bits, dplan.dp_flip)
+        errors.append(np.abs(est - truth).mean())
+    assert errors[1] < errors[0]
+
+
+def test_dp_is_refused_where_it_is_not_implemented() -> None:
+    from flower_app.config import AppConfig, ConfigError
+    from flower_app.runners.fedsm import fedsm_params
+
+    cfg = AppConfig.from_run_config({"fedsm-mode": "alg2", "fedsm-dp-epsilon": 1.0})
+    with pytest.raises(ConfigError, match="alg1"):
+        fedsm_params(cfg)
+    with pytest.raises(ValueError, match="rng='per-user'"):
+        FedSMRun(10, UniformMatroid(5, 2), 2, FedSMParams(rng="batched", dp_epsilon=1.0), 1.0)
