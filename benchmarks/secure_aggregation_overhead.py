@@ -1,0 +1,138 @@
+"""What secure aggregation costs: rounds, bytes and time per round, with and without it.
+
+FedSM on MovieLens-1M (Algorithm 1, k rounds) and MaxFL on Fashion-MNIST (a few rounds)
+run with ``flwr run`` on Flower's simulation engine (Ray) with 10 and 100 SuperNodes, each
+plain and with ``secure-aggregation = true``, one after the other in one invocation. From
+each run's ``metrics.jsonl``: rounds, bytes up and down per round (the protocol's four
+stages included), messages per round, median round time, SecAgg's setup (key exchange)
+and unmask times; the FedSM runs' selected sets and the MaxFL runs' final accuracy are
+compared (equal sets: the integer marginal gains are summed exactly).
+
+Example (the numbers in docs/privacy.md)::
+
+    python benchmarks/secure_aggregation_overhead.py --data-dir "$FLOWER_APP_DATA" \\
+        --out docs/benchmarks/secure-aggregation-overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flower_app.simulation import LocalSimulation
+
+JOBS: dict[str, dict[str, Any]] = {
+    "fedsm-movielens-1m": {"algorithm": "fedsm", "dataset": "movielens-1m", "k": 10},
+    "maxfl-fmnist": {
+        "algorithm": "maxfl", "dataset": "fmnist", "maxfl-rounds": 5, "maxfl-eval-every": 5,
+        "maxfl-mandatory-rounds": 5,
+    },
+}  # fmt: skip
+
+
+def _rows(folder: Path) -> list[dict[str, Any]]:
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
+
+
+def _measure(sim: LocalSimulation, job: str, nodes: int, secure: bool, data_dir: str) -> dict:
+    cfg = {**JOBS[job], "data-dir": data_dir, "seed": 1, "run-name": f"{job}-{nodes}-{secure}"}
+    if secure:
+        cfg["secure-aggregation"] = True
+    started = time.perf_counter()
+    run = sim.run(cfg, num_supernodes=nodes)
+    wall = time.perf_counter() - started
+    if run.status != "finished:completed":
+        raise RuntimeError(f"{job} nodes={nodes} secure={secure} failed:\n{run.output[-3000:]}")
+    rows = _rows(run.folder)
+    summary = run.summary
+
+    def per_round(key: str) -> float:
+        return statistics.mean(float(r.get(key, 0)) for r in rows)
+
+    down = per_round("bytes-down") + per_round("secagg-bytes-down")
+    return {
+        "job": job,
+        "nodes": nodes,
+        "secure-aggregation": secure,
+        "rounds": len(rows),
+        "bytes-up-per-round": per_round("bytes-up"),
+        "bytes-down-per-round": down,
+        "messages-per-round": per_round("secagg-messages") if secure else 2 * per_round("nodes"),
+        "round-time-median": statistics.median(float(r["round-time"]) for r in rows),
+        "secagg-setup-time-median": (
+            statistics.median(float(r["secagg-setup-time"]) for r in rows) if secure else 0.0
+        ),
+        "secagg-unmask-time-median": (
+            statistics.median(float(r["secagg-unmask-time"]) for r in rows) if secure else 0.0
+        ),
+        "run-wall-time": wall,
+        "selected": summary.get("selected"),
+        "ratio-to-greedy": summary.get("ratio-to-greedy"),
+        "final": summary.get("final"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid of jobs and write ``--out`` (JSON) and the Markdown table beside it."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, help="holds ml-1m/ and fashion-mnist/")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = LocalSimulation(Path(tmp) / "home", Path(tmp) / "runs")
+        for job in args.jobs:
+            for nodes in args.nodes:
+                for secure in (False, True):
+                    res = _measure(sim, job, nodes, secure, args.data_dir)
+                    results.append(res)
+                    print(json.dumps({k: v for k, v in res.items() if k != "final"}), flush=True)
+    for job in args.jobs:
+        for nodes in args.nodes:
+            plain, secure = (r for r in results if r["job"] == job and r["nodes"] == nodes)
+            secure["same-selected-as-plain"] = (
+                secure["selected"] == plain["selected"] if plain["selected"] else None
+            )
+            secure["round-time-ratio"] = secure["round-time-median"] / plain["round-time-median"]
+            secure["bytes-up-ratio"] = secure["bytes-up-per-round"] / plain["bytes-up-per-round"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(_table(results))
+    print(_table(results))
+    return 0
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    head = (
+        "| job | nodes | SecAgg | rounds | bytes up / round | bytes down / round | "
+        "messages / round | round time (median) | SecAgg keys / unmask | time × | same result |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in results:
+        same = r.get("same-selected-as-plain")
+        lines.append(
+            f"| {r['job']} | {r['nodes']} | {'yes' if r['secure-aggregation'] else 'no'} | "
+            f"{r['rounds']} | {r['bytes-up-per-round']:,.0f} | {r['bytes-down-per-round']:,.0f} | "
+            f"{r['messages-per-round']:.0f} | {r['round-time-median']:.2f} s | "
+            + (
+                f"{r['secagg-setup-time-median']:.2f} s / {r['secagg-unmask-time-median']:.2f} s | "
+                f"{r['round-time-ratio']:.1f} | {'-' if same is None else same} |"
+                if r["secure-aggregation"]
+                else "- | 1.0 | - |"
+            )
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
