@@ -8,7 +8,7 @@ Subcommands
     folders (config.json, metrics.jsonl, summary.json) go to ``<out>/runs/``.
 ``plot``
     Re-makes ``table.csv`` and the figures from an existing ``sweep.csv``.
-``fedsm-modes``, ``fedcg``, ``maxfl``, ``fedsubavg``
+``fedsm-modes``, ``fedcg``, ``maxfl``, ``fedsubavg``, ``privacy``
     The other families' sweeps and reproductions; everything after the subcommand goes to
     ``flower_app.sweeps.<module>.main`` (``python run_sim.py fedcg --help`` lists its options).
 
@@ -835,6 +835,7 @@ FAMILY_SWEEPS = {
     "fedcg": "flower_app.sweeps.fedcg",
     "maxfl": "flower_app.sweeps.maxfl",
     "fedsubavg": "flower_app.sweeps.fedsubavg",
+    "privacy": "flower_app.sweeps.privacy",
 }
 
 

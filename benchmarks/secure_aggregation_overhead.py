@@ -28,7 +28,7 @@ from typing import Any
 from flower_app.simulation import LocalSimulation
 
 JOBS: dict[str, dict[str, Any]] = {
-    "fedsm-movielens-1m": {"algorithm": "fedsm", "dataset": "movielens-1m", "k": 10},
+    "fedsm-movielens-1m": {"algorithm": "fedsm", "dataset": "movielens", "k": 10},
     "maxfl-fmnist": {
         "algorithm": "maxfl", "dataset": "fmnist", "maxfl-rounds": 5, "maxfl-eval-every": 5,
         "maxfl-mandatory-rounds": 5,
