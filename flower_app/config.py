@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from flower_app.privacy import SecureAggregation
 
 #: the families whose strategies take ``secure-aggregation`` = true
-SECURE_FAMILIES = ("fedsm", "maxfl")
+SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg")
+#: algorithms of those families that refuse it (their step is not a function of a sum)
+NOT_SECURE = ("mwfed", "fed-discrete-greedy")
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
 
@@ -167,12 +169,13 @@ class AppConfig:
                 f"{values['algorithm']!r} (server-data {values['server-data']!r})"
             )
         if values["secure-aggregation"] and (
-            family not in SECURE_FAMILIES or values["algorithm"] == "mwfed"
+            family not in SECURE_FAMILIES or values["algorithm"] in NOT_SECURE
         ):
             raise ConfigError(
                 f"run_config 'secure-aggregation' = true is implemented for the "
-                f"{' and '.join(SECURE_FAMILIES)} families (except mwfed, whose step needs "
-                f"every client's reply), not yet for {values['algorithm']!r} ({family})"
+                f"{', '.join(SECURE_FAMILIES)} families (except {', '.join(NOT_SECURE)}: "
+                f"their steps need every client's reply), not yet for "
+                f"{values['algorithm']!r} ({family})"
             )
         if values["resume"] and not values["run-name"]:
             raise ConfigError(

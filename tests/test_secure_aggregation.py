@@ -26,7 +26,12 @@ from flower_app.clients.fedsm import fedsm_reply
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.privacy import SecureAggregation, secure_aggregation_mod
 from flower_app.privacy.fixed_point import decode_sum, encode_reply, layout_of, mask_stream
-from flower_app.strategies import FedCGStrategy, FedSMStrategy
+from flower_app.strategies import (
+    FedCGStrategy,
+    FedDiscreteGreedyStrategy,
+    FedSMStrategy,
+    FedSubAvgStrategy,
+)
 from flower_app.strategies.base import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -328,7 +333,9 @@ def test_neighbour_rings_are_seeded_and_symmetric() -> None:
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
     with pytest.raises(ValueError, match="does not support secure aggregation"):
-        FedCGStrategy(secure_aggregation=SecureAggregation())
+        FedSubAvgStrategy(secure_aggregation=SecureAggregation())
+    with pytest.raises(ValueError, match="does not support secure aggregation"):
+        FedDiscreteGreedyStrategy(secure_aggregation=SecureAggregation())
     with pytest.raises(TypeError, match="SecureAggregation"):
         FedSMStrategy(secure_aggregation=True)
 
@@ -363,7 +370,8 @@ def test_secure_aggregation_is_refused_for_families_without_it() -> None:
     from flower_app.config import AppConfig, ConfigError
 
     with pytest.raises(ConfigError, match="'secure-aggregation' = true is implemented for"):
-        AppConfig.from_run_config({"algorithm": "fedcg", "secure-aggregation": True})
+        AppConfig.from_run_config({"algorithm": "fedsubavg", "secure-aggregation": True,
+                                   "dataset": "synthetic-movielens-rating"})  # fmt: skip
     assert AppConfig.from_run_config({"secure-aggregation": True}).secure == SecureAggregation()
     assert AppConfig.from_run_config({}).secure is None
 
@@ -422,3 +430,51 @@ def test_mwfed_and_plain_mode_maxfl_refuse_secure_aggregation() -> None:
                                    "secure-aggregation": True})  # fmt: skip
     with pytest.raises(ValueError, match="cohort mode"):
         MaxFLStrategy(secure_aggregation=SecureAggregation())
+
+
+# ---------------------------------------------------------------------------- FedCG
+@pytest.mark.parametrize("mode", ["cohort", "plain"])
+def test_fedcg_under_secure_aggregation_reaches_the_plain_x(mode) -> None:
+    """FedCG's x after 2 rounds: the plain run's within the fixed-point error (the
+    directions' sums are reals), with the same rounded set; no report in the clear."""
+    from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+    from flower_app.clients.fedcg import ScoreTable, add_fedcg_handlers
+    from tests.test_hostile_replies import (
+        N_COHORT,
+        N_PLAIN,
+        _cohort_factory,
+        _cohort_nodes,
+        _facility,
+        _pid,
+    )  # fmt: skip
+    from tests.test_hostile_replies import M as HM
+
+    def strategy(**kw) -> FedCGStrategy:
+        if mode == "cohort":
+            server = FedCGServer(N_COHORT, UniformMatroid(HM, 2), 2, 0.0, LocalSteps(), 0.5,
+                                 seed=0)  # fmt: skip
+            return FedCGStrategy(cohorts=True, server=server, **kw)
+        return FedCGStrategy(k=2, seed=7, fraction_train=0.7, min_train_nodes=3, **kw)
+
+    def grid(mods: bool) -> Wiretap:
+        if mode == "cohort":
+            app = numpy_client_app(_cohort_factory(_facility(N_COHORT), True))
+            return Wiretap(3, {}, app=app, node_config=_cohort_nodes)
+        rows = _facility(N_PLAIN).values.toarray()
+        app = add_fedcg_handlers(
+            ClientApp(mods=[secure_aggregation_mod] if mods else []),
+            lambda context: ScoreTable(rows[int(context.node_config["partition-id"])]),
+        )
+        return Wiretap(N_PLAIN, {}, app=app, node_config=_pid)
+
+    plain = strategy()
+    plain.start(grid(False), ArrayRecord(), 2, timeout=2)
+    secure = strategy(secure_aggregation=SecureAggregation())
+    wiretap = grid(True)
+    secure.start(wiretap, ArrayRecord(), 2, timeout=2)
+    np.testing.assert_allclose(secure.server.x, plain.server.x, rtol=0, atol=1e-6)
+    assert secure.history[-1]["secagg-nodes"] >= 2
+    assert secure.history[-1]["bad-replies"] == 0
+    for msg in wiretap.received:
+        if msg.metadata.message_type.startswith("train") and not msg.has_error():
+            assert set(msg.content.array_records) <= {"secagg-vector"}

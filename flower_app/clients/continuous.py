@@ -168,7 +168,8 @@ class ContinuousClient(SubmodularClient):
             user_ids=local + self.first_user, entries=self._entries(local),
         )  # fmt: skip
         metrics = {"weight": float(weights.sum()), "ids-sent": int(sent)}
-        return encode_report(total), int(local.size), metrics
+        dense = bool(config.get("secure-aggregation", 0))  # SecAgg sums equal-length vectors
+        return encode_report(total, dense), int(local.size), metrics
 
     def _importance(self, parameters: list[np.ndarray], config: Config) -> tuple[list, int, dict]:
         if len(parameters) != 1:

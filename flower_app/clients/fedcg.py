@@ -268,8 +268,8 @@ def answer_direction(
             utility.gains, x, matroid, local, seed, t, uid,
             gradient=getattr(utility, "gradient", None),
         )  # fmt: skip
-    return _reply(msg, encode_report(total), **{"num-examples": 1, "n-elements": m,
-                                                "ids-sent": int(sent)})  # fmt: skip
+    report = encode_report(total, dense=bool(cfg.get("secure-aggregation", 0)))
+    return _reply(msg, report, **{"num-examples": 1, "n-elements": m, "ids-sent": int(sent)})
 
 
 def answer_histogram(msg: Message, context: Context, utility: Utility) -> Message:

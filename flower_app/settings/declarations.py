@@ -136,7 +136,8 @@ _DECLARED = (
     Setting(
         "secure-aggregation", "bool", False, _COMMON,
         "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
-        "the sum (FedSM and MaxFL families, MW-Fed excepted; docs/privacy.md)",
+        "the sum (FedSM, FedCG/FedCG+ and MaxFL families; not mwfed, fed-discrete-greedy, "
+        "FedSubAvg yet; docs/privacy.md)",
     ),
     Setting(
         "secagg-num-shares", "count", 1.0, _COMMON,

@@ -81,6 +81,7 @@ from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
 from flower_app.algorithms.fedsm import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
     CheckedReplies,
     InitialArraysError,
     RoundStrategy,
@@ -171,6 +172,11 @@ class FedCGStrategy(RoundStrategy):
         Least fraction of a round's clients whose replies must arrive and be accepted, else
         the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
         failed nodes are recorded per round).
+    secure_aggregation : SecureAggregation, optional
+        Sum each round's direction reports with secure aggregation
+        (:mod:`flower_app.privacy`): nodes report densely, the server learns Σ c_i Δ_i, Σ c_i,
+        the users and ``ids-sent`` (``n-elements`` in the clear); the checks above apply
+        to the sum. Fixed point: 2^-25 per coordinate and node (f = 24). Default None.
 
     Notes
     -----
@@ -180,6 +186,9 @@ class FedCGStrategy(RoundStrategy):
     counted in ``bad-replies`` and left out; the step is normalised by the weight that
     arrived. In plain mode every client has weight c_i = 1.
     """
+
+    supports_secure_aggregation = True
+    secure_public_metrics = ("n-elements",)
 
     def __init__(
         self,
@@ -418,6 +427,12 @@ class FedCGStrategy(RoundStrategy):
         for node in nodes:
             self._sent[node] = (1, 1.0)
         return [train_message(node, arrays, cfg, "direction") for node in nodes]
+
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Under secure aggregation: the summed reply stands for the nodes' users and weight."""
+        sent = [self._sent[n] for n in nodes if n in self._sent]
+        self._sent[SUMMED_SENDER] = (sum(n for n, _ in sent), float(sum(w for _, w in sent)))
+        return SUMMED_SENDER
 
     def decode_train_reply(self, src: int, reply: Message) -> tuple:
         """Decode one direction report: ``(vector, users, weight, bytes, ids, m)``."""
