@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from flower_app.privacy import SecureAggregation
 
 #: the families whose strategies take ``secure-aggregation`` = true
-SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg")
+SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg", "fedsubavg")
 #: algorithms of those families that refuse it (their step is not a function of a sum)
-NOT_SECURE = ("mwfed", "fed-discrete-greedy")
+NOT_SECURE = ("mwfed", "fed-discrete-greedy", "central-sgd")
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
 

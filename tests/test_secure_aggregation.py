@@ -332,7 +332,7 @@ def test_neighbour_rings_are_seeded_and_symmetric() -> None:
 
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
-    with pytest.raises(ValueError, match="does not support secure aggregation"):
+    with pytest.raises(ValueError, match="cohort mode"):
         FedSubAvgStrategy(secure_aggregation=SecureAggregation())
     with pytest.raises(ValueError, match="does not support secure aggregation"):
         FedDiscreteGreedyStrategy(secure_aggregation=SecureAggregation())
@@ -370,7 +370,7 @@ def test_secure_aggregation_is_refused_for_families_without_it() -> None:
     from flower_app.config import AppConfig, ConfigError
 
     with pytest.raises(ConfigError, match="'secure-aggregation' = true is implemented for"):
-        AppConfig.from_run_config({"algorithm": "fedsubavg", "secure-aggregation": True,
+        AppConfig.from_run_config({"algorithm": "central-sgd", "secure-aggregation": True,
                                    "dataset": "synthetic-movielens-rating"})  # fmt: skip
     assert AppConfig.from_run_config({"secure-aggregation": True}).secure == SecureAggregation()
     assert AppConfig.from_run_config({}).secure is None
@@ -478,3 +478,46 @@ def test_fedcg_under_secure_aggregation_reaches_the_plain_x(mode) -> None:
     for msg in wiretap.received:
         if msg.metadata.message_type.startswith("train") and not msg.has_error():
             assert set(msg.content.array_records) <= {"secagg-vector"}
+
+
+# ---------------------------------------------------------------------------- FedSubAvg
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "fedadam-sub", "scaffold-sub"])
+def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algorithm) -> None:
+    """Cohort mode: the heat is counted exactly by a secure sum, the model after 4 rounds is
+    the direct engine's within the fixed-point error, and the server receives neither a
+    node's update nor any user's index set (the full model goes down instead)."""
+    from flower_app.algorithms.fedsubavg import LocalConfig
+    from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
+    from flower_app.config import AppConfig
+    from flower_app.runners.fedsubavg import load_task
+    from flower_app.strategies.fedsubavg import (
+        FedAdamSubStrategy,
+        ScaffoldSubStrategy,
+    )
+
+    cls = {"fedsubavg": FedSubAvgStrategy, "fedadam-sub": FedAdamSubStrategy,
+           "scaffold-sub": ScaffoldSubStrategy}[algorithm]  # fmt: skip
+    run_config = {"algorithm": algorithm, "dataset": "synthetic-movielens-rating",
+                  "num-users": 45, "num-elements": 40, "clients-per-round": 8,
+                  "fsa-rounds": 4, "seed": 5}  # fmt: skip
+    cfg = AppConfig.from_run_config(run_config)
+    task = load_task(cfg)
+    strategy = cls(cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
+                   clients_per_round=8, seed=5, secure_aggregation=SecureAggregation())  # fmt: skip
+    grid = Wiretap(3, cfg.to_dict())
+    strategy.start(grid, num_rounds=4)
+    x, history, heat = run_direct_rounds(task, RunSpec(algorithm, 4, 8, seed=5,
+                                                       local=LocalConfig()))  # fmt: skip
+    assert np.array_equal(strategy.heat.clients, heat.clients)  # integers: exact
+    assert np.array_equal(strategy.heat.samples, heat.samples)
+    np.testing.assert_allclose(strategy.x, x, rtol=0, atol=1e-5)
+    assert np.abs(x).max() > 1e-3
+    rows = [r for r in strategy.history if r["server-round"] >= 1]
+    for fl, di in zip(rows, history, strict=True):
+        assert fl["clients"] == di["clients"] == 8 and fl["bad-replies"] == 0
+        assert fl["union-rows"] == di["union-rows"]  # the union is what the server learns
+    for msg in grid.received:
+        assert msg.metadata.message_type != "query.submodel"  # no index sets asked for
+        if msg.metadata.message_type.startswith("train") and not msg.has_error():
+            assert set(msg.content.array_records) <= {"secagg-vector"}
+            assert "properties" not in msg.content.config_records

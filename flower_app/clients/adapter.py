@@ -108,7 +108,7 @@ def handle_evaluate(msg: Message, context: Context, factory: ClientFactory) -> M
 #: the named actions the strategies of this package send, by message category
 ACTIONS: dict[str, tuple[str, ...]] = {
     "query": ("cohort", "feature_heat", "submodel"),
-    "train": ("direction", "histogram", "importance", "discrete"),
+    "train": ("direction", "histogram", "importance", "discrete", "feature_heat"),
     "evaluate": ("appeal", "metrics"),
 }
 

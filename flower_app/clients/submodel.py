@@ -30,6 +30,13 @@ terms:
     ``weight-sum`` (Σ c_i) and ``samples`` (Σ n_i).
 ``evaluate([x float64 (M,)], config)``
     the cohort's mean training loss under the full model ``x``.
+
+Under secure aggregation (``secure-aggregation`` in the config; the strategy sends
+everything through :mod:`flower_app.privacy`) the counting round is a
+``train.feature_heat`` message answered with dense ``[clients int64 (M,), samples int64
+(M,)]`` and metric ``num-samples``; ``fit`` gets ``[users, x float64 (M,)]`` (the full
+model: the server does not learn the users' index sets) and returns one dense float64
+(M,) vector of Σ_i c_i Δx_i.
 """
 
 from __future__ import annotations
@@ -147,19 +154,32 @@ class SubmodelClient(NumPyClient):
         ValueError
             If the download is malformed or a user's rows are not its submodel.
         """
-        if len(parameters) != 4:
-            raise ValueError("fit expects [users, offsets, rows, values]")
-        users = self._own(parameters[0])
-        offsets = np.asarray(parameters[1]).astype(np.int64, copy=False).ravel()
-        rows = np.asarray(parameters[2]).astype(np.int64, copy=False).ravel()
-        values = np.asarray(parameters[3], dtype=np.float64).ravel()
-        own_rows, ptr = gather_submodels(self.task, users)
-        if offsets.shape != ptr.shape or not np.array_equal(offsets, ptr):
-            raise ValueError("the download's offsets do not match the users' submodels")
-        if rows.shape != own_rows.shape or not np.array_equal(rows, own_rows):
-            raise ValueError("the download's rows are not the users' submodels S(i)")
-        if values.shape != rows.shape or not np.all(np.isfinite(values)):
-            raise ValueError("the download needs one finite value per row")
+        secure = bool(config.get("secure-aggregation", 0))
+        if config.get("kind") == "feature_heat":
+            return self._dense_heat()
+        if secure:  # the full model came: the node cuts its users' submodels itself
+            if len(parameters) != 2:
+                raise ValueError("fit under secure aggregation expects [users, x]")
+            users = self._own(parameters[0])
+            x = np.asarray(parameters[1], dtype=np.float64).ravel()
+            if x.shape != (self.task.n_params,) or not np.all(np.isfinite(x)):
+                raise ValueError(f"the download must be the finite model ({self.task.n_params},)")
+            own_rows, ptr = gather_submodels(self.task, users)
+            values = x[own_rows]
+        else:
+            if len(parameters) != 4:
+                raise ValueError("fit expects [users, offsets, rows, values]")
+            users = self._own(parameters[0])
+            offsets = np.asarray(parameters[1]).astype(np.int64, copy=False).ravel()
+            rows = np.asarray(parameters[2]).astype(np.int64, copy=False).ravel()
+            values = np.asarray(parameters[3], dtype=np.float64).ravel()
+            own_rows, ptr = gather_submodels(self.task, users)
+            if offsets.shape != ptr.shape or not np.array_equal(offsets, ptr):
+                raise ValueError("the download's offsets do not match the users' submodels")
+            if rows.shape != own_rows.shape or not np.array_equal(rows, own_rows):
+                raise ValueError("the download's rows are not the users' submodels S(i)")
+            if values.shape != rows.shape or not np.all(np.isfinite(values)):
+                raise ValueError("the download needs one finite value per row")
         weighting = str(config.get("weighting", "clients"))
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r}: choose one of {WEIGHTINGS}")
@@ -181,7 +201,21 @@ class SubmodelClient(NumPyClient):
         )
         samples = int(self.task.samples_per_client()[users].sum())
         metrics = {"weight-sum": float(update.weight), "samples": samples}
+        if secure:  # dense: only equal-length vectors can be summed, and rows would show S(i)
+            dense = np.zeros(self.task.n_params)
+            dense[update.rows] = update.sums
+            return [dense], int(users.size), metrics
         return [update.rows.astype(np.int64), update.sums], int(users.size), metrics
+
+    def _dense_heat(self) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+        """Answer the counting round under secure aggregation with dense per-row counts."""
+        rows, clients, samples = count_heat(self.task, self.users)
+        dense_clients = np.zeros(self.task.n_params, dtype=np.int64)
+        dense_samples = np.zeros(self.task.n_params, dtype=np.int64)
+        dense_clients[rows] = clients
+        dense_samples[rows] = samples
+        n_samples = int(self.task.samples_per_client()[self.users].sum())
+        return [dense_clients, dense_samples], self.num_users, {"num-samples": n_samples}
 
     def evaluate(self, parameters: list[np.ndarray], config: Config) -> tuple[float, int, dict]:
         """Return the cohort's mean training loss under the full model ``parameters[0]``.

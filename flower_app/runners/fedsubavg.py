@@ -257,6 +257,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
         weighting=spec.weighting, adam=spec.adam, seed=spec.seed, on_round=writer.log_round,
         discovery_timeout=cfg.discovery_timeout, min_reply_fraction=cfg.min_reply_fraction,
+        secure_aggregation=cfg.secure,
     )  # fmt: skip
     initial: dict[str, float] = {}
 
@@ -334,6 +335,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=run.writer.log_round,
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
+        secure_aggregation=cfg.secure,
     )
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

@@ -136,8 +136,7 @@ _DECLARED = (
     Setting(
         "secure-aggregation", "bool", False, _COMMON,
         "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
-        "the sum (FedSM, FedCG/FedCG+ and MaxFL families; not mwfed, fed-discrete-greedy, "
-        "FedSubAvg yet; docs/privacy.md)",
+        "the sum (every family; not mwfed, fed-discrete-greedy, central-sgd; docs/privacy.md)",
     ),
     Setting(
         "secagg-num-shares", "count", 1.0, _COMMON,

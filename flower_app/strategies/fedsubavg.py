@@ -52,8 +52,9 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat, rows_key
-from flower_app.privacy.secagg_server import SecureAggregation
+from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
     CheckedReplies,
     InitialArraysError,
     NotEnoughNodesError,
@@ -65,6 +66,7 @@ from flower_app.strategies.base import (
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.fedsubavg_cohorts import (
     HEAT_QUERY,
+    HEAT_TRAIN,
     BadReplyError,
     add_heat_report,
     decode_index_sets,
@@ -210,6 +212,8 @@ class FedSubAvgStrategy(RoundStrategy):
 
     algorithm = "fedsubavg"
 
+    supports_secure_aggregation = True
+
     def __init__(
         self,
         sparse_keys: Sequence[str] = (),
@@ -286,6 +290,11 @@ class FedSubAvgStrategy(RoundStrategy):
             self.x = np.zeros(self.n_params)
         # cohort mode checkpoints x, the server step's state and the client sampler
         self.resumable = self.cohorts_mode
+        if secure_aggregation is not None and not self.cohorts_mode:
+            raise ValueError(
+                "FedSubAvgStrategy supports secure aggregation in cohort mode (cohorts=True); "
+                "plain mode's per-node submodel downloads are not covered yet"
+            )
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Return the cohort-mode server state.
@@ -425,6 +434,8 @@ class FedSubAvgStrategy(RoundStrategy):
         """
         if self.cohorts is None:
             raise RuntimeError("discovery has not run")
+        if self.secure_aggregation is not None:
+            return self._count_heat_secure(grid)
         heat = FeatureHeat.zeros(self.n_params)
         messages = heat_messages(self.cohorts.node_ids, {"kind": "feature-heat"})
         for reply in self.send(grid, messages):
@@ -441,13 +452,48 @@ class FedSubAvgStrategy(RoundStrategy):
             )
         return heat
 
+    def _count_heat_secure(self, grid: Grid) -> FeatureHeat:
+        """Run the counting round as a secure sum of dense per-row counts (all nodes)."""
+        assert self.cohorts is not None and self.secure_aggregation is not None
+        content = RecordDict({"config": ConfigRecord({"kind": "feature_heat"})})
+        messages = [
+            Message(content, dst_node_id=int(n), message_type=HEAT_TRAIN, group_id="heat")
+            for n in self.cohorts.node_ids
+        ]
+        outcome = secure_sum(
+            lambda msgs: self.send(grid, msgs), messages, self.secure_aggregation,
+            random.Random(f"{self.seed}-secagg-heat"), 0,
+        )  # fmt: skip
+        if outcome.failed or outcome.content is None:
+            raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")
+        arrays = outcome.content.array_records["arrays"]
+        clients, samples = arrays["0"].numpy(), arrays["1"].numpy()
+        metrics = outcome.content.metric_records["metrics"]
+        rows = np.flatnonzero(clients)
+        heat = FeatureHeat.zeros(self.n_params)
+        heat.add(rows, clients[rows], samples[rows], int(metrics["num-examples"]),
+                 int(metrics["num-samples"]))  # fmt: skip
+        if heat.n_clients != self.n_clients:
+            raise RuntimeError(
+                f"counting round covered {heat.n_clients} of {self.n_clients} clients"
+            )
+        return heat
+
     # ------------------------------------------------------------------ rounds
     def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
-        """Cohort mode: sample K users and fetch their index sets S(i) (Alg. 1, line 5)."""
+        """Cohort mode: sample K users and fetch their index sets S(i) (Alg. 1, line 5).
+
+        Under secure aggregation the index sets are not asked for: every node gets the
+        full model and cuts its users' submodels itself.
+        """
         if not self.cohorts_mode:
             return
         assert self.cohorts is not None and self.sampler is not None
         groups = self.group_users(self.sampler.sample())
+        if self.secure_aggregation is not None:
+            self._index_sets = {n: (users, np.zeros(0), np.zeros(0)) for n, users in groups.items()}
+            self._round_stats = {"bad-replies": 0, "bytes-up": 0}
+            return
         replies = self.send(grid, index_set_messages(server_round, groups))
         checked = self.check(
             replies,
@@ -520,6 +566,8 @@ class FedSubAvgStrategy(RoundStrategy):
         messages, self._sent = [], {}
         down = 0
         sizes: list[np.ndarray] = []
+        if self.secure_aggregation is not None:
+            return self._secure_train_messages(server_round, train_config)
         for node_id, (node_users, offsets, rows) in self._index_sets.items():
             record = ArrayRecord(
                 {
@@ -551,8 +599,55 @@ class FedSubAvgStrategy(RoundStrategy):
         )
         return messages
 
+    def _secure_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
+        """Secure aggregation: the full model and the node's users (no index sets)."""
+        messages, self._sent, down = [], {}, 0
+        for node_id, (node_users, _, _) in self._index_sets.items():
+            record = ArrayRecord(
+                {"0": Array(node_users.astype(np.int64)), "1": Array(self.x.astype(np.float64))}
+            )
+            down += record.count_bytes()
+            self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
+            messages.append(
+                Message(
+                    RecordDict({"arrays": record, "config": config}),
+                    dst_node_id=node_id,
+                    message_type=MessageType.TRAIN,
+                    group_id=f"train-{server_round}",
+                )
+            )
+        self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
+        return messages
+
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Under secure aggregation: the summed reply stands for the nodes' users."""
+        self._sent[SUMMED_SENDER] = (
+            sum(self._sent[n][0] for n in nodes if n in self._sent),
+            np.zeros(0, dtype=np.int64),
+        )
+        return SUMMED_SENDER
+
+    def _decode_summed(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
+        """Decode a securely aggregated round: the union is where the sum is non-zero."""
+        record = reply.content.array_records["arrays"]
+        metrics = dict(reply.content.metric_records["metrics"])
+        if list(record.keys()) != ["0"] or record["0"].shape != (self.n_params,):
+            raise ValueError(f"the summed update must be one ({self.n_params},) array")
+        dense = record["0"].numpy().astype(np.float64)
+        if not np.all(np.isfinite(dense)):
+            raise ValueError("the summed update is not finite")
+        users = int_metric(metrics, "num-examples")
+        if users != self._sent[SUMMED_SENDER][0]:
+            raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
+        rows = np.flatnonzero(dense)
+        weight = float(metrics["weight-sum"])
+        part = RoundUpdate(rows.astype(np.int64), dense[rows], users, weight)
+        return part, 0, {}
+
     def decode_train_reply(self, src: int, reply: Message) -> tuple[RoundUpdate, int, dict]:
         """Check one node's reply; return its weighted update, payload bytes and metrics."""
+        if src == SUMMED_SENDER:
+            return self._decode_summed(reply)
         record = reply.content.array_records["arrays"]
         metrics = dict(reply.content.metric_records["metrics"])
         if self.cohorts_mode:
@@ -591,7 +686,7 @@ class FedSubAvgStrategy(RoundStrategy):
         assert self.server is not None
         sent = self._sent if self.cohorts_mode else self._sent_values
         order = {n: i for i, n in enumerate(sent)}
-        accepted = sorted(checked.accepted, key=lambda item: order[item[0]])
+        accepted = sorted(checked.accepted, key=lambda item: order.get(item[0], -1))
         update = merge_updates([part for _, (part, _, _) in accepted])
         self.server.step(self.x, update, server_round)
         bad = checked.left_out + int(self._round_stats.get("bad-replies", 0))
@@ -603,7 +698,7 @@ class FedSubAvgStrategy(RoundStrategy):
             "bad-replies": bad,
             "bytes-up": up,
             "clients": update.clients,
-            "nodes": len(sent),
+            "nodes": len([n for n in sent if n != SUMMED_SENDER]),
             "union-rows": int(update.rows.size),
         }
         if self.cohorts_mode:

@@ -19,6 +19,7 @@ from flower_app.strategies.base import int_metric
 
 __all__ = [
     "HEAT_QUERY",
+    "HEAT_TRAIN",
     "SUBMODEL_QUERY",
     "BadReplyError",
     "add_heat_report",
@@ -30,6 +31,8 @@ __all__ = [
 
 #: the counting round (plain and cohort mode)
 HEAT_QUERY = f"{MessageType.QUERY}.feature_heat"
+#: the counting round under secure aggregation (dense counts, summed unseen)
+HEAT_TRAIN = f"{MessageType.TRAIN}.feature_heat"
 #: the sampled users' index sets (cohort mode)
 SUBMODEL_QUERY = f"{MessageType.QUERY}.submodel"
 
