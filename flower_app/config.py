@@ -83,8 +83,10 @@ class AppConfig:
         the file, its column names, an optional item-name table (docs/own-data.md).
     secure_aggregation : bool
         Sum each round's replies with secure aggregation (see :attr:`secure`).
-    secagg_num_shares, secagg_reconstruction_threshold : int or float
-        Its neighbourhood size and threshold (counts, or fractions).
+    secagg_num_shares : int
+        Its neighbourhood size (0: 2⌈log₂ n⌉ + 1).
+    secagg_reconstruction_threshold : int or float
+        Its threshold (a count, or a fraction of the neighbourhood).
     secagg_frac_bits : int
         Its fixed-point fractional bits.
     extra : tuple of (str, Any)
@@ -116,7 +118,7 @@ class AppConfig:
     data_columns: str
     item_names: str
     secure_aggregation: bool
-    secagg_num_shares: int | float
+    secagg_num_shares: int
     secagg_reconstruction_threshold: int | float
     secagg_frac_bits: int
     extra: tuple[tuple[str, Any], ...] = ()
@@ -192,7 +194,7 @@ class AppConfig:
         from flower_app.privacy import SecureAggregation
 
         return SecureAggregation(
-            num_shares=self.secagg_num_shares,
+            num_shares=self.secagg_num_shares or None,
             reconstruction_threshold=self.secagg_reconstruction_threshold,
             frac_bits=self.secagg_frac_bits,
         )

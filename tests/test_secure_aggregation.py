@@ -94,7 +94,10 @@ def test_a_value_too_large_to_sum_is_refused_with_its_name() -> None:
 
 
 def test_settings_plan_shares_and_threshold() -> None:
-    assert SecureAggregation().plan(10) == (10, 5)
+    assert SecureAggregation().plan(10) == (9, 5)  # 2⌈log2 10⌉ + 1
+    assert SecureAggregation().plan(100) == (15, 8)
+    assert SecureAggregation().plan(5) == (5, 3)
+    assert SecureAggregation(num_shares=1.0).plan(10) == (10, 5)
     assert SecureAggregation(num_shares=0.3).plan(100) == (31, 16)
     assert SecureAggregation(num_shares=4, reconstruction_threshold=3).plan(100) == (5, 3)
     with pytest.raises(ValueError, match="frac_bits"):

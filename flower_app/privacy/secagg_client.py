@@ -43,6 +43,7 @@ import os
 from typing import Any, cast
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
@@ -154,7 +155,9 @@ def _share_keys(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         raise ValueError("secure aggregation: the server relayed wrong keys for this node")
     seed = os.urandom(32)
     seed_shares = create_shares(seed, state["threshold"], len(nodes))
-    sk1_shares = create_shares(state["sk1"], state["threshold"], len(nodes))
+    # the raw private scalar (48 bytes on P-384), not the 306-byte PEM: 4 Shamir chunks
+    # instead of 20, the server's key rebuild is ec.derive_private_key (cryptography)
+    sk1_shares = create_shares(_scalar(state["sk1"]), state["threshold"], len(nodes))
     sk2 = bytes_to_private_key(state["sk2"])
     dsts: list[str] = []
     cts: list[bytes] = []
@@ -183,6 +186,14 @@ def _share_keys(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[st
         }
     )
     return {"destinations": dsts, "ciphertexts": cts}
+
+
+def _scalar(private_key: bytes) -> bytes:
+    """Return a private key's scalar as big-endian bytes of the curve's size."""
+    key = bytes_to_private_key(private_key)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    size = (key.curve.key_size + 7) // 8
+    return key.private_numbers().private_value.to_bytes(size, "big")
 
 
 def _collect(

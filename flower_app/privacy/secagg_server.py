@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from flower_app.privacy.fixed_point import Entry, decode_sum, mask_stream
 from flower_app.privacy.secagg_client import SECAGG_RECORD
@@ -61,9 +62,10 @@ class SecureAggregation:
     Parameters
     ----------
     num_shares : int or float, optional
-        Neighbours each node shares its secrets with, itself included: a count, or a
-        fraction of the round's nodes (default 1.0: every node, i.e. SecAgg; SecAgg+ uses
-        O(log n)). Rounded up to an odd number when below the node count.
+        Neighbours each node shares its secrets with, itself included: a count, a
+        fraction of the round's nodes (1.0: every node, i.e. SecAgg), or None (default:
+        2⌈log₂ n⌉ + 1, SecAgg+'s O(log n) neighbourhood; every node up to n = 9). Rounded
+        up to an odd number when below the node count.
     reconstruction_threshold : int or float, optional
         Shares needed to rebuild a secret: a count, or a fraction of ``num_shares``
         (default 0.5; at least 2). Up to ``num_shares − threshold`` neighbours of a node
@@ -75,7 +77,7 @@ class SecureAggregation:
         Fewest nodes a secure round may have (default 2: a "sum" of one node is its reply).
     """
 
-    num_shares: int | float = 1.0
+    num_shares: int | float | None = None
     reconstruction_threshold: int | float = 0.5
     frac_bits: int = 24
     min_nodes: int = 2
@@ -85,6 +87,8 @@ class SecureAggregation:
             raise ValueError(f"frac_bits={self.frac_bits}: expected 0..52")
         for name in ("num_shares", "reconstruction_threshold"):
             value = getattr(self, name)
+            if value is None and name == "num_shares":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name}={value!r}: expected a positive count or fraction")
             if isinstance(value, float) and value > 1.0:
@@ -95,7 +99,12 @@ class SecureAggregation:
     def plan(self, nodes: int) -> tuple[int, int]:
         """Return (shares, threshold) for a round of ``nodes`` nodes."""
         shares = self.num_shares
-        count = math.ceil(shares * nodes) if isinstance(shares, float) else int(shares)
+        if shares is None:
+            count = 2 * math.ceil(math.log2(max(nodes, 2))) + 1
+        elif isinstance(shares, float):
+            count = math.ceil(shares * nodes)
+        else:
+            count = int(shares)
         count = max(min(count, nodes), min(nodes, 3))
         if count < nodes and count % 2 == 0:
             count += 1
@@ -108,7 +117,7 @@ class SecureAggregation:
         """Return the settings as run_config-style entries (for ``config.json``)."""
         return {
             "secure-aggregation": True,
-            "secagg-num-shares": self.num_shares,
+            "secagg-num-shares": 0 if self.num_shares is None else self.num_shares,
             "secagg-reconstruction-threshold": self.reconstruction_threshold,
             "secagg-frac-bits": int(self.frac_bits),
         }
@@ -399,7 +408,9 @@ def secure_sum(
         if node in alive:
             total -= mask_stream(secret, size)
             continue
-        sk1 = bytes_to_private_key(secret)
+        # the dead node's first private key, shared as its raw scalar (see the client)
+        curve = bytes_to_public_key(keys[node][0]).curve
+        sk1 = ec.derive_private_key(int.from_bytes(secret, "big"), curve)
         for other in ring[node]:
             if other == node or other not in alive:
                 continue

@@ -139,9 +139,9 @@ _DECLARED = (
         "the sum (every family; not mwfed, fed-discrete-greedy, central-sgd; docs/privacy.md)",
     ),
     Setting(
-        "secagg-num-shares", "count", 1.0, _COMMON,
-        "secure aggregation: neighbours each node shares its secrets with, a count or a "
-        "fraction of the round's nodes (1.0 = all, SecAgg)",
+        "secagg-num-shares", "int", 0, _COMMON,
+        "secure aggregation: neighbours each node shares its secrets with, itself included "
+        "(0 = 2*ceil(log2 n)+1, SecAgg+; n or more = every node, SecAgg)", ge=0,
     ),
     Setting(
         "secagg-reconstruction-threshold", "count", 0.5, _COMMON,
