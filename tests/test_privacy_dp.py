@@ -147,3 +147,66 @@ def test_dp_is_refused_where_it_is_not_implemented() -> None:
         fedsm_params(cfg)
     with pytest.raises(ValueError, match="rng='per-user'"):
         FedSMRun(10, UniformMatroid(5, 2), 2, FedSMParams(rng="batched", dp_epsilon=1.0), 1.0)
+
+
+# ---------------------------------------------------------------------------- MaxFL
+MAXFL_DP = {
+    "algorithm": "maxfl", "dataset": "synthetic-emnist", "num-users": 6,
+    "clients-per-round": 4, "maxfl-rounds": 3, "maxfl-eval-every": 3,
+    "maxfl-participation": "all", "maxfl-solo-steps": 20, "maxfl-local-steps": 5, "seed": 4,
+    "secure-aggregation": True, "maxfl-dp-noise": 0.8, "maxfl-dp-clip": 0.5,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ["maxfl", "fedavg"])
+def test_dp_maxfl_on_flower_nodes_matches_the_direct_engine(tmp_path, algorithm) -> None:
+    """Distributed noise from the clients' own streams: the Flower run under secure
+    aggregation reaches the direct engine's model within the fixed-point error, with the
+    same ε per round (RDP accountant), no training loss released, and a model that the
+    noise moved away from the non-private one."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+    from flower_app.runners import maxfl as runner
+
+    def cfg(name: str, **extra) -> AppConfig:
+        out = {"output-dir": str(tmp_path), "run-name": name}
+        return AppConfig.from_run_config({**MAXFL_DP, "algorithm": algorithm, **extra, **out})
+
+    def rows(name: str) -> list[dict]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["server-round"] >= 1]
+
+    run_direct(cfg("direct"))
+    runner.server_run(LocalGrid(3, {**MAXFL_DP, "algorithm": algorithm}), cfg("flower"))
+    run_direct(cfg("plain", **{"maxfl-dp-noise": 0.0, "secure-aggregation": False}))
+    model = {n: np.load(tmp_path / n / "model.npz") for n in ("direct", "flower", "plain")}
+    for key in model["direct"].files:
+        np.testing.assert_allclose(model["flower"][key], model["direct"][key], rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    moved = max(np.abs(model["direct"][k] - model["plain"][k]).max() for k in model["plain"].files)
+    assert moved > 1e-3
+    eps = [r["dp-epsilon"] for r in rows("direct")]
+    assert eps == pytest.approx([r["dp-epsilon"] for r in rows("flower")], rel=1e-12)
+    assert eps == sorted(eps) and eps[0] > 0  # composed over rounds
+    assert all(r.get("train-loss") is None for r in rows("flower"))  # not released
+
+
+def test_gaussian_accounting_and_refusals() -> None:
+    from flower_app.algorithms.gaussian_dp import GaussianDP, gaussian_epsilon
+    from flower_app.config import AppConfig, ConfigError
+    from flower_app.runners.maxfl import settings
+
+    # more noise, fewer rounds or a smaller sample: less ε
+    base = gaussian_epsilon(1.0, 10, 100, 50, 1e-5)
+    assert gaussian_epsilon(2.0, 10, 100, 50, 1e-5) < base
+    assert gaussian_epsilon(1.0, 10, 100, 10, 1e-5) < base
+    assert gaussian_epsilon(1.0, 5, 100, 50, 1e-5) < base
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        GaussianDP(0.0)
+    for bad, match in [({"secure-aggregation": False}, "secure-aggregation = true"),
+                       ({"maxfl-participation": "flexible"}, "participation = 'all'"),
+                       ({"algorithm": "qffl"}, "implemented for maxfl, fedavg")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            settings(AppConfig.from_run_config({**MAXFL_DP, **bad}))

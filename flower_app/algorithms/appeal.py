@@ -292,13 +292,14 @@ def outcome_row(outcome: TrainOutcome) -> dict[str, Any]:
     ``users``, ``bad-replies``, ``q-mean``, ``train-loss`` (None if no client trained) and
     the transport's extras (``outcome.info``).
     """
-    if outcome.q_sum is not None and outcome.loss_sum is not None:  # sums only (SecAgg)
+    if outcome.q_sum is not None:  # sums only (SecAgg); no loss under DP
         users = max(outcome.users, 1)
+        loss = outcome.loss_sum
         return {
             "users": outcome.users,
             "bad-replies": outcome.bad_replies,
             "q-mean": outcome.q_sum / users if outcome.users else 0.0,
-            "train-loss": outcome.loss_sum / users if outcome.users else None,
+            "train-loss": loss / users if outcome.users and loss is not None else None,
             **outcome.info,
         }
     return {

@@ -22,6 +22,10 @@ The NumPyClient methods and what they exchange (the strategy side is
     of int 0/1: F_k(w) < ρ_k with the loss as reported). Under secure aggregation
     (``secure-aggregation`` in the config) the metrics are sums only: ``q-sum``,
     ``loss-sum``, ``h-sum`` (MW-Fed refuses it: its step needs each client's ``met``).
+    With client-level DP (``dp-noise``, ``dp-clip``, ``dp-clients`` in the config; MaxFL and
+    FedAvg) each client's update is clipped, weighted and noised before it is summed
+    (:func:`flower_app.algorithms.gaussian_dp.privatize`) and the metrics are ``q-sum``
+    (Σ (q_k C + noise) / C) and ``h-sum`` = 0: no loss is released.
 ``evaluate(parameters, {"kind": "appeal", "users"})``
     metrics ``appealing``: the listed clients for which F_k(w) < ρ_k (requirement split).
     Byzantine clients always opt in (an attacker wants to be sampled; they lie about their
@@ -44,6 +48,7 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
+from flower_app.algorithms.gaussian_dp import DP_ALGORITHMS, DP_NOISE, GaussianDP, privatize
 from flower_app.algorithms.learning import (
     LOCAL_RULES,
     LocalConfig,
@@ -139,6 +144,14 @@ def byzantine_clients(n_seen: int, fraction: float, seed: int) -> np.ndarray:
     count = int(round(fraction * n_seen))
     rng = np.random.default_rng([int(seed), 4])
     return np.sort(rng.choice(n_seen, size=count, replace=False)) if count else np.zeros(0, int)
+
+
+def dp_settings(config: dict[str, Any]) -> GaussianDP | None:
+    """Return the round's client-level DP settings from a train config, or None."""
+    noise = float(config.get("dp-noise", 0.0))
+    if noise <= 0:
+        return None
+    return GaussianDP(noise, float(config["dp-clip"]))
 
 
 class LearningClient(NumPyClient):
@@ -293,9 +306,14 @@ class LearningClient(NumPyClient):
             for u, share in zip(users, shares, strict=True)
         ]
         results = train_users(requests, batched=self.local.batched)
+        dp = dp_settings(config)
+        q_terms = 0.0
         for u, res in zip(users, results, strict=True):
             if res.new_control is not None:
                 self.state.set_control(u, res.new_control)
+            if dp is not None:  # clip, weight and add this client's share of the noise
+                res.arrays, q_term = self._privatize(res, dp, config, server_round, u)
+                q_terms += q_term
             sums = (
                 res.arrays
                 if sums is None
@@ -306,6 +324,8 @@ class LearningClient(NumPyClient):
             met.append(int(res.met))
             h_sum += res.h
         assert sums is not None, "fit needs at least one client"
+        if dp is not None:  # Σ (q_k C + noise) / C; no loss: it is not privatised
+            return sums, len(users), {"q-sum": q_terms / dp.clip, "h-sum": 0.0}
         if config.get("secure-aggregation"):  # only sums: the server sees Σ over all nodes
             if self.rule.reports_met:
                 raise ValueError(f"{self.algorithm} needs per-client replies, not sums")
@@ -316,6 +336,21 @@ class LearningClient(NumPyClient):
         if self.rule.reports_met:
             metrics["met"] = met
         return sums, len(users), metrics
+
+    def _privatize(
+        self, res: Any, dp: GaussianDP, config: dict[str, Any], server_round: int, user: int
+    ) -> tuple[list[np.ndarray], float]:
+        """Clip, weight and noise one client's update (see ``gaussian_dp.privatize``)."""
+        if self.algorithm not in DP_ALGORITHMS:
+            raise ValueError(f"{self.algorithm} has no client-level DP here ({DP_ALGORITHMS})")
+        if self.algorithm == "maxfl":  # res.arrays = q_k Δ_k
+            q = float(res.q)
+            zeros = [np.zeros_like(a) for a in res.arrays]
+            delta = [a / q for a in res.arrays] if q > 0 else zeros
+        else:
+            q, delta = None, res.arrays
+        rng = np.random.default_rng([int(self.seed), int(server_round), int(user), DP_NOISE])
+        return privatize(delta, q, dp, int(config["dp-clients"]), rng)
 
     def evaluate(
         self, parameters: list[np.ndarray], config: dict[str, Any]

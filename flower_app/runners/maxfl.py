@@ -24,10 +24,22 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.gaussian_dp import (
+    DP_ALGORITHMS,
+    GaussianDP,
+    dp_config,
+    dp_round_info,
+    q_sum_floor,
+)
 from flower_app.algorithms.learning import LocalConfig
 from flower_app.algorithms.participation import ParticipationSampler
 from flower_app.clients.cohorts import cohort_range
-from flower_app.clients.learning import DictState, LearningClient, RecordState, byzantine_clients
+from flower_app.clients.learning import (
+    DictState,
+    LearningClient,
+    RecordState,
+    byzantine_clients,
+)
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import Federation, build_federation
 from flower_app.models.mlp import init_weights
@@ -78,6 +90,8 @@ class MaxFLSettings:
         Data settings and the Byzantine fraction of seen clients.
     local : LocalConfig
         Client hyperparameters.
+    dp : GaussianDP or None
+        Client-level Gaussian DP (``maxfl-dp-noise`` > 0), or None.
     """
 
     algorithm: str
@@ -102,6 +116,7 @@ class MaxFLSettings:
     train_fraction: float
     byzantine: float
     local: LocalConfig
+    dp: GaussianDP | None = None
 
     @property
     def n_clients(self) -> int:
@@ -137,6 +152,25 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         raise ConfigError(
             f"run_config 'clients-per-round' = {per_round} exceeds the {n_seen} seen clients"
         )
+    dp = None
+    if float(cfg.get("maxfl-dp-noise")) > 0:
+        dp = GaussianDP(float(cfg.get("maxfl-dp-noise")), float(cfg.get("maxfl-dp-clip")),
+                        float(cfg.get("maxfl-dp-delta")))  # fmt: skip
+        if cfg.algorithm not in DP_ALGORITHMS:
+            raise ConfigError(
+                f"run_config 'maxfl-dp-noise' > 0 (client-level DP) is implemented for "
+                f"{', '.join(DP_ALGORITHMS)}, not {cfg.algorithm!r}"
+            )
+        if str(cfg.get("maxfl-participation")) != "all":
+            raise ConfigError(
+                "run_config 'maxfl-dp-noise' > 0 needs maxfl-participation = 'all': the "
+                "flexible opt-in test reveals each client's appeal, outside the DP guarantee"
+            )
+        if not cfg.secure_aggregation:
+            raise ConfigError(
+                "run_config 'maxfl-dp-noise' > 0 needs secure-aggregation = true: the noise is "
+                "added by the clients, so only a securely aggregated sum is private"
+            )
     local = LocalConfig(
         lr=float(cfg.get("maxfl-lr")),
         batch_size=int(cfg.get("maxfl-batch-size")),
@@ -178,6 +212,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         train_fraction=float(cfg.get("maxfl-train-fraction")),
         byzantine=float(cfg.get("maxfl-byzantine")),
         local=local,
+        dp=dp,
     )
 
 
@@ -320,6 +355,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        dp=s.dp,
     )
     strategy.checkpoint_fn = writer.save_checkpoint
     if writer.checkpoint is not None:
@@ -345,9 +381,16 @@ class DirectTransport:
         The algorithm (sent in the fit config, as the strategy does).
     """
 
-    def __init__(self, client: LearningClient, algorithm: str) -> None:
+    def __init__(
+        self,
+        client: LearningClient,
+        algorithm: str,
+        dp: GaussianDP | None = None,
+        population: int = 0,
+    ) -> None:
         self.client = client
         self.algorithm = algorithm
+        self.dp, self.population = dp, int(population)
 
     def train(
         self,
@@ -363,7 +406,15 @@ class DirectTransport:
             "algorithm": self.algorithm,
             **(user_config or {}),
         }
+        if self.dp is not None:
+            config.update(dp_config(self.dp, users.size))
         sums, n, metrics = self.client.fit(payload, config)
+        if self.dp is not None:  # sums only, as a securely aggregated round gives them
+            out = TrainOutcome(sums=[np.asarray(a, np.float64) for a in sums], users=n,
+                               q_sum=max(float(metrics["q-sum"]), q_sum_floor(self.dp)),
+                               h_sum=0.0)  # fmt: skip
+            out.info = dp_round_info(self.dp, users.size, self.population, server_round)
+            return out
         return TrainOutcome(
             sums=[np.asarray(a, np.float64) for a in sums],
             users=n,
@@ -412,7 +463,7 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     rows = run_protocol(
         server,
         sampler,
-        DirectTransport(client, s.algorithm),
+        DirectTransport(client, s.algorithm, s.dp, s.n_seen),
         s.rounds,
         eval_every=s.eval_every,
         on_round=on_round,

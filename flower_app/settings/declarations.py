@@ -310,6 +310,19 @@ _DECLARED = (
         "maxfl-eval-every", "int", 10, _MAXFL,
         "evaluation period in rounds (and rounds 0 and T)", ge=1,
     ),
+    Setting(
+        "maxfl-dp-noise", "float", 0.0, _MAXFL,
+        "client-level DP: noise multiplier sigma of the distributed Gaussian noise (0 = off; "
+        "maxfl and fedavg; needs secure-aggregation and maxfl-participation = all)", ge=0,
+    ),
+    Setting(
+        "maxfl-dp-clip", "float", 1.0, _MAXFL,
+        "client-level DP: L2 bound C on a client's update", gt=0,
+    ),
+    Setting(
+        "maxfl-dp-delta", "float", 1e-5, _MAXFL,
+        "client-level DP: delta at which each round's dp-epsilon is reported", gt=0, lt=1,
+    ),
     Setting("maxfl-prox-mu", "float", 0.01, _MAXFL, "FedProx's μ", ge=0),
     Setting("maxfl-qffl-q", "float", 1.0, _MAXFL, "q of q-FFL", ge=0),
     Setting(

@@ -59,6 +59,13 @@ from flower_app.algorithms.appeal import (
     round_row,
     summarise_metrics,
 )
+from flower_app.algorithms.gaussian_dp import (
+    DP_ALGORITHMS,
+    GaussianDP,
+    dp_config,
+    dp_round_info,
+    q_sum_floor,
+)
 from flower_app.algorithms.maxfl import (
     Q_MAX,
     adaptive_server_lr,
@@ -178,9 +185,12 @@ def _fmt(value: Any) -> str:
 
 
 def decode_summed_reply(
-    reply: Message, users: int, shapes: list[tuple[int, ...]]
-) -> tuple[list[np.ndarray], int, float, float, float]:
+    reply: Message, users: int, shapes: list[tuple[int, ...]], noisy: bool = False
+) -> tuple[list[np.ndarray], int, float, float | None, float]:
     """Check a securely aggregated cohort reply; return sums, users, Σq, Σloss, Σh.
+
+    With ``noisy`` (client-level DP) Σq carries noise: it is clamped at 0 instead of
+    range-checked, and there is no loss (None).
 
     Raises
     ------
@@ -193,13 +203,14 @@ def decode_summed_reply(
     if int(metrics["num-examples"]) != users:
         raise ReplyError(f"the sum is over {metrics['num-examples']} clients, {users} were sent")
     try:
-        q_sum, loss_sum = float(metrics["q-sum"]), float(metrics["loss-sum"])
+        q_sum = float(metrics["q-sum"])
+        loss_sum = None if noisy else float(metrics["loss-sum"])
         h_sum = float(metrics.get("h-sum", 0.0))
     except (KeyError, TypeError) as err:
         raise ReplyError(f"a secure reply needs 'q-sum', 'loss-sum': {err}") from err
-    if not np.all(np.isfinite([q_sum, loss_sum, h_sum])):
+    if not np.all(np.isfinite([q_sum, 0.0 if loss_sum is None else loss_sum, h_sum])):
         raise ReplyError("non-finite Σ q_k, Σ loss or Σ h")
-    if q_sum < -1e-6 or q_sum > users * Q_MAX + 1e-6:
+    if not noisy and (q_sum < -1e-6 or q_sum > users * Q_MAX + 1e-6):
         raise ReplyError(f"Σ q_k = {q_sum} outside [0, {users}/4]")
     record = content.array_records["arrays"]
     if list(record.keys()) != [str(i) for i in range(len(shapes))]:
@@ -245,6 +256,12 @@ class AppealStrategy(RoundStrategy):
         failed nodes are recorded per round).
     discovery_timeout : float, optional
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
+    dp : GaussianDP, optional
+        Client-level DP with distributed Gaussian noise
+        (:mod:`flower_app.algorithms.gaussian_dp`; MaxFL and FedAvg, needs
+        ``secure_aggregation``): every sampled client clips, weights and noises its update;
+        each round's row adds ``dp-epsilon`` (the run so far, RDP accountant) at
+        ``dp-delta``, and no training loss. Default None.
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation (:mod:`flower_app.privacy`):
         nodes then reply with sums only (``q-sum``, ``loss-sum``, ``h-sum`` instead of the
@@ -291,8 +308,17 @@ class AppealStrategy(RoundStrategy):
         min_reply_fraction: float = 0.0,
         discovery_timeout: float = 300.0,
         secure_aggregation: SecureAggregation | None = None,
+        dp: GaussianDP | None = None,
     ) -> None:
         super().__init__(on_round, min_reply_fraction, secure_aggregation)
+        if dp is not None and secure_aggregation is None:
+            raise ValueError(
+                "client-level DP (dp=) needs secure_aggregation: the clients add the noise, "
+                "so only a securely aggregated sum is private"
+            )
+        if dp is not None and server.algorithm not in DP_ALGORITHMS:
+            raise ValueError(f"client-level DP is implemented for {DP_ALGORITHMS}")
+        self.dp = dp
         if secure_aggregation is not None and server.rule.reports_met:
             raise ValueError(
                 f"{server.algorithm} does not support secure aggregation: its step needs "
@@ -433,6 +459,8 @@ class AppealStrategy(RoundStrategy):
             self._bytes_down = 0
             return []
         cfg = dict(self.merged_config(raw, server_round, algorithm=self.algorithm))
+        if self.dp is not None:
+            cfg.update(dp_config(self.dp, int(users.size)))
         payload = ArrayRecord([np.asarray(a) for a in self.server.payload()])
         messages = self._messages(users, payload, cfg, MessageType.TRAIN, server_round, per_user)
         self._bytes_down = payload.count_bytes() * len(messages)
@@ -445,7 +473,9 @@ class AppealStrategy(RoundStrategy):
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Check one node's train reply (see :func:`decode_cohort_reply`)."""
         if src == SUMMED_SENDER:
-            return decode_summed_reply(reply, len(self._sent[src]), self.server.shapes)
+            return decode_summed_reply(
+                reply, len(self._sent[src]), self.server.shapes, noisy=self.dp is not None
+            )
         decoded = decode_cohort_reply(reply, self._sent[src], self.server.shapes, self.algorithm)
         return *decoded, reply.content.array_records["arrays"].count_bytes()
 
@@ -522,6 +552,12 @@ class AppealStrategy(RoundStrategy):
         for _, (sums, users, q_sum, loss_sum, h_sum) in checked.accepted:
             outcome.sums, outcome.users = sums, users
             outcome.q_sum, outcome.loss_sum, outcome.h_sum = q_sum, loss_sum, h_sum
+        if self.dp is not None:
+            if outcome.q_sum is not None:
+                outcome.q_sum = max(outcome.q_sum, q_sum_floor(self.dp))
+            outcome.info.update(
+                dp_round_info(self.dp, int(self._users.size), self.sampler.n_seen, server_round)
+            )
         row = round_row(server_round, self._pool_size, self._users.size)
         row.update(self.server.step(outcome))
         row.update(outcome_row(outcome))
