@@ -23,7 +23,7 @@ from flower_app.algorithms.shuffle_dp import (
     randomize_counts,
 )
 from flower_app.privacy import SecureAggregation
-from flower_app.strategies import FedSMStrategy
+from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.local_grid import LocalGrid
@@ -210,3 +210,37 @@ def test_gaussian_accounting_and_refusals() -> None:
                        ({"algorithm": "qffl"}, "implemented for maxfl, fedavg")]:  # fmt: skip
         with pytest.raises(ConfigError, match=match):
             settings(AppConfig.from_run_config({**MAXFL_DP, **bad}))
+
+
+# ---------------------------------------------------------------------------- FedSubAvg
+def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
+    """Clipped submodel updates, noise on the whole heat support: the Flower run (secure
+    aggregation, 3 nodes) reaches the direct engine's x within the fixed-point error, the
+    server's union is the support (no client's rows), and ε grows with the rounds."""
+    from flower_app.algorithms.fedsubavg_direct import run_direct_rounds
+    from flower_app.config import AppConfig
+    from flower_app.runners.fedsubavg import load_task, run_spec
+
+    run_config = {"algorithm": "fedsubavg", "dataset": "synthetic-movielens-rating",
+                  "num-users": 45, "num-elements": 40, "clients-per-round": 8, "fsa-rounds": 4,
+                  "seed": 5, "secure-aggregation": True, "fsa-dp-noise": 0.5,
+                  "fsa-dp-clip": 0.5}  # fmt: skip
+    cfg = AppConfig.from_run_config(run_config)
+    task, spec = load_task(cfg), run_spec(cfg)
+    x, history, heat = run_direct_rounds(task, spec)
+    strategy = FedSubAvgStrategy(
+        cohorts=True, n_clients=task.n_clients, n_params=task.n_params, clients_per_round=8,
+        seed=5, secure_aggregation=SecureAggregation(), dp=spec.dp,
+    )  # fmt: skip
+    strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=4)
+    np.testing.assert_allclose(strategy.x, x, rtol=0, atol=1e-5)
+    plain_x, _, _ = run_direct_rounds(task, run_spec(AppConfig.from_run_config(
+        {**run_config, "fsa-dp-noise": 0.0, "secure-aggregation": False})))  # fmt: skip
+    assert np.abs(plain_x - x).max() > 1e-3  # the noise moved the model
+    support = int((heat.clients > 0).sum())
+    rows = [r for r in strategy.history if r["server-round"] >= 1]
+    for fl, di in zip(rows, history, strict=True):
+        assert fl["union-rows"] == di["union-rows"] == support
+        assert fl["dp-epsilon"] == pytest.approx(di["dp-epsilon"], rel=1e-12)
+    eps = [r["dp-epsilon"] for r in rows]
+    assert eps == sorted(eps) and eps[0] > 0

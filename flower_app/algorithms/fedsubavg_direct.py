@@ -30,6 +30,8 @@ from flower_app.algorithms.fedsubavg import (
     make_server_update,
     resolve_clients_per_round,
 )
+from flower_app.algorithms.fedsubavg_dp import private_round_update
+from flower_app.algorithms.gaussian_dp import GaussianDP, dp_round_info
 from flower_app.datasets.movielens_rating import RatingTask
 
 __all__ = ["RunSpec", "full_heat", "run_direct_rounds"]
@@ -56,6 +58,8 @@ class RunSpec:
         ``"clients"`` or ``"samples"``.
     adam : AdamConfig
         FedAdam's server hyperparameters.
+    dp : GaussianDP or None
+        Client-level DP (:mod:`flower_app.algorithms.fedsubavg_dp`), or None.
     """
 
     algorithm: str
@@ -65,6 +69,7 @@ class RunSpec:
     local: LocalConfig = field(default_factory=LocalConfig)
     weighting: str = "clients"
     adam: AdamConfig = field(default_factory=AdamConfig)
+    dp: GaussianDP | None = None
 
 
 def full_heat(task: RatingTask) -> FeatureHeat:
@@ -128,9 +133,15 @@ def run_direct_rounds(
         else:
             users = sampler.sample()
             rows, ptr = gather_submodels(task, users)
-            update = client_round(
-                task, users, x[rows], ptr, spec.local, spec.seed, t, spec.weighting
-            )
+            if spec.dp is None:
+                update = client_round(
+                    task, users, x[rows], ptr, spec.local, spec.seed, t, spec.weighting
+                )
+            else:
+                update = private_round_update(
+                    task, users, x[rows], ptr, spec.local, spec.seed, t, spec.dp,
+                    np.flatnonzero(heat.clients), users.size,
+                )  # fmt: skip
             server.step(x, update, t)
             b = client_bytes(sizes[users])
             row = {
@@ -144,6 +155,8 @@ def run_direct_rounds(
                 "submodel-rows-mean": float(sizes[users].mean()),
                 "union-rows": int(update.rows.size),
             }
+            if spec.dp is not None:
+                row.update(dp_round_info(spec.dp, k, task.n_clients, t))
         row.update(evaluate(x))
         row["round-time"] = time.perf_counter() - r0
         row["wall-time"] = time.perf_counter() - t0

@@ -40,6 +40,7 @@ __all__ = [
     "dp_config",
     "q_sum_floor",
     "dp_round_info",
+    "dp_settings",
     "gaussian_epsilon",
     "privatize",
 ]
@@ -161,6 +162,14 @@ def dp_round_info(dp: GaussianDP, sampled: int, population: int, rounds: int) ->
         "dp-delta": float(dp.delta),
         "dp-epsilon": gaussian_epsilon(dp.noise_multiplier, sampled, population, rounds, dp.delta),
     }
+
+
+def dp_settings(config: dict[str, object]) -> GaussianDP | None:
+    """Return the round's DP settings from a client's train config (``dp-noise`` > 0), or None."""
+    noise = float(config.get("dp-noise", 0.0))  # type: ignore[arg-type]
+    if noise <= 0:
+        return None
+    return GaussianDP(noise, float(config["dp-clip"]))  # type: ignore[arg-type]
 
 
 def dp_config(dp: GaussianDP, sampled: int) -> dict[str, float | int]:

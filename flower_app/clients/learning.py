@@ -48,7 +48,13 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.gaussian_dp import DP_ALGORITHMS, DP_NOISE, GaussianDP, privatize
+from flower_app.algorithms.gaussian_dp import (
+    DP_ALGORITHMS,
+    DP_NOISE,
+    GaussianDP,
+    dp_settings,
+    privatize,
+)
 from flower_app.algorithms.learning import (
     LOCAL_RULES,
     LocalConfig,
@@ -144,14 +150,6 @@ def byzantine_clients(n_seen: int, fraction: float, seed: int) -> np.ndarray:
     count = int(round(fraction * n_seen))
     rng = np.random.default_rng([int(seed), 4])
     return np.sort(rng.choice(n_seen, size=count, replace=False)) if count else np.zeros(0, int)
-
-
-def dp_settings(config: dict[str, Any]) -> GaussianDP | None:
-    """Return the round's client-level DP settings from a train config, or None."""
-    noise = float(config.get("dp-noise", 0.0))
-    if noise <= 0:
-        return None
-    return GaussianDP(noise, float(config["dp-clip"]))
 
 
 class LearningClient(NumPyClient):

@@ -53,6 +53,8 @@ from flower_app.algorithms.fedsubavg import (
     count_heat,
     gather_submodels,
 )
+from flower_app.algorithms.fedsubavg_dp import private_round_update
+from flower_app.algorithms.gaussian_dp import dp_settings
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, log_loss
 
@@ -158,8 +160,8 @@ class SubmodelClient(NumPyClient):
         if config.get("kind") == "feature_heat":
             return self._dense_heat()
         if secure:  # the full model came: the node cuts its users' submodels itself
-            if len(parameters) != 2:
-                raise ValueError("fit under secure aggregation expects [users, x]")
+            if len(parameters) not in (2, 3):
+                raise ValueError("fit under secure aggregation expects [users, x(, support)]")
             users = self._own(parameters[0])
             x = np.asarray(parameters[1], dtype=np.float64).ravel()
             if x.shape != (self.task.n_params,) or not np.all(np.isfinite(x)):
@@ -189,16 +191,27 @@ class SubmodelClient(NumPyClient):
             lr=float(config["lr"]),
             proximal_mu=float(config.get("proximal-mu", 0.0)),
         )
-        update = client_round(
-            self.task,
-            users,
-            values,
-            ptr,
-            local,
-            int(config["seed"]),
-            int(config["server-round"]),
-            weighting,
-        )
+        dp = dp_settings(config)
+        if dp is not None:  # clip each user's update, add its share of the noise
+            if not secure or len(parameters) != 3 or weighting != "clients":
+                raise ValueError("client-level DP needs secure aggregation, the heat support "
+                                 "and weighting 'clients'")  # fmt: skip
+            support = np.asarray(parameters[2]).astype(np.int64, copy=False).ravel()
+            update = private_round_update(
+                self.task, users, values, ptr, local, int(config["seed"]),
+                int(config["server-round"]), dp, support, int(config["dp-clients"]),
+            )  # fmt: skip
+        else:
+            update = client_round(
+                self.task,
+                users,
+                values,
+                ptr,
+                local,
+                int(config["seed"]),
+                int(config["server-round"]),
+                weighting,
+            )
         samples = int(self.task.samples_per_client()[users].sum())
         metrics = {"weight-sum": float(update.weight), "samples": samples}
         if secure:  # dense: only equal-length vectors can be summed, and rows would show S(i)

@@ -48,6 +48,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
+from flower_app.algorithms.gaussian_dp import GaussianDP
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
@@ -100,6 +101,19 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         beta2=cfg.get("fsa-adam-beta2"),
         tau=cfg.get("fsa-adam-tau"),
     )
+    dp = None
+    if cfg.get("fsa-dp-noise") > 0:
+        dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"))
+        if cfg.algorithm == "central-sgd" or cfg.get("fsa-weighting") != "clients":
+            raise ConfigError(
+                "run_config 'fsa-dp-noise' > 0 (client-level DP) needs a federated algorithm "
+                "and fsa-weighting = 'clients' (sample-size weights have no bounded sensitivity)"
+            )
+        if not cfg.secure_aggregation:
+            raise ConfigError(
+                "run_config 'fsa-dp-noise' > 0 needs secure-aggregation = true: the clients "
+                "add the noise, so only a securely aggregated sum is private"
+            )
     return RunSpec(
         algorithm=cfg.algorithm,
         rounds=cfg.get("fsa-rounds"),
@@ -108,6 +122,7 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         local=local,
         weighting=cfg.get("fsa-weighting"),
         adam=adam,
+        dp=dp,
     )
 
 
@@ -257,7 +272,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
         weighting=spec.weighting, adam=spec.adam, seed=spec.seed, on_round=writer.log_round,
         discovery_timeout=cfg.discovery_timeout, min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
+        secure_aggregation=cfg.secure, dp=spec.dp,
     )  # fmt: skip
     initial: dict[str, float] = {}
 
@@ -336,6 +351,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        dp=run.spec.dp,
     )
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

@@ -368,6 +368,15 @@ _DECLARED = (
         "clients: Alg. 1 (N/n_m, plain means); samples: App. D.4 (data-size weights)",
         choices=("clients", "samples"),
     ),
+    Setting(
+        "fsa-dp-noise", "float", 0.0, _FSA,
+        "client-level DP: noise multiplier sigma of the distributed Gaussian noise on the heat "
+        "support (0 = off; needs secure-aggregation and fsa-weighting = clients)", ge=0,
+    ),
+    Setting("fsa-dp-clip", "float", 1.0, _FSA, "client-level DP: L2 bound C on a client's "
+            "submodel update", gt=0),
+    Setting("fsa-dp-delta", "float", 1e-5, _FSA, "client-level DP: delta of the reported "
+            "dp-epsilon", gt=0, lt=1),
     Setting("fsa-proximal-mu", "float", 0.01, _FSA, "FedProx's μ (fedprox-sub only)", ge=0),
     Setting("fsa-adam-eta", "float", 1.0, _FSA, "FedAdam's server step η (Table 5)", gt=0),
     Setting("fsa-adam-beta1", "float", 0.9, _FSA, "FedAdam's β₁", ge=0, lt=1),

@@ -52,6 +52,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat, rows_key
+from flower_app.algorithms.gaussian_dp import GaussianDP, dp_config, dp_round_info
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -237,12 +238,18 @@ class FedSubAvgStrategy(RoundStrategy):
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
+        dp: GaussianDP | None = None,
     ) -> None:
         super().__init__(
             on_round=on_round,
             min_reply_fraction=min_reply_fraction,
             secure_aggregation=secure_aggregation,
         )
+        if dp is not None and (secure_aggregation is None or not cohorts):
+            raise ValueError("client-level DP (dp=) needs cohorts=True and secure_aggregation")
+        if dp is not None and weighting != "clients":
+            raise ValueError("client-level DP needs weighting='clients' (bounded sensitivity)")
+        self.dp = dp
         if algorithm is not None:
             self.algorithm = algorithm
         if weighting not in WEIGHTINGS:
@@ -282,6 +289,7 @@ class FedSubAvgStrategy(RoundStrategy):
         self._index_sets: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._sent: dict[int, tuple[int, np.ndarray]] = {}
         self._round_stats: dict[str, Any] = {}
+        self._dp_t = 0
         if self.cohorts_mode:
             if n_clients is None or n_params is None or clients_per_round is None:
                 raise ValueError("cohorts=True needs n_clients, n_params and clients_per_round")
@@ -602,10 +610,17 @@ class FedSubAvgStrategy(RoundStrategy):
     def _secure_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
         """Secure aggregation: the full model and the node's users (no index sets)."""
         messages, self._sent, down = [], {}, 0
+        self._dp_t = int(server_round)
+        if self.dp is not None:
+            sampled = sum(int(u.size) for u, _, _ in self._index_sets.values())
+            config = ConfigRecord({**dict(config), **dp_config(self.dp, sampled)})
         for node_id, (node_users, _, _) in self._index_sets.items():
             record = ArrayRecord(
                 {"0": Array(node_users.astype(np.int64)), "1": Array(self.x.astype(np.float64))}
             )
+            if self.dp is not None:  # where the clients put their noise: the heat support
+                assert self.heat is not None
+                record["2"] = Array(np.flatnonzero(self.heat.clients).astype(np.int64))
             down += record.count_bytes()
             self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
             messages.append(
@@ -639,7 +654,12 @@ class FedSubAvgStrategy(RoundStrategy):
         users = int_metric(metrics, "num-examples")
         if users != self._sent[SUMMED_SENDER][0]:
             raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
-        rows = np.flatnonzero(dense)
+        if self.dp is not None:  # noise on the whole heat support: that is the union
+            assert self.heat is not None
+            rows = np.flatnonzero(self.heat.clients)
+            self._round_stats.update(dp_round_info(self.dp, self.k, self.n_clients, self._dp_t))
+        else:
+            rows = np.flatnonzero(dense)
         weight = float(metrics["weight-sum"])
         part = RoundUpdate(rows.astype(np.int64), dense[rows], users, weight)
         return part, 0, {}
