@@ -82,15 +82,21 @@ def _measure(sim: LocalSimulation, job: str, nodes: int, secure: bool, data_dir:
 def main(argv: list[str] | None = None) -> int:
     """Run the grid of jobs and write ``--out`` (JSON) and the Markdown table beside it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, help="holds ml-1m/ and fashion-mnist/")
+    parser.add_argument("--table-only", action="store_true",
+                        help="re-make the table (and comparisons) from an existing --out JSON")
+    parser.add_argument("--data-dir", default="", help="holds ml-1m/ and fashion-mnist/")
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     results = []
+    if args.table_only:
+        results = json.loads(args.out.read_text())["results"]
+        args.jobs = list(dict.fromkeys(r["job"] for r in results))
+        args.nodes = list(dict.fromkeys(r["nodes"] for r in results))
     with tempfile.TemporaryDirectory() as tmp:
         sim = LocalSimulation(Path(tmp) / "home", Path(tmp) / "runs")
-        for job in args.jobs:
+        for job in [] if args.table_only else args.jobs:
             for nodes in args.nodes:
                 for secure in (False, True):
                     res = _measure(sim, job, nodes, secure, args.data_dir)
@@ -102,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             secure["same-selected-as-plain"] = (
                 secure["selected"] == plain["selected"] if plain["selected"] else None
             )
+            if plain.get("final") and secure.get("final"):
+                secure["seen-acc"] = secure["final"].get("seen-acc")
+                secure["plain-seen-acc"] = plain["final"].get("seen-acc")
             secure["round-time-ratio"] = secure["round-time-median"] / plain["round-time-median"]
             secure["bytes-up-ratio"] = secure["bytes-up-per-round"] / plain["bytes-up-per-round"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +128,9 @@ def _table(results: list[dict[str, Any]]) -> str:
     )
     lines = []
     for r in results:
-        same = r.get("same-selected-as-plain")
+        same: Any = r.get("same-selected-as-plain")
+        if r.get("seen-acc") is not None:
+            same = f"seen acc {r['seen-acc']:.4f} (plain {r['plain-seen-acc']:.4f})"
         lines.append(
             f"| {r['job']} | {r['nodes']} | {'yes' if r['secure-aggregation'] else 'no'} | "
             f"{r['rounds']} | {r['bytes-up-per-round']:,.0f} | {r['bytes-down-per-round']:,.0f} | "

@@ -13,6 +13,9 @@ client, the composed (ε, δ) by basic and advanced composition), ``dp.md`` (mea
 standard deviations over seeds beside the non-private ratio) and ``dp.png`` (ratio to
 greedy against ε′). Run folders go to ``<out>/runs/``.
 
+``fedsubavg-dp`` does the same for the FedSubAvg family (``fsa-dp-noise``; weighting by
+clients) and writes ``fedsubavg-dp.*``: final train loss and test accuracy against σ.
+
 ``maxfl-dp`` runs MaxFL (or ``--algorithm fedavg``) with participation of all sampled
 clients, once without DP and once per noise multiplier σ (``maxfl-dp-noise``, clipping
 ``--clip``), and writes ``maxfl-dp.csv`` / ``.md`` / ``.png``: final seen and unseen accuracy
@@ -28,6 +31,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = ["main"]
 
@@ -209,6 +214,109 @@ def maxfl_dp(args: argparse.Namespace) -> int:
     return 0
 
 
+FSA_COLUMNS = [
+    "dataset", "algorithm", "noise", "clip", "seed", "rounds", "train-loss", "min-train-loss",
+    "test-accuracy", "dp-epsilon", "dp-delta", "run-folder",
+]  # fmt: skip
+
+
+def fedsubavg_dp(args: argparse.Namespace) -> int:
+    """Run the σ × seed grid of the FedSubAvg family; write fedsubavg-dp.csv/.md/.png."""
+    from flower_app.config import AppConfig
+    from flower_app.experiment import run_direct
+
+    out = Path(args.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in args.seeds:
+        for noise in [0.0, *args.noise]:
+            config = {
+                "algorithm": args.algorithm, "dataset": args.dataset, "data-dir": args.data_dir,
+                "fsa-rounds": args.rounds, "seed": seed, "output-dir": str(out / "runs"),
+                "run-name": f"noise{noise:g}-seed{seed}",
+            }  # fmt: skip
+            if noise:
+                config.update({"secure-aggregation": True, "fsa-dp-noise": float(noise),
+                               "fsa-dp-clip": args.clip, "fsa-dp-delta": args.delta})
+            summary = run_direct(AppConfig.from_run_config(config))
+            folder = Path(summary["run-folder"])
+            last = json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
+            row = {
+                "dataset": args.dataset, "algorithm": args.algorithm,
+                "noise": noise if noise else "none", "clip": args.clip if noise else "",
+                "seed": seed, "rounds": args.rounds,
+                **{k: summary.get(k) for k in ("train-loss", "min-train-loss", "test-accuracy")},
+                "dp-epsilon": last.get("dp-epsilon", ""), "dp-delta": last.get("dp-delta", ""),
+                "run-folder": str(folder),
+            }  # fmt: skip
+            rows.append(row)
+            print(f"seed={seed} sigma={noise:g}: train loss {row['train-loss']:.4f}, test acc "
+                  f"{row['test-accuracy']:.4f}, eps {row['dp-epsilon']}", flush=True)  # fmt: skip
+    with open(out / "fedsubavg-dp.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FSA_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "fedsubavg-dp.md").write_text(
+        _metric_table(rows, args, ["train-loss", "min-train-loss", "test-accuracy"])
+    )
+    keys = [("train-loss", "final train loss"), ("test-accuracy", "test accuracy")]
+    _metric_plot(rows, out / "fedsubavg-dp.png", args, keys)
+    print((out / "fedsubavg-dp.md").read_text())
+    return 0
+
+
+def _metric_table(rows: list[dict[str, Any]], args: argparse.Namespace, keys: list[str]) -> str:
+    """Return a Markdown table of ``keys`` (mean ± sd over seeds) per σ, with ε."""
+    lines = [
+        f"| σ (clip C = {args.clip:g}) | seeds | ε at δ = {args.delta:g} | "
+        + " | ".join(keys) + " |",
+        "|---|---|---|" + "---|" * len(keys),
+    ]
+    for noise, group in _groups(rows, "noise").items():
+        eps = "∞ (no DP)"
+        if noise != "none":
+            eps = f"{statistics.mean(float(r['dp-epsilon']) for r in group):,.1f}"
+        cells = []
+        for key in keys:
+            values = [float(r[key]) for r in group]
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{statistics.mean(values):.4f} ± {sd:.4f}")
+        name = "no DP" if noise == "none" else f"{noise:g}"
+        lines.append(f"| {name} | {len(group)} | {eps} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _metric_plot(
+    rows: list[dict[str, Any]], path: Path, args: argparse.Namespace,
+    keys: list[tuple[str, str]],
+) -> None:  # fmt: skip
+    """Plot each key (mean ± sd) against σ, the non-private value as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _groups(rows, "noise")
+    sigmas = sorted(n for n in groups if n != "none")
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.6))
+    for ax, (key, label) in zip(np.atleast_1d(axes), keys, strict=True):
+        mean = [statistics.mean(float(r[key]) for r in groups[n]) for n in sigmas]
+        sd = [statistics.pstdev(float(r[key]) for r in groups[n]) for n in sigmas]
+        ax.errorbar(sigmas, mean, yerr=sd, marker="o", capsize=3)
+        if "none" in groups:
+            plain = statistics.mean(float(r[key]) for r in groups["none"])
+            ax.axhline(plain, color="grey", linestyle="--", label=f"no DP ({plain:.3f})")
+            ax.legend(loc="best")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"noise multiplier σ (clip C = {args.clip:g})")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{args.algorithm} on {args.dataset}: utility against client-level DP")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def _groups(rows: list[dict[str, Any]], key: str) -> dict[Any, list[dict[str, Any]]]:
     groups: dict[Any, list[dict[str, Any]]] = {}
     for row in rows:
@@ -296,5 +404,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     mx.add_argument("--delta", type=float, default=1e-5)
     mx.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     mx.add_argument("--out", required=True)
+    fs = sub.add_parser("fedsubavg-dp", help="FedSubAvg train loss and accuracy against σ")
+    fs.add_argument("--dataset", default="movielens-rating", help=help_text("dataset"))
+    fs.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    fs.add_argument("--algorithm", default="fedsubavg",
+                    choices=["fedsubavg", "fedavg-sub", "fedprox-sub", "fedadam-sub",
+                             "scaffold-sub"])  # fmt: skip
+    fs.add_argument("--rounds", type=int, default=50)
+    fs.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0])
+    fs.add_argument("--clip", type=float, default=1.0)
+    fs.add_argument("--delta", type=float, default=1e-5)
+    fs.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    fs.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    return fedsm_dp(args) if args.command == "fedsm-dp" else maxfl_dp(args)
+    commands = {"fedsm-dp": fedsm_dp, "maxfl-dp": maxfl_dp, "fedsubavg-dp": fedsubavg_dp}
+    return commands[args.command](args)
