@@ -68,6 +68,23 @@ def test_tls_node_auth_database_run_matches_direct(secure, tmp_path) -> None:
     assert all(p["supernode-mib"] > 0 and p["clientapp-mib"] > 0 for p in peak.values())
 
 
+def test_secure_aggregation_on_tls_supernodes_matches_direct(secure, tmp_path) -> None:
+    """SecAgg+ over real SuperNodes (each message a fresh ClientApp process: the protocol's
+    state lives in the node's Context between its four stages): the plain run's set, every
+    node in every sum, and the protocol's cost recorded per round."""
+    run = secure.run({**FEDSM, "secure-aggregation": True}, timeout=400)
+    assert run.status == "finished:completed", run.output + run.details
+    direct = run_direct(
+        AppConfig.from_run_config({**FEDSM, "output-dir": str(tmp_path), "run-name": "direct"})
+    )
+    assert run.summary["selected"] == direct["selected"]
+    metrics = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == FEDSM["k"]
+    for row in metrics:
+        assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 2
+        assert row["secagg-messages"] == 8 * row["nodes"] and row["secagg-bytes-up"] > 0
+
+
 def test_supernode_with_unregistered_key_is_refused(secure) -> None:
     stranger = make_node_keys(secure.root / "stranger", 1, prefix="unregistered")[0]
     proc = secure.start_node(0, key=stranger)
