@@ -38,6 +38,7 @@ DATASETS = {
     "coverage-sets": "your own set system in data-file (one line of items per user, or pairs)",
     # maxfl
     "fmnist": "Fashion-MNIST, official IDX files fashion-mnist/*.gz in data-dir",
+    "image-clients": "your own labelled images in data-file (.npz x, y[, client] or IDX)",
     "emnist": "EMNIST ByClass (62 classes), official IDX files emnist/*.gz in data-dir",
     "synthetic-emnist": "calibrated synthetic stand-in for EMNIST ByClass (no files needed)",
     # fedsubavg
@@ -58,7 +59,7 @@ SUBMODULAR_DATASETS = (
     "coverage-sets",
 )
 #: datasets of MaxFL and its baselines
-MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist")
+MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist", "image-clients")
 #: datasets of FedSubAvg and its baselines
 FEDSUBAVG_DATASETS = ("movielens-rating", "synthetic-movielens-rating")
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from flower_app.datasets.images import LabelledImages
 
-__all__ = ["ClientData", "Federation", "build_federation"]
+__all__ = ["ClientData", "Federation", "build_federation", "federation_from_clients"]
 
 PARTITIONS = ("dirichlet", "clusters")
 MIN_CLIENT_SIZE = 50
@@ -180,6 +180,38 @@ def _clusters(
     return out
 
 
+def federation_from_clients(
+    data: LabelledImages,
+    clients: np.ndarray,
+    n_seen: int,
+    n_unseen: int,
+    label_flip: float = 0.3,
+    train_fraction: float = 0.6,
+    data_seed: int = 0,
+) -> Federation:
+    """Make a federation from clients the data already has (your own ``client`` array).
+
+    Client ids 0..n_seen−1 are seen, n_seen..n_seen+n_unseen−1 unseen (ids beyond are not
+    used); flips, the train/test split and the standardisation are those of
+    :func:`build_federation`.
+
+    Raises
+    ------
+    ValueError
+        If more clients are asked for than the data has, or a client has fewer than 2
+        examples.
+    """
+    n_have = int(clients.max()) + 1 if clients.size else 0
+    if n_seen < 1 or n_unseen < 0 or n_seen + n_unseen > n_have:
+        raise ValueError(
+            f"{n_seen} seen + {n_unseen} unseen clients asked for; the data has {n_have}"
+        )
+    order = np.argsort(clients, kind="stable")
+    bounds = np.searchsorted(clients[order], np.arange(n_seen + n_unseen + 1))
+    parts = [order[bounds[k] : bounds[k + 1]] for k in range(n_seen + n_unseen)]
+    return _split(data, parts, n_seen, n_unseen, label_flip, train_fraction, data_seed)
+
+
 def build_federation(
     data: LabelledImages,
     n_seen: int,
@@ -235,6 +267,24 @@ def build_federation(
         parts = _dirichlet(data.labels, n_clients, alpha, data_seed)
     else:
         parts = _clusters(data.labels, data.n_classes, n_clients, rng, data_seed)
+    return _split(data, parts, n_seen, n_unseen, label_flip, train_fraction, data_seed, rng)
+
+
+def _split(
+    data: LabelledImages,
+    parts: list[np.ndarray],
+    n_seen: int,
+    n_unseen: int,
+    label_flip: float,
+    train_fraction: float,
+    data_seed: int,
+    rng: np.random.Generator | None = None,
+) -> Federation:
+    """Flip labels, split each client's examples into train/test, standardise."""
+    if not 0.0 <= label_flip <= 1.0 or not 0.0 < train_fraction < 1.0:
+        raise ValueError("label_flip must lie in [0, 1] and train_fraction in (0, 1)")
+    n_clients = n_seen + n_unseen
+    rng = np.random.default_rng([data_seed, 5]) if rng is None else rng
     flipped = np.zeros(n_clients, dtype=bool)
     flipped[rng.choice(n_clients, int(round(label_flip * n_clients)), replace=False)] = True
     train_idx, test_idx = [], []

@@ -41,7 +41,12 @@ from flower_app.clients.learning import (
     byzantine_clients,
 )
 from flower_app.config import AppConfig, ConfigError
-from flower_app.datasets.federated import Federation, build_federation
+from flower_app.datasets.federated import (
+    Federation,
+    build_federation,
+    federation_from_clients,
+)
+from flower_app.datasets.own_images import load_image_clients
 from flower_app.models.mlp import init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
@@ -92,6 +97,10 @@ class MaxFLSettings:
         Client hyperparameters.
     dp : GaussianDP or None
         Client-level Gaussian DP (``maxfl-dp-noise`` > 0), or None.
+    data_file : str
+        ``image-clients``: your file (:mod:`flower_app.datasets.own_images`).
+    n_in : int
+        Pixels per image (the MLP's input; 784 for 28×28).
     """
 
     algorithm: str
@@ -117,6 +126,8 @@ class MaxFLSettings:
     byzantine: float
     local: LocalConfig
     dp: GaussianDP | None = None
+    data_file: str = ""
+    n_in: int = 784
 
     @property
     def n_clients(self) -> int:
@@ -142,10 +153,26 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
     ConfigError
         If ``clients-per-round`` exceeds the seen clients (the one check across keys).
     """
-    default_seen, n_classes = DATASETS[cfg.dataset]
-    n_seen = cfg.num_users or default_seen
     unseen = int(cfg.get("maxfl-unseen-users"))
-    n_unseen = n_seen if unseen < 0 else unseen
+    n_in = 784
+    if cfg.dataset == "image-clients":
+        own = load_image_clients(cfg.data_file)
+        n_classes, n_in = own.data.n_classes, int(own.data.images.shape[1])
+        if own.clients is not None:  # your clients: the first half seen, the rest unseen
+            n_seen = cfg.num_users or own.n_clients - own.n_clients // 2
+            n_unseen = own.n_clients - n_seen if unseen < 0 else unseen
+            if n_seen + n_unseen > own.n_clients:
+                raise ConfigError(
+                    f"{n_seen} seen + {n_unseen} unseen clients asked for (num-users, "
+                    f"maxfl-unseen-users); {cfg.data_file} has {own.n_clients}"
+                )
+        else:
+            n_seen = cfg.num_users or 100
+            n_unseen = n_seen if unseen < 0 else unseen
+    else:
+        default_seen, n_classes = DATASETS[cfg.dataset]
+        n_seen = cfg.num_users or default_seen
+        n_unseen = n_seen if unseen < 0 else unseen
     per_round = cfg.clients_per_round
     per_round = per_round if isinstance(per_round, int) else max(1, int(per_round * n_seen))
     if per_round > n_seen:
@@ -213,6 +240,8 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         byzantine=float(cfg.get("maxfl-byzantine")),
         local=local,
         dp=dp,
+        data_file=cfg.data_file,
+        n_in=n_in,
     )
 
 
@@ -221,7 +250,7 @@ def federation(s: MaxFLSettings) -> Federation:
     """Return the (cached) clients of settings ``s``."""
     return _federation(
         s.dataset, s.data_dir, s.n_seen, s.n_unseen, s.partition, s.alpha, s.label_flip,
-        s.train_fraction, s.data_seed,
+        s.train_fraction, s.data_seed, s.data_file,
     )  # fmt: skip
 
 
@@ -236,8 +265,16 @@ def _federation(
     label_flip: float,
     train_fraction: float,
     data_seed: int,
+    data_file: str = "",
 ) -> Federation:
-    if dataset == "fmnist":
+    if dataset == "image-clients":
+        own = load_image_clients(data_file)
+        if own.clients is not None:
+            return federation_from_clients(
+                own.data, own.clients, n_seen, n_unseen, label_flip, train_fraction, data_seed
+            )
+        data = own.data
+    elif dataset == "fmnist":
         from flower_app.datasets.fmnist import load_fmnist
 
         data = load_fmnist(data_dir)
@@ -255,7 +292,7 @@ def _federation(
 
 
 def _init(s: MaxFLSettings) -> list[np.ndarray]:
-    return init_weights(s.seed, 784, s.n_classes)
+    return init_weights(s.seed, s.n_in, s.n_classes)
 
 
 def _server(s: MaxFLSettings) -> tuple[AppealServer, ParticipationSampler]:

@@ -1,0 +1,173 @@
+"""Your own labelled images for the MaxFL family (``dataset = "image-clients"``).
+
+``data-file`` is one of:
+
+``.npz`` (numpy ``np.savez``)
+    ``x``: images, (N, H, W) or (N, D), uint8 0..255 or floats in [0, 1]; ``y``: integer
+    labels 0..C−1, (N,); optionally ``client``: an integer client id per image, (N,). With
+    ``client`` the clients are yours (natural federated data: each id is one client, in
+    sorted id order); without it the images are split over clients by ``maxfl-partition``
+    (Dirichlet with ``maxfl-alpha``, or clusters), as for Fashion-MNIST.
+an IDX images file (``*-images-idx3-ubyte``, optionally ``.gz``)
+    the MNIST format; its labels file must lie beside it under the same name with
+    ``images-idx3`` replaced by ``labels-idx1``. Clients by ``maxfl-partition``.
+
+The images are flattened (the MLP's input is H·W or D) and standardised with the pixel mean
+and standard deviation of the whole file, as for Fashion-MNIST. Seen and unseen clients:
+with your own clients, the first ``num-users`` client ids (default: the first half, rounded
+up) are seen and the next ``maxfl-unseen-users`` (default −1: all the others) unseen; each
+client's examples are split into train and test by ``maxfl-train-fraction``. The MaxFL
+setting flips the labels of ``maxfl-label-flip`` of the clients (default 0.3): set it to 0 to
+train on your labels as they are. Every error names the file, the array and what was
+expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from flower_app.datasets.idx import read_idx
+from flower_app.datasets.images import LabelledImages
+from flower_app.datasets.own import OwnDataError
+
+__all__ = ["OwnImages", "load_image_clients"]
+
+NPZ_FORMAT = (
+    "an .npz with arrays x (N, H, W) or (N, D) of uint8 0..255 or floats in [0, 1], "
+    "y (N,) integer labels 0..C-1, and optionally client (N,) integer client ids"
+)
+
+
+@dataclass(frozen=True)
+class OwnImages:
+    """A user's images, their labels, and (optionally) their clients.
+
+    Attributes
+    ----------
+    data : LabelledImages
+        uint8 (N, D) images and int64 labels.
+    clients : numpy.ndarray or None
+        int64 (N,) client of each image, renumbered 0..K−1 in sorted id order; None when
+        the file gives no clients (they come from the configured partition).
+    client_ids : tuple of str
+        The file's client ids, in order (empty without clients).
+    """
+
+    data: LabelledImages
+    clients: np.ndarray | None
+    client_ids: tuple[str, ...]
+
+    @property
+    def n_clients(self) -> int:
+        """Clients the file defines (0 without a ``client`` array)."""
+        return len(self.client_ids)
+
+
+def _fail(path: Path, message: str, expected: str = NPZ_FORMAT) -> OwnDataError:
+    return OwnDataError(f"{path}: {message}; expected {expected}")
+
+
+def _images(path: Path, x: np.ndarray) -> np.ndarray:
+    if x.ndim not in (2, 3) or x.shape[0] == 0:
+        raise _fail(path, f"array x has shape {x.shape}")
+    flat = x.reshape(x.shape[0], -1)
+    if flat.dtype.kind == "f":
+        if not np.all(np.isfinite(flat)) or flat.min() < 0 or flat.max() > 1:
+            raise _fail(path, "array x holds floats outside [0, 1]")
+        return np.rint(flat * 255.0).astype(np.uint8)
+    if flat.dtype.kind not in "iu":
+        raise _fail(path, f"array x has dtype {flat.dtype}")
+    if flat.min() < 0 or flat.max() > 255:
+        raise _fail(path, f"array x holds integers outside 0..255 (e.g. {int(flat.max())})")
+    return flat.astype(np.uint8)
+
+
+def _labels(path: Path, y: np.ndarray, n: int, name: str = "y") -> np.ndarray:
+    if y.shape != (n,) or y.dtype.kind not in "iu":
+        raise _fail(path, f"array {name} has shape {y.shape} and dtype {y.dtype} for {n} images")
+    if y.min() < 0:
+        bad = int(np.flatnonzero(y < 0)[0])
+        raise _fail(path, f"array {name}[{bad}] = {int(y[bad])} is negative")
+    return y.astype(np.int64)
+
+
+def _from_npz(path: Path) -> OwnImages:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as err:
+        raise _fail(path, f"cannot be read as .npz ({err})") from None
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise _fail(path, f"arrays {sorted(arrays)} lack {missing}")
+    images = _images(path, arrays["x"])
+    labels = _labels(path, arrays["y"], images.shape[0])
+    clients, ids = None, ()
+    if "client" in arrays:
+        raw = _labels(path, arrays["client"], images.shape[0], "client")
+        uniq, clients = np.unique(raw, return_inverse=True)
+        ids = tuple(str(int(u)) for u in uniq)
+    return _own(path, images, labels, clients, ids)
+
+
+def _labels_file(path: Path) -> Path:
+    name = path.name.replace("images-idx3", "labels-idx1")
+    if name == path.name:
+        raise _fail(path, "is an IDX file whose name has no 'images-idx3'",
+                    "an IDX images file named *-images-idx3-ubyte[.gz] with its "
+                    "*-labels-idx1-ubyte[.gz] beside it")  # fmt: skip
+    return path.with_name(name)
+
+
+def _from_idx(path: Path) -> OwnImages:
+    expected = "an IDX images file *-images-idx3-ubyte[.gz] with *-labels-idx1-ubyte[.gz] beside it"
+    labels_path = _labels_file(path)
+    if not labels_path.is_file():
+        raise _fail(path, f"its labels file {labels_path.name} is missing", expected)
+    try:
+        x, y = read_idx(path), read_idx(labels_path)
+    except (OSError, ValueError) as err:
+        raise _fail(path, f"cannot be read as IDX ({err})", expected) from None
+    images = _images(path, np.asarray(x))
+    return _own(path, images, _labels(labels_path, np.asarray(y), images.shape[0]), None, ())
+
+
+def _own(
+    path: Path, images: np.ndarray, labels: np.ndarray, clients: np.ndarray | None,
+    ids: tuple[str, ...],
+) -> OwnImages:  # fmt: skip
+    n_classes = int(labels.max()) + 1
+    if n_classes < 2:
+        raise _fail(path, "the labels hold a single class; at least 2 are needed")
+    data = LabelledImages(f"own:{path.name}", images, labels, n_classes)
+    if clients is not None:
+        counts = np.bincount(clients)
+        if counts.min() < 2:
+            small = ids[int(np.argmin(counts))]
+            raise _fail(path, f"client {small} has {int(counts.min())} image(s); each needs 2 "
+                              "(one for training, one for testing)")  # fmt: skip
+    return OwnImages(data, clients, ids)
+
+
+@lru_cache(maxsize=4)
+def load_image_clients(data_file: str) -> OwnImages:
+    """Load ``data_file`` (see the module docstring); cached per process.
+
+    Raises
+    ------
+    OwnDataError
+        Naming the file, the array and the expected format.
+    """
+    if not data_file:
+        raise OwnDataError("dataset 'image-clients' needs run_config 'data-file' (an .npz or "
+                           "an IDX images file)")  # fmt: skip
+    path = Path(data_file).expanduser()
+    if not path.is_file():
+        raise OwnDataError(f"{path}: no such file (run_config 'data-file'; absolute for flwr run)")
+    if path.suffix == ".npz":
+        return _from_npz(path)
+    return _from_idx(path)
