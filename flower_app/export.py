@@ -70,6 +70,11 @@ def export_dataset(
     """
     from flower_app.config import AppConfig
 
+    if dataset in ("image-clients", "rating-table"):
+        raise ValueError(
+            f"dataset {dataset!r}: your own learning data is not exported to node files yet "
+            "(every node reads run_config data-file)"
+        )
     if dataset in SUBMODULAR_DATASETS:
         algorithm = "fedsm"
     elif dataset in MAXFL_DATASETS:

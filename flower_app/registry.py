@@ -44,6 +44,7 @@ DATASETS = {
     # fedsubavg
     "movielens-rating": "MovieLens-1M rating classification (FedSubAvg), ml-1m/*.dat in data-dir",
     "synthetic-movielens-rating": "calibrated synthetic stand-in for movielens-rating",
+    "rating-table": "your own table user, features..., 0/1 label in data-file (FedSubAvg)",
 }
 
 #: algorithm families, one runner each (flower_app/runners/<family>.py)
@@ -61,7 +62,7 @@ SUBMODULAR_DATASETS = (
 #: datasets of MaxFL and its baselines
 MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist", "image-clients")
 #: datasets of FedSubAvg and its baselines
-FEDSUBAVG_DATASETS = ("movielens-rating", "synthetic-movielens-rating")
+FEDSUBAVG_DATASETS = ("movielens-rating", "synthetic-movielens-rating", "rating-table")
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,76 @@ def test_flwr_run_on_your_own_images(flower_cli, tmp_path) -> None:
         AppConfig.from_run_config({**run, "output-dir": str(tmp_path), "run-name": "d"})
     )
     assert result.summary["model-digest"] == direct["model-digest"]
+
+
+# ---------------------------------------------------------------------------- ratings
+def _table(tmp_path, n_users: int = 30, seed: int = 2):
+    """Clicks that depend on the item (a planted preference) and a little on the category."""
+    rng = np.random.default_rng(seed)
+    taste = rng.normal(0, 1.5, size=40)
+    rows = []
+    for u in range(n_users):
+        for item in rng.choice(40, size=int(rng.integers(6, 14)), replace=False):
+            cat = f"cat-{item % 5}"
+            p = 1 / (1 + np.exp(-taste[item]))
+            rows.append((f"user{u:02d}", int(item), cat, int(rng.random() < p)))
+    path = tmp_path / "clicks.csv"
+    pd.DataFrame(rows, columns=["who", "item", "category", "clicked"]).to_csv(path, index=False)
+    return path
+
+
+RATING_RUN = {
+    "algorithm": "fedsubavg", "dataset": "rating-table",
+    "data-columns": "who,item,category,clicked", "clients-per-round": 6, "fsa-rounds": 5,
+    "seed": 3,
+}  # fmt: skip
+
+
+def test_your_own_rating_table_on_both_engines(tmp_path) -> None:
+    from flower_app.runners import fedsubavg as runner
+    from flower_app.runners.fedsubavg import load_task
+
+    run = {**RATING_RUN, "data-file": str(_table(tmp_path)), "output-dir": str(tmp_path)}
+    cfg = AppConfig.from_run_config({**run, "run-name": "direct"})
+    task = load_task(cfg)
+    assert task.n_params == 1 + 40 + 5 and task.n_clients == 30  # bias, items, categories
+    assert task.layout.blocks()["category"] == slice(41, 46)
+    direct = run_direct(cfg)
+    assert direct["train-loss"] < direct["initial-train-loss"]  # it learns the preference
+    assert direct["feature-heat-dispersion"] > 1
+    grid_cfg = AppConfig.from_run_config({**run, "run-name": "grid"})
+    flower = runner.server_run(LocalGrid(3, grid_cfg.to_dict()), grid_cfg)
+    assert flower["train-loss-by-round"] == pytest.approx(direct["train-loss-by-round"],
+                                                          rel=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "columns", "match"),
+    [
+        ("who,item,clicked\nu1,3,1\nu2,4,2\n", "who,item,clicked",
+         r"clicks\.csv, line 3: label 'clicked' = '2'; expected 0 or 1"),
+        ("who,item,clicked\nu1,,1\n", "who,item,clicked", r"line 2: column 'item' is empty"),
+        ("who,item,clicked\nu1,3,1\n", "who,clicked", "needs at least 3 names"),
+        ("who,item,clicked\nu1,3,1\n", "user,item,label", "no column 'user'"),
+    ],
+)  # fmt: skip
+def test_a_malformed_rating_table_names_file_line_and_format(tmp_path, content, columns, match):
+    from flower_app.datasets.own_ratings import load_rating_table
+
+    path = tmp_path / "clicks.csv"
+    path.write_text(content)
+    with pytest.raises(OwnDataError, match=match):
+        load_rating_table(str(path), columns, 0)
+
+
+@pytest.mark.flwr
+def test_flwr_run_on_your_own_rating_table(flower_cli, tmp_path) -> None:
+    run = {**RATING_RUN, "data-file": str(_table(tmp_path))}
+    result = flower_cli.run(run, num_supernodes=3)
+    assert result.status == "finished:completed", result.output
+    direct = run_direct(
+        AppConfig.from_run_config({**run, "output-dir": str(tmp_path), "run-name": "d"})
+    )
+    assert result.summary["train-loss-by-round"] == pytest.approx(
+        direct["train-loss-by-round"], rel=1e-9
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,7 @@ __all__ = [
     "build_rating_task",
     "load_rating_task",
     "synthetic_movielens_tables",
+    "task_from_rows",
 ]
 
 #: users per age bracket in MovieLens-1M (users.dat)
@@ -84,7 +86,7 @@ class RatingTask:
     """
 
     name: str
-    layout: OneHotLayout
+    layout: Any  # OneHotLayout for MovieLens; TableLayout for your own table
     user_ids: np.ndarray
     train_rows: np.ndarray
     train_pos: np.ndarray
@@ -127,9 +129,10 @@ class RatingTask:
     def stats(self) -> dict[str, float | int]:
         """Return the task's headline numbers (for ``config.json`` and the README)."""
         n_i = self.samples_per_client()
+        movies = getattr(self.layout, "n_movies", None)
         return {
             "clients": self.n_clients,
-            "movies": self.layout.n_movies,
+            **({"movies": movies} if movies is not None else {}),
             "params": self.n_params,
             "train-samples": self.n_train,
             "test-samples": int(self.test_y.size),
@@ -194,7 +197,34 @@ def build_rating_task(
     a = age_of.reindex(user_col).to_numpy(np.int64)
     rows = layout.rows(g, a, movie)
     y = (ratings["rating"].to_numpy(np.int64) >= POSITIVE_FROM).astype(np.float64)
+    return task_from_rows(rows, y, user_col, layout, name, split_seed, test_fraction, eval_samples)
 
+
+def task_from_rows(
+    rows: np.ndarray,
+    y: np.ndarray,
+    user_col: np.ndarray,
+    layout: Any,
+    name: str,
+    split_seed: int = 0,
+    test_fraction: float = 0.2,
+    eval_samples: int = 10_000,
+) -> RatingTask:
+    """Build a task from every sample's model rows, label and user (any one-hot layout).
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        (n, F) int model rows each sample touches (row 0 the bias).
+    y : numpy.ndarray
+        float64 labels 0/1.
+    user_col : numpy.ndarray
+        int64 user of each sample (one client per user, in sorted order).
+    layout : object
+        The row layout (``n_params``, ``blocks()``).
+    name, split_seed, test_fraction, eval_samples
+        As for :func:`build_rating_task`.
+    """
     rng = np.random.default_rng([int(split_seed), 20220])  # split stream
     n = y.size
     is_test = np.zeros(n, dtype=bool)

@@ -69,6 +69,10 @@ __all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "
 
 def load_task(cfg: AppConfig) -> RatingTask:
     """Return the configured rating task (cached per process)."""
+    if cfg.dataset == "rating-table":
+        from flower_app.datasets.own_ratings import load_rating_table
+
+        return load_rating_table(cfg.data_file, cfg.data_columns, cfg.data_seed)
     return load_rating_task(
         cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements
     )
@@ -173,7 +177,7 @@ def _heat_summary(task: RatingTask | None, heat: FeatureHeat, n_params: int = 0)
     }
     if task is None:
         return heat_part
-    assert task.layout.blocks()["gender"].start == 1
+    assert task.layout.blocks()["bias"] == slice(0, 1)  # features = every row but row 0
     sizes = task.submodel_sizes()
     per_client = client_bytes(sizes)
     return {
