@@ -1,0 +1,356 @@
+"""Sentiment140 as FedSubAvg's sentiment task reads it (Section 5, Table 1: 1,473 clients).
+
+Official formats, read streaming (one line or one user at a time), gzip or not:
+
+``training.1600000.processed.noemoticon.csv``
+    Sentiment140's file: latin-1, no header, six quoted fields per line: polarity (0
+    negative, 4 positive; 2 neutral appears only in the test file and is refused), tweet
+    id, date, query, user, text.
+LEAF's Sent140 JSON (``all_data_*.json``)
+    ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[id, date,
+    query, user, text], ...], "y": [0 or 1, ...]}}}``.
+
+Federated partition (:func:`build_sent140`), as the paper builds it: one client per Twitter
+account with **more than 40** samples; a random 80/20 split of all samples into train and
+test (``split_seed``); the vocabulary is every token of the training samples (optionally the
+``max_vocab`` most frequent), id 0 is the padding / unknown token. Tokens
+(:func:`tokenize`): lower-cased text, URLs → ``<url>``, @mentions → ``<user>``, then runs of
+letters, digits and apostrophes, and each other non-space character on its own (so ``"!"`` and
+``":("`` count). A tweet becomes its first ``max_len`` (default 25, LEAF's) token ids. A
+client's feature set (its submodel's embedding rows) is the tokens of its training tweets;
+the feature heat n_m is the number of clients whose training tweets contain token m.
+
+Every error names the file and the line (CSV) or the user (JSON) and what was expected.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "PAPER_TABLE1",
+    "Sent140",
+    "Tweet",
+    "build_sent140",
+    "load_sent140",
+    "synthetic_sent140",
+    "read_leaf_json",
+    "read_sentiment140_csv",
+    "tokenize",
+]
+
+#: FedSubAvg's Table 1 row for Sent140
+PAPER_TABLE1 = {"clients": 1473, "samples": 79050, "samples-per-client": 54,
+                "feature-heat-dispersion": 1451}  # fmt: skip
+
+_URL = re.compile(r"https?://\S+|www\.\S+")
+_MENTION = re.compile(r"@\w+")
+_TOKEN = re.compile(r"<url>|<user>|[a-z0-9']+|[^\sa-z0-9']")
+_CSV_FORMAT = (
+    'Sentiment140 CSV lines: "polarity","id","date","query","user","text" with polarity 0 or '
+    "4 (latin-1, no header)"
+)
+
+
+@dataclass(frozen=True)
+class Tweet:
+    """One sample: its author (the client), its label (1 positive) and its text."""
+
+    user: str
+    label: int
+    text: str
+
+
+def tokenize(text: str) -> list[str]:
+    """Return the tokens of a tweet (see the module docstring)."""
+    text = _MENTION.sub(" <user> ", _URL.sub(" <url> ", text.lower()))
+    return _TOKEN.findall(text)
+
+
+def _open_text(path: Path, encoding: str) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding, newline="")
+    return open(path, encoding=encoding, newline="")  # noqa: SIM115 (closed by the caller)
+
+
+def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
+    """Yield the tweets of Sentiment140's CSV, one line at a time.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and the line, for a line with another number of fields or a
+        polarity other than 0 or 4.
+    """
+    path = Path(path)
+    with _open_text(path, "latin-1") as fh:
+        for line_no, row in enumerate(csv.reader(fh), start=1):
+            if not row:
+                continue
+            if len(row) != 6:
+                raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
+                                 f"{_CSV_FORMAT}")  # fmt: skip
+            polarity = row[0].strip()
+            if polarity not in ("0", "4"):
+                raise ValueError(f"{path}, line {line_no}: polarity {polarity!r}; expected "
+                                 f"{_CSV_FORMAT}")  # fmt: skip
+            yield Tweet(row[4], 1 if polarity == "4" else 0, row[5])
+
+
+def read_leaf_json(path: str | Path) -> Iterator[Tweet]:
+    """Yield the tweets of one LEAF Sent140 JSON file, user by user.
+
+    Raises
+    ------
+    ValueError
+        Naming the file (and the user) for missing keys, lengths that disagree, or labels
+        other than 0/1.
+    """
+    path = Path(path)
+    expected = ('LEAF JSON {"users": [...], "num_samples": [...], "user_data": {user: '
+                '{"x": [[id, date, query, user, text], ...], "y": [0 or 1, ...]}}}')  # fmt: skip
+    try:
+        with _open_text(path, "utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}, line {err.lineno}: not JSON ({err.msg}); expected "
+                         f"{expected}") from None  # fmt: skip
+    if not isinstance(data, dict) or not {"users", "user_data"} <= set(data):
+        raise ValueError(f"{path}: missing 'users' or 'user_data'; expected {expected}")
+    counts = data.get("num_samples", [None] * len(data["users"]))
+    for user, count in zip(data["users"], counts, strict=False):
+        block = data["user_data"].get(user)
+        if not isinstance(block, dict) or "x" not in block or "y" not in block:
+            raise ValueError(f"{path}: user {user!r} has no x/y in user_data; expected {expected}")
+        xs, ys = block["x"], block["y"]
+        if len(xs) != len(ys) or (count is not None and count != len(ys)):
+            raise ValueError(
+                f"{path}: user {user!r} has {len(xs)} x, {len(ys)} y, num_samples {count}; "
+                f"expected {expected}"
+            )
+        for x, y in zip(xs, ys, strict=True):
+            if y not in (0, 1) or not isinstance(x, list) or len(x) < 5:
+                raise ValueError(f"{path}: user {user!r}: sample {x!r} -> {y!r}; expected "
+                                 f"{expected}")  # fmt: skip
+            yield Tweet(str(user), int(y), str(x[4]))
+
+
+@dataclass(frozen=True, eq=False)
+class Sent140:
+    """The federated sentiment task: token-id sequences per client, a vocabulary, heat.
+
+    Clients are numbered 0..N−1 in sorted account order; client i's training tweets are
+    rows ``train_ptr[i]:train_ptr[i+1]`` of ``train_x`` (test likewise), padded with 0.
+
+    Attributes
+    ----------
+    name : str
+        ``sent140`` or ``synthetic-sent140``.
+    users : tuple of str
+        The accounts.
+    vocab : tuple of str
+        Token of every id ≥ 1 (id 0: padding and unknown tokens).
+    train_x, test_x : numpy.ndarray
+        int32 (n, max_len) token ids.
+    train_y, test_y : numpy.ndarray
+        int64 labels (1 positive).
+    train_ptr, test_ptr : numpy.ndarray
+        int64 (N+1,) offsets of each client's samples.
+    heat : numpy.ndarray
+        int64 (V+1,) clients whose training tweets contain each token (n_m; id 0 excluded:
+        0).
+    """
+
+    name: str
+    users: tuple[str, ...]
+    vocab: tuple[str, ...]
+    train_x: np.ndarray
+    train_y: np.ndarray
+    train_ptr: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    test_ptr: np.ndarray
+    heat: np.ndarray
+
+    @property
+    def n_clients(self) -> int:
+        """Clients N."""
+        return len(self.users)
+
+    def client_tokens(self, client: int) -> np.ndarray:
+        """Return the sorted token ids of a client's training tweets (its embedding rows)."""
+        rows = self.train_x[self.train_ptr[client] : self.train_ptr[client + 1]]
+        ids = np.unique(rows)
+        return ids[ids > 0]
+
+    def dispersion(self) -> float:
+        """Feature heat dispersion n_max / n_min over the tokens in the vocabulary."""
+        n = self.heat[1:]
+        n = n[n > 0]
+        return float(n.max() / n.min()) if n.size else 0.0
+
+    def stats(self) -> dict[str, float | int]:
+        """Return the Table 1 numbers: clients, samples, samples per client, dispersion."""
+        samples = int(self.train_y.size + self.test_y.size)
+        return {
+            "clients": self.n_clients,
+            "samples": samples,
+            "samples-per-client": samples / max(self.n_clients, 1),
+            "vocabulary": len(self.vocab),
+            "feature-heat-dispersion": self.dispersion(),
+            "positive-share": float(np.mean(np.concatenate([self.train_y, self.test_y]))),
+        }
+
+
+def load_sent140(
+    path: str | Path, split_seed: int = 0, max_len: int = 25, max_vocab: int | None = None
+) -> Sent140:
+    """Read Sentiment140's CSV or a LEAF JSON file into the task, in bounded memory.
+
+    The CSV is read twice: once to count each account's tweets, then keeping only the
+    tweets of accounts with more than 40 (so the 1.6 million tweets are never all held).
+    """
+    path = Path(path)
+    if path.name.endswith((".json", ".json.gz")):
+        return build_sent140(read_leaf_json(path), split_seed=split_seed, max_len=max_len,
+                             max_vocab=max_vocab)  # fmt: skip
+    counts = Counter(t.user for t in read_sentiment140_csv(path))
+    keep = {u for u, c in counts.items() if c >= 41}
+    tweets = (t for t in read_sentiment140_csv(path) if t.user in keep)
+    return build_sent140(tweets, split_seed=split_seed, max_len=max_len, max_vocab=max_vocab)
+
+
+def synthetic_sent140(
+    seed: int = 0,
+    n_clients: int = PAPER_TABLE1["clients"],
+    n_samples: int = PAPER_TABLE1["samples"],
+    vocab_size: int = 30_000,
+    target_dispersion: float = PAPER_TABLE1["feature-heat-dispersion"],
+    max_len: int = 25,
+) -> Sent140:
+    """Return the calibrated stand-in ``synthetic-sent140`` (made from ``seed``, in memory).
+
+    Every client has more than 40 tweets (41 + Poisson, the paper's mean of 54 per client),
+    tweets of 4–20 tokens. Token popularity is Zipf-like, p_v ∝ v^(−s), with the most popular
+    token's probability chosen so that it appears in the training tweets of about
+    ``target_dispersion`` clients, and s so that the probabilities sum to 1 over
+    ``vocab_size`` tokens; the rarest tokens occur in one client, so n_max / n_min lands at
+    the paper's dispersion (measured: :meth:`Sent140.dispersion`). Labels come from a planted
+    linear sentiment model: 10 % of the tokens carry a weight N(0, 1.5²) and every account a
+    bias N(0, 0.5²); a tweet is positive with probability σ(Σ weights + bias). The vocabulary
+    size is ours (the paper does not give it).
+    """
+    rng = np.random.default_rng([int(seed), 1400])
+    per_client = 41 + rng.poisson(max(n_samples / n_clients - 41, 0.0), size=n_clients)
+    lengths = rng.integers(4, 21, size=int(per_client.sum()))
+    owner = np.repeat(np.arange(n_clients), per_client)
+    tokens_per_client = np.bincount(owner, weights=lengths, minlength=n_clients) * 0.8
+    # the top token's probability: expected clients containing it = target_dispersion
+    lo, hi = 1e-6, 0.5
+    for _ in range(60):
+        p_top = (lo + hi) / 2
+        covered = float(np.sum(1.0 - (1.0 - p_top) ** tokens_per_client))
+        lo, hi = (p_top, hi) if covered < target_dispersion else (lo, p_top)
+    ranks = np.arange(1, vocab_size + 1, dtype=np.float64)
+    lo_s, hi_s = 0.0, 3.0  # Σ p_top · v^(−s) = 1
+    for _ in range(60):
+        s = (lo_s + hi_s) / 2
+        total = p_top * float(np.sum(ranks**-s))
+        lo_s, hi_s = (s, hi_s) if total > 1.0 else (lo_s, s)
+    probs = ranks**-s
+    probs /= probs.sum()
+    weight = np.where(rng.random(vocab_size) < 0.1, rng.normal(0, 1.5, vocab_size), 0.0)
+    bias = rng.normal(0, 0.5, n_clients)
+    flat = rng.choice(vocab_size, size=int(lengths.sum()), p=probs)
+    ptr = np.concatenate([[0], np.cumsum(lengths)])
+    score = np.add.reduceat(weight[flat], ptr[:-1]) + bias[owner]
+    labels = (rng.random(score.size) < 1.0 / (1.0 + np.exp(-score))).astype(int)
+    users = [f"user{c:05d}" for c in range(n_clients)]
+    words = np.array([f"w{v}" for v in range(vocab_size)])
+    tweets = (
+        Tweet(users[owner[i]], int(labels[i]), " ".join(words[flat[ptr[i] : ptr[i + 1]]]))
+        for i in range(score.size)
+    )
+    return build_sent140(tweets, name="synthetic-sent140", split_seed=seed, max_len=max_len)
+
+
+def build_sent140(
+    tweets: Iterable[Tweet],
+    name: str = "sent140",
+    min_samples: int = 41,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    max_len: int = 25,
+    max_vocab: int | None = None,
+) -> Sent140:
+    """Build the federated task from tweets (see the module docstring).
+
+    Parameters
+    ----------
+    tweets : iterable of Tweet
+        From :func:`read_sentiment140_csv` or :func:`read_leaf_json`.
+    name : str, optional
+        Task name.
+    min_samples : int, optional
+        Least samples an account needs to be a client (default 41: "more than 40").
+    test_fraction : float, optional
+        Share of the samples in the test set (default 0.2).
+    split_seed : int, optional
+        Seed of the train/test split (default 0).
+    max_len : int, optional
+        Tokens kept per tweet (default 25).
+    max_vocab : int, optional
+        Keep only the most frequent training tokens (default: all).
+
+    Raises
+    ------
+    ValueError
+        If no account has ``min_samples`` samples.
+    """
+    by_user: dict[str, list[tuple[int, list[str]]]] = {}
+    for tweet in tweets:
+        by_user.setdefault(tweet.user, []).append((tweet.label, tokenize(tweet.text)))
+    users = tuple(sorted(u for u, s in by_user.items() if len(s) >= min_samples))
+    if not users:
+        raise ValueError(f"no account has {min_samples} or more samples")
+    labels = [label for u in users for label, _ in by_user[u]]
+    tokens = [toks[:max_len] for u in users for _, toks in by_user[u]]
+    owner = np.repeat(np.arange(len(users)), [len(by_user[u]) for u in users])
+    n = len(labels)
+    rng = np.random.default_rng([int(split_seed), 140])
+    is_test = np.zeros(n, dtype=bool)
+    is_test[rng.permutation(n)[: int(round(test_fraction * n))]] = True
+    counts = Counter(t for i in np.flatnonzero(~is_test) for t in tokens[i])
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    vocab = tuple(ranked if max_vocab is None else ranked[:max_vocab])
+    index = {t: k + 1 for k, t in enumerate(vocab)}
+    x = np.zeros((n, max_len), dtype=np.int32)
+    for i, toks in enumerate(tokens):
+        ids = [index.get(t, 0) for t in toks]
+        x[i, : len(ids)] = ids
+    y = np.asarray(labels, dtype=np.int64)
+
+    def part(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(mask)  # already grouped by client (owner is non-decreasing)
+        ptr = np.zeros(len(users) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owner[idx], minlength=len(users)), out=ptr[1:])
+        return x[idx], y[idx], ptr
+
+    train_x, train_y, train_ptr = part(~is_test)
+    test_x, test_y, test_ptr = part(is_test)
+    heat = np.zeros(len(vocab) + 1, dtype=np.int64)
+    for c in range(len(users)):
+        ids = np.unique(train_x[train_ptr[c] : train_ptr[c + 1]])
+        heat[ids[ids > 0]] += 1
+    return Sent140(name, users, vocab, train_x, train_y, train_ptr, test_x, test_y,
+                   test_ptr, heat)  # fmt: skip

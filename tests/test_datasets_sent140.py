@@ -1,0 +1,145 @@
+"""Sentiment140 (FedSubAvg's sentiment task): the official CSV and LEAF JSON read from files
+the tests write (plain and gzip, malformed lines named), the paper's partition rules, and the
+calibrated stand-in's statistics beside the paper's Table 1."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from flower_app.datasets.sent140 import (
+    PAPER_TABLE1,
+    Tweet,
+    build_sent140,
+    load_sent140,
+    read_leaf_json,
+    read_sentiment140_csv,
+    synthetic_sent140,
+    tokenize,
+)
+
+
+def _rows(n_users: int = 5, seed: int = 0) -> list[list[str]]:
+    """Official-layout rows: accounts with 45, 41, 40, 10 and 60 tweets."""
+    rng = np.random.default_rng(seed)
+    sizes = [45, 41, 40, 10, 60][:n_users]
+    out = []
+    for u, size in enumerate(sizes):
+        for k in range(size):
+            polarity = "4" if rng.random() < 0.5 else "0"
+            mood = "great" if polarity == "4" else "bad"
+            text = f"@friend café #{k} is {mood} http://t.co/x{k} !"
+            out.append([polarity, str(1000 * u + k), "Mon Apr 06 22:19:45 PDT 2009",
+                        "NO_QUERY", f"acct{u}", text])  # fmt: skip
+    return out
+
+
+def _write_csv(path, rows, gz: bool = False) -> None:
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="latin-1", newline="") as fh:
+        csv.writer(fh, quoting=csv.QUOTE_ALL).writerows(rows)
+
+
+def test_tokens() -> None:
+    assert tokenize("@bob I can't wait!! http://x.co/a :(") == [
+        "<user>", "i", "can't", "wait", "!", "!", "<url>", ":", "(",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_official_csv_is_read_with_its_encoding_and_partitioned_as_the_paper(tmp_path, gz):
+    path = tmp_path / ("training.1600000.processed.noemoticon.csv" + (".gz" if gz else ""))
+    rows = _rows()
+    _write_csv(path, rows, gz)
+    tweets = list(read_sentiment140_csv(path))
+    assert len(tweets) == len(rows) and tweets[0].user == "acct0"
+    assert "café" in tweets[0].text  # latin-1, not mangled
+    assert {t.label for t in tweets} == {0, 1}
+    task = load_sent140(path, split_seed=3)
+    # more than 40 samples: 45, 41 and 60 stay; 40 and 10 go
+    assert task.users == ("acct0", "acct1", "acct4")
+    assert task.stats()["samples"] == 45 + 41 + 60
+    assert int(np.diff(task.test_ptr).sum()) == round(0.2 * 146)  # 80/20 over all samples
+    # the vocabulary is the training tokens; heat counts the clients using each token
+    train_tokens = {task.vocab[i - 1] for i in np.unique(task.train_x) if i > 0}
+    assert train_tokens == set(task.vocab)
+    great = task.vocab.index("great") + 1
+    users_with_great = sum(great in task.client_tokens(c) for c in range(task.n_clients))
+    assert task.heat[great] == users_with_great >= 1
+    assert task.dispersion() >= 1
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        (["4", "1", "date", "q", "acct"], r"line 3: 5 fields"),
+        (["2", "1", "date", "q", "acct", "neutral"], r"line 3: polarity '2'"),
+    ],
+)
+def test_a_malformed_csv_line_is_named(tmp_path, row, match) -> None:
+    path = tmp_path / "s140.csv"
+    _write_csv(path, _rows(1)[:2] + [row])
+    with pytest.raises(ValueError, match=match):
+        list(read_sentiment140_csv(path))
+
+
+def test_leaf_json_gives_the_same_task_as_the_csv(tmp_path) -> None:
+    rows = _rows()
+    users = sorted({r[4] for r in rows})
+    data = {
+        "users": users,
+        "num_samples": [sum(r[4] == u for r in rows) for u in users],
+        "user_data": {
+            u: {"x": [[r[1], r[2], r[3], r[4], r[5]] for r in rows if r[4] == u],
+                "y": [1 if r[0] == "4" else 0 for r in rows if r[4] == u]}
+            for u in users
+        },
+    }  # fmt: skip
+    leaf = tmp_path / "all_data_0.json"
+    leaf.write_text(json.dumps(data))
+    csv_path = tmp_path / "s140.csv"
+    _write_csv(csv_path, sorted(rows, key=lambda r: r[4]))
+    a, b = load_sent140(leaf, split_seed=1), load_sent140(csv_path, split_seed=1)
+    assert a.users == b.users and a.vocab == b.vocab
+    assert np.array_equal(a.train_x, b.train_x) and np.array_equal(a.test_y, b.test_y)
+    bad = dict(data)
+    bad["user_data"] = {**data["user_data"], "acct0": {"x": data["user_data"]["acct0"]["x"]}}
+    leaf.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="user 'acct0' has no x/y"):
+        list(read_leaf_json(leaf))
+    leaf.write_text('{"users": ["a"],\n "user_data": ')
+    with pytest.raises(ValueError, match=r"line 2: not JSON"):
+        list(read_leaf_json(leaf))
+
+
+def test_build_keeps_accounts_above_40_and_truncates_tweets() -> None:
+    tweets = [Tweet("a", 1, " ".join(["w"] * 30))] * 41 + [Tweet("b", 0, "x")] * 40
+    task = build_sent140(tweets, max_len=25)
+    assert task.users == ("a",) and task.train_x.shape[1] == 25
+    assert (task.train_x != 0).sum(axis=1).max() == 25
+    with pytest.raises(ValueError, match="no account has 41"):
+        build_sent140(tweets[41:])
+
+
+def test_the_stand_in_matches_table_1_and_carries_a_learnable_signal() -> None:
+    task = synthetic_sent140(seed=0)
+    stats = task.stats()
+    assert stats["clients"] == PAPER_TABLE1["clients"]
+    assert abs(stats["samples"] / PAPER_TABLE1["samples"] - 1) < 0.01
+    paper = PAPER_TABLE1["feature-heat-dispersion"]
+    assert abs(stats["feature-heat-dispersion"] / paper - 1) < 0.05
+    assert task.name == "synthetic-sent140"
+    assert all(np.diff(task.train_ptr) + np.diff(task.test_ptr) > 40)  # more than 40 each
+    # a bag-of-words log-count ratio learnt on train beats the majority class on test
+    v = len(task.vocab) + 1
+    pos = np.bincount(task.train_x[task.train_y == 1].ravel(), minlength=v) + 1.0
+    neg = np.bincount(task.train_x[task.train_y == 0].ravel(), minlength=v) + 1.0
+    r = np.log(pos / pos.sum()) - np.log(neg / neg.sum())
+    r[0] = 0.0
+    pred = (r[task.test_x].sum(axis=1) > 0).astype(int)
+    majority = max(task.test_y.mean(), 1 - task.test_y.mean())
+    assert (pred == task.test_y).mean() > majority + 0.05
