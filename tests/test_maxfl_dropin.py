@@ -70,9 +70,11 @@ def as_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: record[k].numpy() for k in record}
 
 
-def user_app(configs: list | None = None, maxfl: bool = True, appeal: bool = True) -> ClientApp:
+def user_app(
+    configs: list | None = None, maxfl: bool = True, appeal: bool = True, mods=None
+) -> ClientApp:
     """A FedAvg ClientApp; with ``maxfl`` its train reply adds F_k(w) and ρ_k (3 lines)."""
-    app = ClientApp()
+    app = ClientApp(mods=mods or [])
 
     def load(msg: Message, context: Context):
         pid = int(context.node_config["partition-id"])
@@ -393,3 +395,37 @@ def test_example_client_app_with_synthetic_images(tmp_path, monkeypatch) -> None
     assert [r["server-round"] for r in strategy.history] == [1, 2]
     assert all(stored_rho(g.contexts[n]) is not None for n in g.node_ids)
     assert "eval_acc" in result.evaluate_metrics_clientapp[2]
+
+
+# ------------------------------------------------------------------ Flower's DP wrappers
+def test_flowers_dp_wrappers_drive_maxfl_like_fedavg() -> None:
+    """Flower's ``DifferentialPrivacy*FixedClipping`` wrap MaxFLStrategy as they wrap FedAvg
+    (their own start() loop drives configure_train/aggregate_train): with no noise and a
+    loose clip the run is the plain one; with noise the model moves; client-side clipping
+    runs with Flower's ``fixedclipping_mod`` on the user's ClientApp."""
+    from flwr.clientapp.mod import fixedclipping_mod
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+    )
+
+    def wrapped(wrapper, app: ClientApp, noise: float):
+        inner = MaxFLStrategy(mandatory_rounds=1, seed=3, flexible=False)
+        dp = wrapper(inner, noise_multiplier=noise, clipping_norm=100.0, num_sampled_clients=4)
+        result = dp.start(grid=grid(app), initial_arrays=initial(), num_rounds=3,
+                          train_config=TRAIN)  # fmt: skip
+        return as_dict(result.arrays), inner
+
+    _, plain, _ = run(user_app(), flexible=False)
+    clean, inner = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.0)
+    assert inner._external_setup  # setup and sampling ran for Flower's loop
+    for key, value in as_dict(plain.arrays).items():
+        np.testing.assert_allclose(clean[key], value, rtol=1e-6, atol=1e-7)
+    noisy, _ = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.05)
+    moved = max(np.abs(noisy[k] - clean[k]).max() for k in clean if clean[k].dtype.kind == "f")
+    assert moved > 1e-4
+    client_side, _ = wrapped(
+        DifferentialPrivacyClientSideFixedClipping, user_app(mods=[fixedclipping_mod]), 0.0
+    )
+    for key, value in clean.items():
+        np.testing.assert_allclose(client_side[key], value, rtol=1e-6, atol=1e-7)

@@ -41,6 +41,7 @@ gRPC grid's fixed 3 s, so a deployment round costs little more than its messages
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -471,11 +472,72 @@ class RoundStrategy(Strategy):
         self._last_checked: CheckedReplies | None = None
         self._skipped: dict[int, tuple[int, str]] = {}
         self._summed_nodes: list[int] = []
+        self._own_loop = False  # inside this class's start()
+        self._external_setup = False  # setup() run for another loop (Flower's wrappers)
+        self._prepared_round = 0
         #: called as ``checkpoint_fn(payload)`` after every round (resumable strategies)
         self.checkpoint_fn: Callable[[dict[str, Any]], None] | None = None
         self._resume: dict[str, Any] | None = None
         self._timeout = 3600.0
         self._t0 = 0.0
+
+    #: rounds ``setup`` is told when another loop drives the strategy (it does not say)
+    external_num_rounds: int = 1_000_000
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Let another ``start()`` loop drive the strategy (e.g. Flower's DP wrappers).
+
+        Flower's ``Strategy.start`` (and so ``DifferentialPrivacyServerSideFixedClipping``
+        and friends, which wrap a strategy and run their own loop) calls only
+        ``configure_train``/``aggregate_train``/``configure_evaluate``/
+        ``aggregate_evaluate``. Every subclass's ``configure_train`` is therefore wrapped:
+        outside this class's own ``start()``, the first call runs :meth:`setup` (with
+        :attr:`external_num_rounds` rounds) and every round first runs
+        :meth:`before_round`; the messages returned are remembered as the round's
+        expected senders.
+        """
+        super().__init_subclass__(**kwargs)
+        inner = cls.__dict__.get("configure_train")
+        if inner is None or getattr(inner, "_external_guard", False):
+            return
+
+        @functools.wraps(inner)
+        def configure_train(
+            self: RoundStrategy,
+            server_round: int,
+            arrays: ArrayRecord,
+            config: ConfigRecord,
+            grid: Grid,
+        ) -> Iterable[Message]:
+            if self._own_loop:
+                return inner(self, server_round, arrays, config, grid)
+            arrays = self._prepare_external(server_round, arrays, grid)
+            messages = list(inner(self, server_round, arrays, config, grid))
+            self._expected = {int(m.metadata.dst_node_id) for m in messages}
+            self._sent_ids = {}
+            return messages
+
+        configure_train._external_guard = True  # type: ignore[attr-defined]
+        cls.configure_train = configure_train  # type: ignore[method-assign]
+
+    def _prepare_external(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> ArrayRecord:
+        """Run ``setup`` once and ``before_round`` once per round for another loop."""
+        if self.secure_aggregation is not None:
+            raise RuntimeError(
+                f"{type(self).__name__} with secure_aggregation must run its own start(): "
+                "another loop (e.g. a Flower DP wrapper) sends each reply in the clear"
+            )
+        if not self._external_setup:
+            check_initial_arrays(arrays, self.expected_initial_arrays())
+            self._t0 = time.perf_counter()
+            self.setup(grid, arrays, self.external_num_rounds)
+            arrays = self.initial_state(arrays)
+            self._external_setup = True
+        if self._prepared_round != server_round:
+            self._prepared_round = server_round
+            self.refresh_nodes(grid)
+            self.before_round(server_round, arrays, grid)
+        return arrays
 
     # ------------------------------------------------------------------ hooks
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
@@ -883,6 +945,22 @@ class RoundStrategy(Strategy):
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         self._timeout = float(timeout)
+        self._own_loop = True
+        try:
+            return self._start(grid, arrays, num_rounds, train_config, evaluate_config, evaluate_fn)
+        finally:
+            self._own_loop = False
+
+    def _start(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        num_rounds: int,
+        train_config: ConfigRecord,
+        evaluate_config: ConfigRecord,
+        evaluate_fn: EvaluateFn | None,
+    ) -> Result:
+        """Run the loop of :meth:`start` (see there)."""
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         self._t0 = time.perf_counter()
