@@ -429,3 +429,31 @@ def test_flowers_dp_wrappers_drive_maxfl_like_fedavg() -> None:
     )
     for key, value in clean.items():
         np.testing.assert_allclose(client_side[key], value, rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------ secure aggregation
+def test_plain_mode_under_secure_aggregation_keeps_the_users_clientapp() -> None:
+    """The user's FedAvg-style ClientApp plus the mod: the nodes sum q_k (w − w_k), q_k,
+    F_k(w) and the appeal flags; the model's floating arrays match the plain run within the
+    fixed-point error, and no reply the server receives holds a node's model."""
+    from flower_app.privacy import SecureAggregation, secure_aggregation_mod
+
+    plain_strategy, plain, _ = run(user_app(), flexible=False)
+    strategy = MaxFLStrategy(mandatory_rounds=1, seed=3, flexible=False,
+                             secure_aggregation=SecureAggregation())  # fmt: skip
+    g = grid(user_app(mods=[secure_aggregation_mod]))
+    replies = []
+    pull = g.pull_messages
+    g.pull_messages = lambda ids: [replies.append(r) or r for r in pull(ids)]
+    result = strategy.start(grid=g, initial_arrays=initial(), num_rounds=3, train_config=TRAIN)
+    got, want = as_dict(result.arrays), as_dict(plain.arrays)
+    for key, value in want.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5)
+    rows = [r for r in strategy.history if r["server-round"] >= 1]
+    plain_rows = [r for r in plain_strategy.history if r["server-round"] >= 1]
+    for r, p in zip(rows, plain_rows, strict=True):
+        assert r["secagg-nodes"] == 4 and r["q-sum"] == pytest.approx(p["q-sum"], abs=1e-6)
+        assert r["train-loss"] == pytest.approx(p["train-loss"], rel=1e-6)
+    trains = [m for m in replies if m.metadata.message_type == "train" and not m.has_error()]
+    assert trains and all(set(m.content.array_records) <= {"secagg-vector"} for m in trains)

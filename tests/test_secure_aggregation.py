@@ -424,15 +424,12 @@ def test_maxfl_family_under_secure_aggregation_matches_the_plain_model(tmp_path,
             assert not msg.content.metric_records
 
 
-def test_mwfed_and_plain_mode_maxfl_refuse_secure_aggregation() -> None:
+def test_mwfed_refuses_secure_aggregation() -> None:
     from flower_app.config import AppConfig, ConfigError
-    from flower_app.strategies import MaxFLStrategy
 
     with pytest.raises(ConfigError, match="except mwfed"):
         AppConfig.from_run_config({**MAXFL_SMALL, "algorithm": "mwfed",
                                    "secure-aggregation": True})  # fmt: skip
-    with pytest.raises(ValueError, match="cohort mode"):
-        MaxFLStrategy(secure_aggregation=SecureAggregation())
 
 
 # ---------------------------------------------------------------------------- FedCG

@@ -64,6 +64,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from flower_app.privacy.fixed_point import encode_reply, layout_of, mask_stream
+from flower_app.privacy.transforms import apply_transform
 
 __all__ = ["SECAGG_RECORD", "secure_aggregation_mod"]
 
@@ -237,7 +238,11 @@ def _collect(
     if out.has_error():
         _save(context, state)
         return out
-    entries = layout_of(out.content, state["public"])
+    reply_content = out.content
+    if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL's plain mode)
+        params = {k[len("transform-"):]: v for k, v in cfg.items() if k.startswith("transform-")}
+        reply_content = apply_transform(str(cfg["transform"]), content, out.content, params)
+    entries = layout_of(reply_content, state["public"])
     vector = encode_reply(entries, state["frac-bits"], state["clients"])
     vector = vector + mask_stream(state["seed"], vector.size)
     sk1 = bytes_to_private_key(state["sk1"])
@@ -245,7 +250,7 @@ def _collect(
     for src in srcs:
         pair = mask_stream(generate_shared_key(sk1, bytes_to_public_key(pk1[src])), vector.size)
         vector = vector + pair if nid > src else vector - pair
-    metrics = out.content.metric_records.get("metrics")
+    metrics = reply_content.metric_records.get("metrics")
     public = {k: metrics[k] for k in state["public"] if metrics is not None and k in metrics}
     _save(context, state)
     reply = RecordDict(

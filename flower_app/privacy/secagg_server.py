@@ -36,7 +36,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +244,7 @@ def secure_sum(
     rng: random.Random,
     server_round: int,
     public: Sequence[str] = (),
+    transform: Mapping[str, Any] | None = None,
 ) -> SecureSum:
     """Run the four stages for one round's train messages; return the unmasked sum.
 
@@ -263,6 +264,9 @@ def secure_sum(
     public : sequence of str
         Metric keys of ``"metrics"`` sent in the clear; every survivor must send the same
         value.
+    transform : mapping, optional
+        ``{"name": ..., <param>: ...}``: a reply transform the nodes apply before encoding
+        (:mod:`flower_app.privacy.transforms`).
 
     Returns
     -------
@@ -325,10 +329,14 @@ def secure_sum(
                 {**dict(content.config_records["config"]), "secure-aggregation": 1}
             )
         srcs, cts = zip(*inbox[node], strict=True) if inbox[node] else ((), ())
-        content[SECAGG_RECORD] = ConfigRecord({
+        stage = {
             "stage": "collect", "round": int(server_round),
             "sources": list(srcs), "ciphertexts": list(cts),
-        })  # fmt: skip
+        }  # fmt: skip
+        if transform:
+            stage["transform"] = str(transform["name"])
+            stage.update({f"transform-{k}": v for k, v in transform.items() if k != "name"})
+        content[SECAGG_RECORD] = ConfigRecord(stage)
         return Message(
             content,
             dst_node_id=node,

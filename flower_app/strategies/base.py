@@ -443,6 +443,14 @@ class RoundStrategy(Strategy):
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
     secure_public_metrics: tuple[str, ...] = ()
 
+    def secure_transform(self) -> dict[str, Any] | None:
+        """Return the reply transform the nodes apply under secure aggregation, or None.
+
+        For plain-mode replies that are not sums as they are (MaxFL's trained models):
+        ``{"name": <flower_app.privacy.transforms name>, <param>: <value>, ...}``.
+        """
+        return None
+
     def __init__(
         self,
         on_round: RoundCallback | None = None,
@@ -863,6 +871,7 @@ class RoundStrategy(Strategy):
             rng,
             server_round,
             self.secure_public_metrics,
+            self.secure_transform(),
         )
         checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
         checked.missing = len(outcome.failed) - outcome.bad

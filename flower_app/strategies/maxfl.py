@@ -704,8 +704,11 @@ class MaxFLStrategy(AppealStrategy):
     eval_every, tuned_final, discovery_timeout : optional
         Cohort mode: see :class:`AppealStrategy`.
     secure_aggregation : SecureAggregation, optional
-        Cohort mode: see :class:`AppealStrategy` (plain mode refuses it: the server
-        computes each q_k from the node's F_k(w) and ρ_k).
+        Cohort mode: see :class:`AppealStrategy`. Plain mode: the nodes'
+        ``secure_aggregation_mod`` turns each reply (w_k, F_k(w), ρ_k) into q_k (w − w_k),
+        q_k, F_k(w) and [F_k(w) < ρ_k] before summing (transform
+        ``maxfl-weighted-delta``), so the user's ClientApp is unchanged and the server
+        learns only the sums; non-floating arrays keep the server's values.
 
     Notes
     -----
@@ -797,13 +800,7 @@ class MaxFLStrategy(AppealStrategy):
         discovery_timeout: float = 300.0,
         secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        adaptive_server_lr(0.0, server_lr, eps)
-        if secure_aggregation is not None and not cohorts:
-            raise ValueError(
-                "MaxFLStrategy supports secure aggregation in cohort mode (cohorts=True): in "
-                "plain mode the server computes q_k from each node's F_k(w) and ρ_k, which a "
-                "sum would hide"
-            )  # raises on ε ≤ 0 or η_g ≤ 0
+        adaptive_server_lr(0.0, server_lr, eps)  # raises on ε ≤ 0 or η_g ≤ 0
         if not 0.0 < fraction_train <= 1.0 or not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError("fraction_train must lie in (0, 1], fraction_evaluate in [0, 1]")
         if int(mandatory_rounds) < 0:
@@ -950,10 +947,37 @@ class MaxFLStrategy(AppealStrategy):
             for n in self._nodes
         ]
 
+    def secure_transform(self) -> dict[str, Any] | None:
+        """Plain mode under secure aggregation: nodes sum q_k (w − w_k), not their models."""
+        if self.cohort_mode:
+            return None
+        return {"name": "maxfl-weighted-delta", "loss-key": self.train_loss_key,
+                "rho-key": self.rho_key, "weight-key": self.weighted_by_key}  # fmt: skip
+
+    def _decode_summed_plain(self, reply: Message) -> Any:
+        """Plain mode, secure aggregation: Σ q_k Δw_k per floating array and the sums."""
+        record = reply.content.array_records["arrays"]
+        metrics = reply.content.metric_records["metrics"]
+        floats = [k for k, w in self._global.items() if w.dtype.kind == "f"]
+        if sorted(record.keys()) != sorted(floats):
+            raise ValueError(f"summed arrays {sorted(record.keys())}, the model's {floats}")
+        sums = {k: record[k].numpy().astype(np.float64) for k in floats}
+        for k, a in sums.items():
+            if a.shape != self._global[k].shape or not np.all(np.isfinite(a)):
+                raise ValueError(f"summed '{k}' has shape {a.shape} or non-finite values")
+        nodes = len(self._summed_nodes)
+        q_sum = float(metrics["q-sum"])
+        if not (np.isfinite(q_sum) and -1e-6 <= q_sum <= nodes * Q_MAX + 1e-6):
+            raise ValueError(f"Σ q_k = {q_sum} outside [0, {nodes}/4]")
+        return ("summed", sums, max(q_sum, 0.0), float(metrics["loss-sum"]),
+                int(metrics["appeal"]), int_metric(metrics, "num-examples"), nodes)  # fmt: skip
+
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Plain mode: check a reply; return (arrays, F_k(w), ρ_k, num-examples)."""
         if self.cohort_mode:
             return super().decode_train_reply(src, reply)
+        if src == SUMMED_SENDER:
+            return self._decode_summed_plain(reply)
         content = reply.content
         if "arrays" not in content.array_records:
             raise ValueError("the reply has no 'arrays' ArrayRecord (the trained model)")
@@ -996,6 +1020,8 @@ class MaxFLStrategy(AppealStrategy):
         row: dict[str, Any] = {"pool-size": self._pool_size, "sampled": len(self._nodes)}
         if not checked.accepted:
             return None, to_metric_record({**row, "nodes": 0, "server-step": 0.0})
+        if checked.accepted[0][0] == SUMMED_SENDER:
+            return self._step_summed(row, checked.accepted[0][1])
         losses = np.array([loss for _, (_, loss, _, _) in checked.accepted])
         rhos = np.array([rho for _, (_, _, rho, _) in checked.accepted])
         qs = aggregation_weight(losses, rhos)
@@ -1020,6 +1046,30 @@ class MaxFLStrategy(AppealStrategy):
                 "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
                 "train-loss": float(np.mean(losses)),
                 "appeal": float(np.mean(losses < rhos)),
+            }
+        )
+        return self._record(self._global), to_metric_record(row)
+
+    def _step_summed(
+        self, row: dict[str, Any], decoded: tuple
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Take the MaxFL step from a securely aggregated round (non-floating arrays kept)."""
+        _, sums, q_sum, loss_sum, appeal, n_examples, nodes = decoded
+        floats = [k for k, w in self._global.items() if w.dtype.kind == "f"]
+        stepped = maxfl_update(
+            [self._global[k] for k in floats], [sums[k] for k in floats], q_sum,
+            self.server_lr, self.eps,
+        )  # fmt: skip
+        self._global = {**self._global, **dict(zip(floats, stepped, strict=True))}
+        row.update(
+            {
+                "nodes": nodes,
+                "num-examples": n_examples,
+                "q-mean": q_sum / max(nodes, 1),
+                "q-sum": q_sum,
+                "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
+                "train-loss": loss_sum / max(nodes, 1),
+                "appeal": appeal / max(nodes, 1),
             }
         )
         return self._record(self._global), to_metric_record(row)
