@@ -56,9 +56,9 @@ def initial() -> ArrayRecord:
     return ArrayRecord(Tiny().state_dict())
 
 
-def user_app(log: dict, nan: bool = False, heat: bool = True) -> ClientApp:
+def user_app(log: dict, nan: bool = False, heat: bool = True, mods=None) -> ClientApp:
     """A user's ClientApp: FedAvg's shape plus the FedSubAvg helper lines."""
-    app = ClientApp()
+    app = ClientApp(mods=mods or [])
 
     if heat:
 
@@ -335,3 +335,30 @@ def test_without_sparse_keys_a_fedavg_clientapp_serves_and_the_result_is_fedavg(
     assert ours.train_metrics_clientapp[2]["train_loss"] == pytest.approx(
         flower.train_metrics_clientapp[2]["train_loss"]
     )
+
+
+# ---------------------------------------------------------------- secure aggregation
+@pytest.mark.parametrize("weighting", ["clients", "samples"])
+def test_plain_mode_under_secure_aggregation_reaches_the_plain_model(weighting) -> None:
+    """The user's ClientApp plus the mod: the counting round becomes a secure sum of dense
+    counts (the same heat), every node gets the whole tables (the server learns no node's
+    rows), each node's update is cut to the rows it declared; the model is the plain run's
+    within the fixed-point error and the server receives no node's rows or update."""
+    from flower_app.privacy import SecureAggregation, secure_aggregation_mod
+
+    plain = strategy(weighting=weighting)
+    want = plain.start(grid=grid({}), initial_arrays=initial(), num_rounds=2)
+    g = LocalGrid(NODES, {}, app=user_app({}, mods=[secure_aggregation_mod]))
+    received = []
+    pull = g.pull_messages
+    g.pull_messages = lambda ids: [received.append(r) or r for r in pull(ids)]
+    secure = strategy(weighting=weighting, secure_aggregation=SecureAggregation())
+    got = secure.start(grid=g, initial_arrays=initial(), num_rounds=2)
+    assert np.array_equal(secure.heat.clients, plain.heat.clients)
+    assert np.array_equal(secure.heat.samples, plain.heat.samples)
+    for key in want.arrays:
+        np.testing.assert_allclose(got.arrays[key].numpy(), want.arrays[key].numpy(),
+                                   rtol=0, atol=1e-5)  # fmt: skip
+    for msg in received:
+        if not msg.has_error() and msg.content.array_records:
+            assert set(msg.content.array_records) == {"secagg-vector"}

@@ -335,8 +335,8 @@ def test_neighbour_rings_are_seeded_and_symmetric() -> None:
 
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
-    with pytest.raises(ValueError, match="cohort mode"):
-        FedSubAvgStrategy(secure_aggregation=SecureAggregation())
+    with pytest.raises(ValueError, match="cohorts=True and secure_aggregation"):
+        FedSubAvgStrategy(dp=object())  # client-level DP: cohort mode with SecAgg only
     with pytest.raises(ValueError, match="does not support secure aggregation"):
         FedDiscreteGreedyStrategy(secure_aggregation=SecureAggregation())
     with pytest.raises(TypeError, match="SecureAggregation"):

@@ -25,7 +25,14 @@ import numpy as np
 
 from flower_app.algorithms.fedsubavg import FeatureHeat, RoundUpdate
 
-__all__ = ["ROWS_SUFFIX", "NamedLayout", "named_heat", "rows_key", "unique_rows"]
+__all__ = [
+    "ROWS_SUFFIX",
+    "NamedLayout",
+    "named_heat",
+    "named_heat_from_counts",
+    "rows_key",
+    "unique_rows",
+]
 
 #: suffix of the record key holding a sparse array's row ids (``"<key>.rows"``)
 ROWS_SUFFIX = ".rows"
@@ -250,6 +257,38 @@ class NamedLayout:
             deltas.append(d)
         sums = np.concatenate(deltas) * float(weight) if deltas else np.zeros(0)
         return RoundUpdate(self.submodel_entries(rows), sums, 1, float(weight))
+
+
+def named_heat_from_counts(
+    layout: NamedLayout,
+    row_clients: Mapping[str, np.ndarray],
+    row_samples: Mapping[str, np.ndarray],
+    n_clients: int,
+    n_samples: int,
+) -> FeatureHeat:
+    """Return the heat of every flat entry from per-row counts (e.g. a secure sum).
+
+    Parameters
+    ----------
+    layout : NamedLayout
+        The model.
+    row_clients, row_samples : mapping of str to numpy.ndarray
+        Per sparse array: clients touching each row, and the sum of their samples.
+    n_clients, n_samples : int
+        N and Σ n_j (dense entries get them).
+    """
+    heat = FeatureHeat.zeros(layout.size)
+    for i, key in enumerate(layout.keys):
+        lo, hi = layout.offsets[i], layout.offsets[i + 1]
+        if key in layout.sparse:
+            w = layout.row_width(key)
+            heat.clients[lo:hi] = np.repeat(np.asarray(row_clients[key], np.int64), w)
+            heat.samples[lo:hi] = np.repeat(np.asarray(row_samples[key], np.int64), w)
+        else:
+            heat.clients[lo:hi] = n_clients
+            heat.samples[lo:hi] = n_samples
+    heat.n_clients, heat.n_samples = int(n_clients), int(n_samples)
+    return heat
 
 
 def named_heat(

@@ -71,6 +71,8 @@ __all__ = ["SECAGG_RECORD", "secure_aggregation_mod"]
 #: the ConfigRecord that marks a secure-aggregation message (request and reply)
 SECAGG_RECORD = "secagg"
 STATE_RECORD = "secagg-state"
+#: what reply transforms keep on the node between rounds (e.g. FedSubAvg's declared rows)
+STORE_RECORD = "secagg-store"
 
 
 def _load(context: Context) -> dict[str, Any]:
@@ -241,7 +243,11 @@ def _collect(
     reply_content = out.content
     if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL's plain mode)
         params = {k[len("transform-"):]: v for k, v in cfg.items() if k.startswith("transform-")}
-        reply_content = apply_transform(str(cfg["transform"]), content, out.content, params)
+        store = dict(context.state.config_records.get(STORE_RECORD, ConfigRecord()))
+        reply_content = apply_transform(
+            str(cfg["transform"]), content, out.content, params, store
+        )
+        context.state.config_records[STORE_RECORD] = ConfigRecord(store)
     entries = layout_of(reply_content, state["public"])
     vector = encode_reply(entries, state["frac-bits"], state["clients"])
     vector = vector + mask_stream(state["seed"], vector.size)

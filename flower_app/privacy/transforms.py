@@ -10,6 +10,15 @@ handler produced, before encoding, so the user's ClientApp stays the FedAvg-styl
     (``rho-key``) → arrays q_k (w − w_k) for every floating array (others dropped: the
     server keeps its own), metrics ``q-sum`` = q_k, ``loss-sum`` = F_k(w), ``appeal`` =
     [F_k(w) < ρ_k], ``num-examples``; q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k)) (MaxFL, Eq. 4).
+``fedsubavg-heat`` (FedSubAvg's counting round, plain mode)
+    reply ``"<key>.rows"`` (the rows the node's data touches, per sparse table of
+    ``rows-<key>`` rows) → dense 0/1 counts ``<key>`` and ``<key>.samples`` (× the node's
+    ``num-examples``), metrics ``num-examples`` and ``clients`` = 1; the rows are kept on the
+    node (its Context) for the training rounds.
+``fedsubavg-weighted-delta`` (FedSubAvg's training round, plain mode, full model sent)
+    c_i (x_i − x) for every array, the sparse tables restricted to the rows the node declared
+    (c_i = 1, or its ``num-examples`` with ``weighting = samples``); metrics
+    ``num-examples``, ``weight-sum`` = c_i, ``clients`` = 1.
 """
 
 from __future__ import annotations
@@ -24,11 +33,11 @@ from flower_app.algorithms.maxfl import aggregation_weight
 
 __all__ = ["TRANSFORMS", "apply_transform"]
 
-Transform = Callable[[RecordDict, RecordDict, Mapping[str, Any]], RecordDict]
+Transform = Callable[[RecordDict, RecordDict, Mapping[str, Any], dict[str, Any]], RecordDict]
 
 
 def _maxfl_weighted_delta(
-    request: RecordDict, reply: RecordDict, params: Mapping[str, Any]
+    request: RecordDict, reply: RecordDict, params: Mapping[str, Any], store: dict[str, Any]
 ) -> RecordDict:
     sent = request.array_records["arrays"]
     got = reply.array_records["arrays"]
@@ -57,14 +66,82 @@ def _maxfl_weighted_delta(
     )  # fmt: skip
 
 
-#: transform name -> function(request content, reply content, params) -> new reply content
-TRANSFORMS: dict[str, Transform] = {"maxfl-weighted-delta": _maxfl_weighted_delta}
+def _sparse_keys(params: Mapping[str, Any]) -> dict[str, int]:
+    """``rows-<key>`` params -> {sparse key: table rows}."""
+    return {k[len("rows-"):]: int(v) for k, v in params.items() if k.startswith("rows-")}
+
+
+def _fedsubavg_heat(
+    request: RecordDict, reply: RecordDict, params: Mapping[str, Any], store: dict[str, Any]
+) -> RecordDict:
+    """Turn the counting reply (declared rows) into dense counts and sample-weighted counts."""
+    got = reply.array_records["arrays"]
+    n = int(reply.metric_records["metrics"]["num-examples"])
+    out: dict[str, Array] = {}
+    for key, size in _sparse_keys(params).items():
+        rows = got[f"{key}.rows"].numpy().astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= size):
+            raise ValueError(f"secure aggregation: rows of '{key}' outside 0..{size - 1}")
+        mark = np.zeros(size, dtype=np.int64)
+        mark[rows] = 1
+        out[key] = Array(mark)
+        out[f"{key}.samples"] = Array(mark * n)
+        store[f"rows:{key}"] = [int(r) for r in np.flatnonzero(mark)]  # S(i), kept on the node
+    return RecordDict(
+        {"arrays": ArrayRecord(out),
+         "metrics": MetricRecord({"num-examples": n, "clients": 1})}
+    )  # fmt: skip
+
+
+def _fedsubavg_weighted_delta(
+    request: RecordDict, reply: RecordDict, params: Mapping[str, Any], store: dict[str, Any]
+) -> RecordDict:
+    """Turn a trained full model into c_i (x_i − x), sparse tables restricted to S(i)."""
+    sent = request.array_records["arrays"]
+    got = reply.array_records["arrays"]
+    n = int(reply.metric_records["metrics"]["num-examples"])
+    weight = float(n) if params.get("weighting") == "samples" else 1.0
+    sparse = _sparse_keys(params)
+    out: dict[str, Array] = {}
+    for key in sent:
+        if key.endswith(".rows"):
+            continue
+        if key not in got or got[key].numpy().shape != sent[key].numpy().shape:
+            raise ValueError(f"secure aggregation: the reply lacks '{key}' as sent")
+        delta = got[key].numpy().astype(np.float64) - sent[key].numpy().astype(np.float64)
+        if key in sparse:  # only the rows the node's data touches (declared at counting)
+            if f"rows:{key}" not in store:
+                raise ValueError("secure aggregation: no rows declared for this node")
+            keep = np.zeros(delta.shape[0], dtype=bool)
+            keep[np.asarray(store[f"rows:{key}"], dtype=np.int64)] = True
+            delta[~keep] = 0.0
+        out[key] = Array(weight * delta)
+    return RecordDict(
+        {"arrays": ArrayRecord(out),
+         "metrics": MetricRecord({"num-examples": n, "weight-sum": weight, "clients": 1})}
+    )  # fmt: skip
+
+
+#: transform name -> function(request, reply, params, node store) -> new reply content
+TRANSFORMS: dict[str, Transform] = {
+    "maxfl-weighted-delta": _maxfl_weighted_delta,
+    "fedsubavg-heat": _fedsubavg_heat,
+    "fedsubavg-weighted-delta": _fedsubavg_weighted_delta,
+}
 
 
 def apply_transform(
-    name: str, request: RecordDict, reply: RecordDict, params: Mapping[str, Any]
+    name: str,
+    request: RecordDict,
+    reply: RecordDict,
+    params: Mapping[str, Any],
+    store: dict[str, Any] | None = None,
 ) -> RecordDict:
-    """Apply the named transform (ValueError for an unknown name)."""
+    """Apply the named transform (ValueError for an unknown name).
+
+    ``store`` persists on the node between rounds (its Context): the counting round keeps
+    the node's declared rows there for the training rounds.
+    """
     if name not in TRANSFORMS:
         raise ValueError(f"secure aggregation: unknown reply transform {name!r}")
-    return TRANSFORMS[name](request, reply, params)
+    return TRANSFORMS[name](request, reply, params, {} if store is None else store)

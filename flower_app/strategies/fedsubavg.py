@@ -51,7 +51,12 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat, rows_key
+from flower_app.algorithms.fedsubavg_named import (
+    NamedLayout,
+    named_heat,
+    named_heat_from_counts,
+    rows_key,
+)
 from flower_app.algorithms.gaussian_dp import GaussianDP, dp_config, dp_round_info
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
@@ -298,11 +303,7 @@ class FedSubAvgStrategy(RoundStrategy):
             self.x = np.zeros(self.n_params)
         # cohort mode checkpoints x, the server step's state and the client sampler
         self.resumable = self.cohorts_mode
-        if secure_aggregation is not None and not self.cohorts_mode:
-            raise ValueError(
-                "FedSubAvgStrategy supports secure aggregation in cohort mode (cohorts=True); "
-                "plain mode's per-node submodel downloads are not covered yet"
-            )
+
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Return the cohort-mode server state.
@@ -399,12 +400,74 @@ class FedSubAvgStrategy(RoundStrategy):
             self.heat = named_heat(self.layout, [({}, 1) for _ in nodes])
             return
         config = {"sparse-keys": list(self.sparse_keys)}
+        if self.secure_aggregation is not None:
+            self._count_heat_plain_secure(grid, nodes, config)
+            return
         replies = self.send(grid, heat_messages(nodes, config))
         checked = self.check(replies, self._decode_heat, "counting query")
         self.node_rows = {src: rows for src, (rows, _) in checked.accepted}
         self.bad_replies += checked.left_out
         self.heat = named_heat(self.layout, [v for _, v in checked.accepted])
         self.n_clients, self.n_params = self.heat.n_clients, self.layout.size
+
+    def _sparse_rows_params(self) -> dict[str, int]:
+        assert self.layout is not None
+        return {f"rows-{k}": int(self.layout.n_rows(k)) for k in self.sparse_keys}
+
+    def secure_transform(self) -> dict[str, Any] | None:
+        """Plain mode under secure aggregation: nodes sum c_i (x_i − x) over the full model."""
+        if self.cohorts_mode:
+            return None
+        return {"name": "fedsubavg-weighted-delta", "weighting": self.weighting,
+                **self._sparse_rows_params()}  # fmt: skip
+
+    def _count_heat_plain_secure(
+        self, grid: Grid, nodes: list[int], config: dict[str, Any]
+    ) -> None:
+        """Plain mode's counting round as a secure sum; every node then gets every row."""
+        assert self.layout is not None and self.secure_aggregation is not None
+        outcome = secure_sum(
+            lambda msgs: self.send(grid, msgs), heat_messages(nodes, config),
+            self.secure_aggregation, random.Random(f"{self.seed}-secagg-heat"), 0,
+            transform={"name": "fedsubavg-heat", **self._sparse_rows_params()},
+        )  # fmt: skip
+        if outcome.content is None:
+            raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")
+        self.bad_replies += len(outcome.failed)
+        arrays = outcome.content.array_records["arrays"]
+        metrics = outcome.content.metric_records["metrics"]
+        self.heat = named_heat_from_counts(
+            self.layout,
+            {k: arrays[k].numpy() for k in self.sparse_keys},
+            {k: arrays[f"{k}.samples"].numpy() for k in self.sparse_keys},
+            int(metrics["clients"]),
+            int(metrics["num-examples"]),
+        )
+        full = {k: np.arange(self.layout.n_rows(k), dtype=np.int64) for k in self.sparse_keys}
+        # no node's rows are known: every node that took part gets the whole tables
+        self.node_rows = {int(n): full for n in outcome.survivors}
+        self.n_clients, self.n_params = self.heat.n_clients, self.layout.size
+
+    def _decode_summed_plain(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
+        """Plain mode, secure aggregation: Σ c_i (x_i − x) over the full model."""
+        assert self.layout is not None
+        record = reply.content.array_records["arrays"]
+        metrics = reply.content.metric_records["metrics"]
+        if sorted(record.keys()) != sorted(self.layout.keys):
+            raise ValueError(f"summed arrays {sorted(record.keys())}, the model's "
+                             f"{sorted(self.layout.keys)}")  # fmt: skip
+        delta = self.layout.flatten({k: record[k].numpy() for k in self.layout.keys})
+        if not np.all(np.isfinite(delta)):
+            raise ValueError("the summed update is not finite")
+        dense = np.concatenate(
+            [self.layout.entries(k) for k in self.layout.keys if k not in self.layout.sparse]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        touched = np.union1d(dense, np.flatnonzero(delta))  # the union: where the sum moved
+        clients = int(metrics["clients"])
+        part = RoundUpdate(touched.astype(np.int64), delta[touched], clients,
+                           float(metrics["weight-sum"]))  # fmt: skip
+        return part, 0, {}
 
     def _decode_heat(self, src: int, reply: Message) -> tuple[dict[str, np.ndarray], int]:
         assert self.layout is not None
@@ -667,7 +730,9 @@ class FedSubAvgStrategy(RoundStrategy):
     def decode_train_reply(self, src: int, reply: Message) -> tuple[RoundUpdate, int, dict]:
         """Check one node's reply; return its weighted update, payload bytes and metrics."""
         if src == SUMMED_SENDER:
-            return self._decode_summed(reply)
+            if self.cohorts_mode:
+                return self._decode_summed(reply)
+            return self._decode_summed_plain(reply)
         record = reply.content.array_records["arrays"]
         metrics = dict(reply.content.metric_records["metrics"])
         if self.cohorts_mode:
