@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 #: the families whose strategies take ``secure-aggregation`` = true
 SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg", "fedsubavg")
 #: algorithms of those families that refuse it (their step is not a function of a sum)
-NOT_SECURE = ("mwfed", "fed-discrete-greedy", "central-sgd")
+NOT_SECURE = ("mwfed", "central-sgd")
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
 

@@ -337,8 +337,6 @@ def test_neighbour_rings_are_seeded_and_symmetric() -> None:
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
     with pytest.raises(ValueError, match="cohorts=True and secure_aggregation"):
         FedSubAvgStrategy(dp=object())  # client-level DP: cohort mode with SecAgg only
-    with pytest.raises(ValueError, match="does not support secure aggregation"):
-        FedDiscreteGreedyStrategy(secure_aggregation=SecureAggregation())
     with pytest.raises(TypeError, match="SecureAggregation"):
         FedSMStrategy(secure_aggregation=True)
 
@@ -521,3 +519,84 @@ def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algor
         if msg.metadata.message_type.startswith("train") and not msg.has_error():
             assert set(msg.content.array_records) <= {"secagg-vector"}
             assert "properties" not in msg.content.config_records
+
+
+# ---------------------------------------------------------------------------- discrete greedy
+@pytest.mark.parametrize("mode", ["cohort", "plain"])
+def test_discrete_greedy_under_secure_aggregation_selects_the_plain_set(mode) -> None:
+    """Algs. 3-5 are sums throughout (histogram, Σ κ_i, fixed-point int64 reports): all
+    three exchanges go through SecAgg+, the set is the plain run's exactly, and no reply the
+    server receives holds a histogram or a report in the clear."""
+    from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
+    from flower_app.clients.fedcg import ScoreTable, add_fedcg_handlers
+    from tests.test_hostile_replies import (
+        N_COHORT,
+        N_PLAIN,
+        _cohort_factory,
+        _cohort_nodes,
+        _facility,
+        _pid,
+    )
+    from tests.test_hostile_replies import M as HM
+
+    def strategy(**kw) -> FedDiscreteGreedyStrategy:
+        if mode == "cohort":
+            server = DiscreteGreedyServer(N_COHORT, UniformMatroid(HM, 3), 3, 5.0)
+            return FedDiscreteGreedyStrategy(cohorts=True, server=server, **kw)
+        return FedDiscreteGreedyStrategy(k=3, kappa=3.0, seed=4, min_available_nodes=N_PLAIN, **kw)
+
+    def grid(mods: bool) -> Wiretap:
+        if mode == "cohort":
+            app = numpy_client_app(_cohort_factory(_facility(N_COHORT), True))
+            return Wiretap(3, {}, app=app, node_config=_cohort_nodes)
+        rows = _facility(N_PLAIN).values.toarray()
+        app = add_fedcg_handlers(
+            ClientApp(mods=[secure_aggregation_mod] if mods else []),
+            lambda context: ScoreTable(rows[int(context.node_config["partition-id"])]),
+        )
+        return Wiretap(N_PLAIN, {}, app=app, node_config=_pid)
+
+    plain = strategy()
+    plain_result = plain.start(grid(False), ArrayRecord(), 3, timeout=2)
+    secure = strategy(secure_aggregation=SecureAggregation())
+    wiretap = grid(True)
+    secure_result = secure.start(wiretap, ArrayRecord(), 3, timeout=2)
+    assert secure_result.arrays["selected"].numpy().tolist() == (
+        plain_result.arrays["selected"].numpy().tolist()
+    )
+    assert secure.server.expected == pytest.approx(plain.server.expected, rel=1e-6)
+    rows = [r for r in secure.history if r["server-round"] >= 1]
+    assert all(r["secagg-nodes"] >= 2 and r["bad-replies"] == 0 for r in rows)
+    for msg in wiretap.received:
+        if msg.metadata.message_type.startswith("train") and not msg.has_error():
+            assert set(msg.content.array_records) <= {"secagg-vector"}
+
+
+# ---------------------------------------------------------------------------- run_config
+@pytest.mark.parametrize(
+    "run_config",
+    [
+        {"algorithm": "fedsm", "num-users": 40, "num-elements": 30, "k": 2},
+        {"algorithm": "fedcg", "num-users": 40, "num-elements": 30, "k": 2, "fedcg-rounds": 2},
+        {"algorithm": "fed-discrete-greedy", "num-users": 40, "num-elements": 30, "k": 2},
+        {**MAXFL_SMALL, "maxfl-rounds": 2},
+        {"algorithm": "fedsubavg", "dataset": "synthetic-movielens-rating", "num-users": 30,
+         "num-elements": 20, "clients-per-round": 6, "fsa-rounds": 2},
+    ],
+    ids=lambda c: c["algorithm"],
+)  # fmt: skip
+def test_every_runner_honours_secure_aggregation_in_run_config(tmp_path, run_config) -> None:
+    """``secure-aggregation = true`` reaches every family's strategy (no silent clear run)."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.registry import load_runner
+
+    full = {**run_config, "secure-aggregation": True, "output-dir": str(tmp_path),
+            "run-name": "r", "seed": 3}  # fmt: skip
+    cfg = AppConfig.from_run_config(full)
+    load_runner(cfg.algorithm).server_run(LocalGrid(3, full), cfg)
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
+    assert rows and all(r["secagg-nodes"] >= 2 for r in rows)
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["secure-aggregation"]

@@ -51,13 +51,15 @@ Config = dict[str, Any]
 HISTOGRAM_RECORD = "fedcg-histogram"
 
 
-def encode_int_report(total: np.ndarray) -> list[np.ndarray]:
+def encode_int_report(total: np.ndarray, dense: bool = False) -> list[np.ndarray]:
     """Encode an int64 report sparsely (int32 ids, int64 values) or densely.
 
     Parameters
     ----------
     total : numpy.ndarray
         int64 vector over E.
+    dense : bool, optional
+        Always dense (under secure aggregation).
 
     Returns
     -------
@@ -65,7 +67,7 @@ def encode_int_report(total: np.ndarray) -> list[np.ndarray]:
         ``[index int32, value int64]`` or ``[value int64]``.
     """
     nz = np.flatnonzero(total)
-    if nz.size * 12 < total.size * 8:
+    if not dense and nz.size * 12 < total.size * 8:
         return [nz.astype(np.int32), total[nz].astype(np.int64)]
     return [total.astype(np.int64)]
 
@@ -195,4 +197,5 @@ class ContinuousClient(SubmodularClient):
             self.objective, selected, self.matroid, kappa_i,
             int(config["seed"]), int(config["server-round"]), ids,
         )  # fmt: skip
-        return encode_int_report(total), self.num_users, {"participants": participants}
+        dense = bool(config.get("secure-aggregation", 0))
+        return encode_int_report(total, dense), self.num_users, {"participants": participants}

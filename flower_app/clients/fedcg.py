@@ -279,7 +279,8 @@ def answer_histogram(msg: Message, context: Context, utility: Utility) -> Messag
         singletons = histogram_sum(utility.rows)
     else:
         singletons = np.maximum(utility.gains(np.zeros(0, dtype=np.int64)), 0.0)
-    return _reply(msg, encode_report(singletons), **{"num-examples": 1, "n-elements": m})
+    dense = bool(_config(msg).get("secure-aggregation", 0))
+    return _reply(msg, encode_report(singletons, dense), **{"num-examples": 1, "n-elements": m})
 
 
 def _kappa_i(utility: Utility, histogram: np.ndarray, kappa: float) -> tuple[float, float]:
@@ -346,7 +347,8 @@ def answer_discrete(
             utility.gains(selected), selected, matroid, kappa_i, seed, t, uid
         )
     metrics = {"participants": int(count), "num-examples": 1, "n-elements": m}
-    return _reply(msg, encode_int_report(total), **metrics)
+    dense = bool(_config(msg).get("secure-aggregation", 0))
+    return _reply(msg, encode_int_report(total, dense), **metrics)
 
 
 _ANSWERS: dict[str, Callable[..., Message]] = {

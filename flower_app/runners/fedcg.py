@@ -243,6 +243,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             on_round=exp.writer.log_round,
             discovery_timeout=cfg.discovery_timeout,
             min_reply_fraction=cfg.min_reply_fraction,
+            secure_aggregation=cfg.secure,
         )
         strategy.checkpoint_fn = exp.writer.save_checkpoint
         if exp.writer.checkpoint is not None:
@@ -265,6 +266,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         evaluate_every=10,
+        secure_aggregation=cfg.secure,
     )
     fedcg.checkpoint_fn = exp.writer.save_checkpoint
     if exp.writer.checkpoint is not None:

@@ -136,7 +136,7 @@ _DECLARED = (
     Setting(
         "secure-aggregation", "bool", False, _COMMON,
         "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
-        "the sum (every family; not mwfed, fed-discrete-greedy, central-sgd; docs/privacy.md)",
+        "the sum (every algorithm but mwfed and central-sgd; docs/privacy.md)",
     ),
     Setting(
         "secagg-num-shares", "int", 0, _COMMON,

@@ -25,11 +25,14 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm import check_report, decode_report
-from flower_app.privacy.secagg_server import SecureAggregation
+from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
+    AllRepliesRejectedError,
     CheckedReplies,
     InitialArraysError,
     RoundStrategy,
+    check_replies,
     int_metric,
     sample_nodes,
     warn_fixed_length,
@@ -109,6 +112,9 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     node whose histogram or importance reply is bad is left out of the run (O sums over
     the clients that answered). Later bad replies are counted in ``bad-replies``.
     """
+
+    supports_secure_aggregation = True
+    secure_public_metrics = ("n-elements",)
 
     def __init__(
         self,
@@ -251,7 +257,31 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         msgs = [train_message(n, arrays, cfg, action) for n in nodes]
         self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in msgs)
         self.protocol_bytes += self._bytes_down
+        if self.secure_aggregation is not None:
+            return self._secure_send(grid, msgs, action)
         return self.send(grid, msgs)
+
+    def _secure_send(self, grid: Grid, msgs: list[Message], action: str) -> list[Message]:
+        """Run an importance exchange (Algs. 4/5) as a secure sum; return its one reply.
+
+        The reply comes "from" :data:`SUMMED_SENDER`; ``self._summed_nodes`` says whose
+        replies are in it. A node that failed is left out (the histogram must cover every
+        user in cohort mode: the caller then stops).
+        """
+        assert self.secure_aggregation is not None
+        outcome = secure_sum(
+            lambda m: self.send(grid, m), msgs, self.secure_aggregation,
+            random.Random(f"{self.seed}-secagg-{action}"), 0, self.secure_public_metrics,
+        )  # fmt: skip
+        self.protocol_bytes += int(outcome.cost.get("secagg-bytes-up", 0))
+        self._summed_nodes = list(outcome.survivors)
+        self._secure_failed = dict(outcome.failed)
+        self._expected = {SUMMED_SENDER}
+        if outcome.content is None or outcome.template is None:
+            return []
+        reply = Message(outcome.content, reply_to=outcome.template)
+        reply.metadata.__dict__["_src_node_id"] = SUMMED_SENDER
+        return [reply]
 
     def _decode_histogram(self, src: int, reply: Message, m: int | None) -> tuple:
         record, metrics, nbytes = reply_parts(reply)
@@ -263,6 +293,20 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         else:
             m_reply, vec = m, decode_report(parts, m)
         return vec, int_metric(metrics, "num-examples"), nbytes, m_reply
+
+    def _check_protocol(
+        self, replies: list[Message], decode: Any, nodes: list[int]
+    ) -> CheckedReplies:
+        """Check an importance exchange's replies (one summed reply under SecAgg)."""
+        if self.secure_aggregation is None:
+            return self.check(replies, decode, "importance factors", all_rejected_fails=False)
+        checked = check_replies(replies, decode, {SUMMED_SENDER}, "importance factors")
+        checked.failed = dict(self._secure_failed)
+        checked.bad += len(self._secure_failed)
+        if self._secure_failed and checked.first_error is None:
+            node, reason = sorted(self._secure_failed.items())[0]
+            checked.first_error = f"node {node}: {reason}"
+        return checked
 
     def refresh_nodes(self, grid: Grid) -> None:
         """Do not re-discover: a rejoining node has lost its importance factors.
@@ -289,11 +333,12 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
 
         def decode(src: int, reply: Message) -> tuple:
             value = self._decode_histogram(src, reply, self._m)
-            if value[1] != counts[src]:
+            want = counts[src] if src != SUMMED_SENDER else sum(counts.values())
+            if value[1] != want:
                 raise ValueError("histogram over the wrong number of users")
             return value
 
-        checked = self.check(replies, decode, "importance factors", all_rejected_fails=False)
+        checked = self._check_protocol(replies, decode, nodes)
         if checked.left_out:
             raise RuntimeError(
                 f"importance factors (Alg. 4/5): {checked.left_out} of {len(nodes)} nodes sent "
@@ -310,9 +355,13 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         )  # fmt: skip
         cfg = ConfigRecord({"server-round": 0})
         replies = self._send(grid, nodes, ArrayRecord(), cfg, "histogram")
-        checked = self.check(
-            replies, lambda s, r: self._decode_histogram(s, r, None), "importance factors"
+        checked = self._check_protocol(
+            replies, lambda s, r: self._decode_histogram(s, r, None), nodes
         )
+        if not checked.accepted:
+            raise AllRepliesRejectedError(
+                f"importance factors: no usable histogram; first: {checked.first_error}"
+            )
         m = majority_m(checked, lambda value: value[3])
         drop_replies(
             checked,
@@ -324,7 +373,10 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         ]
         matroid = build_matroid(m, self.k, self.groups, self.capacities)
         self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
-        self._finish_importance(grid, checked, [src for src, _ in checked.accepted])
+        senders = [src for src, _ in checked.accepted]
+        if senders == [SUMMED_SENDER]:
+            senders = list(self._summed_nodes)
+        self._finish_importance(grid, checked, senders)
 
     def _finish_importance(self, grid: Grid, checked: CheckedReplies, nodes: list[int]) -> None:
         server = self.server
@@ -348,12 +400,19 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             return value, int_metric(metrics, "num-examples", 1)
 
         replies = self._send(grid, nodes, arrays, cfg, "importance")
-        done = self.check(replies, decode, "importance factors", all_rejected_fails=True)
+        done = self._check_protocol(replies, decode, nodes)
+        if not done.accepted:
+            raise AllRepliesRejectedError(
+                f"importance factors: all replies rejected; first: {done.first_error}"
+            )
         server.expected = sum(v for _, (v, _n) in done.accepted)
+        accepted = sorted(src for src, _ in done.accepted)
+        if accepted == [SUMMED_SENDER]:
+            accepted = sorted(self._summed_nodes)
         if self.cohort_mode:
             self._nodes = nodes
         else:  # a client without O in its state cannot take part
-            self._nodes = sorted(src for src, _ in done.accepted)
+            self._nodes = accepted
         log(
             INFO,
             "importance factors: %d nodes, expected participants per round %.1f (bad %d)",
