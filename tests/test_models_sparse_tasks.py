@@ -70,8 +70,9 @@ def test_both_models_fit_their_stand_ins() -> None:
                                                      y[start : start + 128])  # fmt: skip
             loss.backward()
             opt.step()
-            first = float(loss) if epoch == 0 and start == 0 else first
-            last = float(loss)
+            value = float(loss.detach())
+            first = value if epoch == 0 and start == 0 else first
+            last = value
     assert last < first - 0.05
     amazon = synthetic_amazon(seed=1, n_clients=80, n_samples=5600, n_items=2000,
                               target_dispersion=40)  # fmt: skip

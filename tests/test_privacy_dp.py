@@ -244,3 +244,18 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
         assert fl["dp-epsilon"] == pytest.approx(di["dp-epsilon"], rel=1e-12)
     eps = [r["dp-epsilon"] for r in rows]
     assert eps == sorted(eps) and eps[0] > 0
+
+
+def test_the_privacy_sweep_writes_its_table_and_figure(tmp_path) -> None:
+    """run_sim.py privacy fedsm-dp on a small instance: CSV rows, the table, the PNG."""
+    import csv
+
+    from flower_app.sweeps.privacy import main
+
+    assert main(["fedsm-dp", "--dataset", "synthetic-facility-location", "--k", "2",
+                 "--epsilons", "1", "--seeds", "0", "--out", str(tmp_path)]) == 0  # fmt: skip
+    rows = list(csv.DictReader((tmp_path / "dp.csv").read_text().splitlines()))
+    assert [r["epsilon"] for r in rows] == ["none", "1.0"]
+    assert float(rows[1]["dp-epsilon-basic"]) > 0 and float(rows[0]["ratio-to-greedy"]) > 0
+    assert "| 1 | 1 |" in (tmp_path / "dp.md").read_text()
+    assert (tmp_path / "dp.png").stat().st_size > 10_000

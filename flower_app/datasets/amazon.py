@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import ast
 import csv
-import gzip
-import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from flower_app.datasets.paths import open_text
 
 __all__ = [
     "AmazonCTR",
@@ -65,12 +65,6 @@ class Rating:
     time: int
 
 
-def _open(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 (closed by the caller)
-
-
 def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     """Yield the reviews of a JSON-lines file.
 
@@ -82,7 +76,7 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     path = Path(path)
     fields = ("reviewerID", "asin", "overall", "unixReviewTime")
     expected = "JSON lines with " + ", ".join(fields)
-    with _open(path) as fh:
+    with open_text(path) as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -105,7 +99,7 @@ def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
     """
     path = Path(path)
     expected = "CSV lines uid,item,rating,time (rating a number, time unix seconds)"
-    with _open(path) as fh:
+    with open_text(path) as fh:
         for line_no, row in enumerate(csv.reader(fh), start=1):
             if not row:
                 continue
@@ -130,7 +124,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """
     path = Path(path)
     out: dict[str, str] = {}
-    with _open(path) as fh:
+    with open_text(path) as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
                 continue

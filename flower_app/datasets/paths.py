@@ -11,7 +11,9 @@ replaced by synthetic data.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
+import io
 import os
 import tempfile
 import urllib.request
@@ -30,6 +32,7 @@ __all__ = [
     "download_allowed",
     "download_file",
     "file_checksum",
+    "open_text",
     "resolve_data_dir",
 ]
 
@@ -44,6 +47,16 @@ DEFAULT_DATA_DIR = "~/.cache/flower_app/datasets"
 
 _MAX_LINE_CHARS = 200
 _CHUNK_BYTES = 1 << 20
+
+
+def open_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> io.TextIOBase:
+    """Open a text file for reading, gzip-compressed or not (told by its first two bytes)."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        packed = handle.read(2) == b"\x1f\x8b"
+    if packed:
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding, newline="")
+    return open(path, encoding=encoding, newline="")  # noqa: SIM115 (the caller closes it)
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:

@@ -26,8 +26,6 @@ Every error names the file and the line (CSV) or the user (JSON) and what was ex
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import json
 import re
 from collections import Counter
@@ -36,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from flower_app.datasets.paths import open_text
 
 __all__ = [
     "PAPER_TABLE1",
@@ -77,12 +77,6 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
-def _open_text(path: Path, encoding: str) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding, newline="")
-    return open(path, encoding=encoding, newline="")  # noqa: SIM115 (closed by the caller)
-
-
 def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
     """Yield the tweets of Sentiment140's CSV, one line at a time.
 
@@ -93,7 +87,7 @@ def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
         polarity other than 0 or 4.
     """
     path = Path(path)
-    with _open_text(path, "latin-1") as fh:
+    with open_text(path, "latin-1") as fh:
         for line_no, row in enumerate(csv.reader(fh), start=1):
             if not row:
                 continue
@@ -120,7 +114,7 @@ def read_leaf_json(path: str | Path) -> Iterator[Tweet]:
     expected = ('LEAF JSON {"users": [...], "num_samples": [...], "user_data": {user: '
                 '{"x": [[id, date, query, user, text], ...], "y": [0 or 1, ...]}}}')  # fmt: skip
     try:
-        with _open_text(path, "utf-8") as fh:
+        with open_text(path, "utf-8") as fh:
             data = json.load(fh)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}, line {err.lineno}: not JSON ({err.msg}); expected "

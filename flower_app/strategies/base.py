@@ -502,7 +502,8 @@ class RoundStrategy(Strategy):
         outside this class's own ``start()``, the first call runs :meth:`setup` (with
         :attr:`external_num_rounds` rounds) and every round first runs
         :meth:`before_round`; the messages returned are remembered as the round's
-        expected senders.
+        expected senders. Called without a grid (a unit test that prepared the strategy
+        itself), ``configure_train`` runs alone.
         """
         super().__init_subclass__(**kwargs)
         inner = cls.__dict__.get("configure_train")
@@ -517,7 +518,7 @@ class RoundStrategy(Strategy):
             config: ConfigRecord,
             grid: Grid,
         ) -> Iterable[Message]:
-            if self._own_loop:
+            if self._own_loop or grid is None:  # no grid: called alone (e.g. a unit test)
                 return inner(self, server_round, arrays, config, grid)
             arrays = self._prepare_external(server_round, arrays, grid)
             messages = list(inner(self, server_round, arrays, config, grid))

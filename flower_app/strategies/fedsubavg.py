@@ -295,6 +295,7 @@ class FedSubAvgStrategy(RoundStrategy):
         self._sent: dict[int, tuple[int, np.ndarray]] = {}
         self._round_stats: dict[str, Any] = {}
         self._dp_t = 0
+        self._support: np.ndarray | None = None
         if self.cohorts_mode:
             if n_clients is None or n_params is None or clients_per_round is None:
                 raise ValueError("cohorts=True needs n_clients, n_params and clients_per_round")
@@ -674,16 +675,13 @@ class FedSubAvgStrategy(RoundStrategy):
         """Secure aggregation: the full model and the node's users (no index sets)."""
         messages, self._sent, down = [], {}, 0
         self._dp_t = int(server_round)
+        shared = {"1": Array(self.x.astype(np.float64))}  # the same for every node
         if self.dp is not None:
             sampled = sum(int(u.size) for u, _, _ in self._index_sets.values())
             config = ConfigRecord({**dict(config), **dp_config(self.dp, sampled)})
+            shared["2"] = Array(self._heat_support())  # where the clients put their noise
         for node_id, (node_users, _, _) in self._index_sets.items():
-            record = ArrayRecord(
-                {"0": Array(node_users.astype(np.int64)), "1": Array(self.x.astype(np.float64))}
-            )
-            if self.dp is not None:  # where the clients put their noise: the heat support
-                assert self.heat is not None
-                record["2"] = Array(np.flatnonzero(self.heat.clients).astype(np.int64))
+            record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
             down += record.count_bytes()
             self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
             messages.append(
@@ -696,6 +694,13 @@ class FedSubAvgStrategy(RoundStrategy):
             )
         self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
         return messages
+
+    def _heat_support(self) -> np.ndarray:
+        """Return the rows some client touches (fixed once the heat is counted; cached)."""
+        assert self.heat is not None
+        if self._support is None:
+            self._support = np.flatnonzero(self.heat.clients).astype(np.int64)
+        return self._support
 
     def merge_senders(self, nodes: list[int]) -> int:
         """Under secure aggregation: the summed reply stands for the nodes' users."""
@@ -718,8 +723,7 @@ class FedSubAvgStrategy(RoundStrategy):
         if users != self._sent[SUMMED_SENDER][0]:
             raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
         if self.dp is not None:  # noise on the whole heat support: that is the union
-            assert self.heat is not None
-            rows = np.flatnonzero(self.heat.clients)
+            rows = self._heat_support()
             self._round_stats.update(dp_round_info(self.dp, self.k, self.n_clients, self._dp_t))
         else:
             rows = np.flatnonzero(dense)

@@ -530,7 +530,12 @@ class AppealStrategy(RoundStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, sum and apply the server step; return the new model and the row."""
-        outcome = self.collect_train(server_round, replies)
+        return self._apply_step(server_round, self.collect_train(server_round, replies))
+
+    def _apply_step(
+        self, server_round: int, outcome: TrainOutcome
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Apply the algorithm's step to the round's sums; return the model and the row."""
         row = round_row(server_round, self._pool_size, self._users.size)
         row.update(self.server.step(outcome))
         row.update(outcome_row(outcome))
@@ -558,14 +563,7 @@ class AppealStrategy(RoundStrategy):
             outcome.info.update(
                 dp_round_info(self.dp, int(self._users.size), self.sampler.n_seen, server_round)
             )
-        row = round_row(server_round, self._pool_size, self._users.size)
-        row.update(self.server.step(outcome))
-        row.update(outcome_row(outcome))
-        row.pop("server-round")
-        metrics = to_metric_record(row)
-        if outcome.sums is None:
-            return None, metrics
-        return ArrayRecord([np.asarray(w) for w in self.server.weights]), metrics
+        return self._apply_step(server_round, outcome)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -101,13 +101,6 @@ def fedsm_dp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by_epsilon(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["epsilon"], []).append(row)
-    return groups
-
-
 def report(rows: list[dict[str, Any]], delta: float) -> str:
     """Return the Markdown table: mean ± sd over seeds per ε′."""
     lines = [
@@ -115,7 +108,7 @@ def report(rows: list[dict[str, Any]], delta: float) -> str:
         "flip p | queries (busiest client) | run ε (basic) | run ε (advanced) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for eps, group in _by_epsilon(rows).items():
+    for eps, group in _groups(rows, "epsilon").items():
         ratios = [float(r["ratio-to-greedy"]) for r in group]
         sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
         if eps == "none":
@@ -141,7 +134,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = _by_epsilon(rows)
+    groups = _groups(rows, "epsilon")
     eps = sorted(e for e in groups if e != "none")
     mean = [statistics.mean(float(r["ratio-to-greedy"]) for r in groups[e]) for e in eps]
     sd = [statistics.pstdev(float(r["ratio-to-greedy"]) for r in groups[e]) for e in eps]
@@ -161,18 +154,31 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-MAXFL_COLUMNS = [
-    "dataset", "algorithm", "noise", "clip", "seed", "rounds", "clients-per-round",
-    "seen-acc", "seen-gm-appeal", "unseen-acc", "unseen-gm-appeal", "dp-epsilon", "dp-delta",
-    "run-folder",
-]  # fmt: skip
+#: per family of the Gaussian-DP sweeps: key prefix, fixed run keys, where the final numbers
+#: are read (summary key, or "final" for MaxFL's nested dict), the numbers, the output name
+GAUSSIAN_SWEEPS: dict[str, dict[str, Any]] = {
+    "maxfl": {
+        "prefix": "maxfl", "output": "maxfl-dp", "nested": "final",
+        "fixed": lambda rounds: {"maxfl-rounds": rounds, "maxfl-eval-every": rounds,
+                                 "maxfl-participation": "all"},
+        "keys": ["seen-acc", "seen-gm-appeal", "unseen-acc", "unseen-gm-appeal"],
+        "plot": [("seen-acc", "final seen accuracy"), ("seen-gm-appeal", "final seen GM-Appeal")],
+    },
+    "fedsubavg": {
+        "prefix": "fsa", "output": "fedsubavg-dp", "nested": None,
+        "fixed": lambda rounds: {"fsa-rounds": rounds},
+        "keys": ["train-loss", "min-train-loss", "test-accuracy"],
+        "plot": [("train-loss", "final train loss"), ("test-accuracy", "test accuracy")],
+    },
+}  # fmt: skip
 
 
-def maxfl_dp(args: argparse.Namespace) -> int:
-    """Run the σ × seed grid; write maxfl-dp.csv, .md and .png into ``--out``."""
+def gaussian_dp(args: argparse.Namespace, family: str) -> int:
+    """Run the σ × seed grid of a learning family; write ``<output>.csv/.md/.png``."""
     from flower_app.config import AppConfig
     from flower_app.experiment import run_direct
 
+    spec = GAUSSIAN_SWEEPS[family]
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     rows = []
@@ -180,88 +186,36 @@ def maxfl_dp(args: argparse.Namespace) -> int:
         for noise in [0.0, *args.noise]:
             config = {
                 "algorithm": args.algorithm, "dataset": args.dataset, "data-dir": args.data_dir,
-                "maxfl-rounds": args.rounds, "maxfl-eval-every": args.rounds,
-                "maxfl-participation": "all", "seed": seed, "output-dir": str(out / "runs"),
+                **spec["fixed"](args.rounds), "seed": seed, "output-dir": str(out / "runs"),
                 "run-name": f"noise{noise:g}-seed{seed}",
             }  # fmt: skip
             if noise:
-                config.update({"secure-aggregation": True, "maxfl-dp-noise": float(noise),
-                               "maxfl-dp-clip": args.clip, "maxfl-dp-delta": args.delta})
+                prefix = spec["prefix"]
+                config.update({"secure-aggregation": True, f"{prefix}-dp-noise": float(noise),
+                               f"{prefix}-dp-clip": args.clip, f"{prefix}-dp-delta": args.delta})
             summary = run_direct(AppConfig.from_run_config(config))
             folder = Path(summary["run-folder"])
             last = json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
-            final = summary.get("final", {})
+            final = summary.get(spec["nested"], {}) if spec["nested"] else summary
             row = {
                 "dataset": args.dataset, "algorithm": args.algorithm,
                 "noise": noise if noise else "none", "clip": args.clip if noise else "",
                 "seed": seed, "rounds": args.rounds,
-                "clients-per-round": summary.get("clients-per-round", ""),
-                **{k: final.get(k) for k in ("seen-acc", "seen-gm-appeal", "unseen-acc",
-                                             "unseen-gm-appeal")},
+                **{k: final.get(k) for k in spec["keys"]},
                 "dp-epsilon": last.get("dp-epsilon", ""), "dp-delta": last.get("dp-delta", ""),
                 "run-folder": str(folder),
             }  # fmt: skip
             rows.append(row)
-            print(f"seed={seed} sigma={noise:g}: seen acc {row['seen-acc']:.4f}, "
-                  f"eps {row['dp-epsilon']}", flush=True)  # fmt: skip
-    with open(out / "maxfl-dp.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=MAXFL_COLUMNS)
+            shown = ", ".join(f"{k} {row[k]:.4f}" for k in spec["keys"][:2])
+            print(f"seed={seed} sigma={noise:g}: {shown}, eps {row['dp-epsilon']}", flush=True)
+    name = spec["output"]
+    with open(out / f"{name}.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "maxfl-dp.md").write_text(maxfl_report(rows, args))
-    maxfl_plot(rows, out / "maxfl-dp.png", args)
-    print((out / "maxfl-dp.md").read_text())
-    return 0
-
-
-FSA_COLUMNS = [
-    "dataset", "algorithm", "noise", "clip", "seed", "rounds", "train-loss", "min-train-loss",
-    "test-accuracy", "dp-epsilon", "dp-delta", "run-folder",
-]  # fmt: skip
-
-
-def fedsubavg_dp(args: argparse.Namespace) -> int:
-    """Run the σ × seed grid of the FedSubAvg family; write fedsubavg-dp.csv/.md/.png."""
-    from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
-
-    out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for seed in args.seeds:
-        for noise in [0.0, *args.noise]:
-            config = {
-                "algorithm": args.algorithm, "dataset": args.dataset, "data-dir": args.data_dir,
-                "fsa-rounds": args.rounds, "seed": seed, "output-dir": str(out / "runs"),
-                "run-name": f"noise{noise:g}-seed{seed}",
-            }  # fmt: skip
-            if noise:
-                config.update({"secure-aggregation": True, "fsa-dp-noise": float(noise),
-                               "fsa-dp-clip": args.clip, "fsa-dp-delta": args.delta})
-            summary = run_direct(AppConfig.from_run_config(config))
-            folder = Path(summary["run-folder"])
-            last = json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
-            row = {
-                "dataset": args.dataset, "algorithm": args.algorithm,
-                "noise": noise if noise else "none", "clip": args.clip if noise else "",
-                "seed": seed, "rounds": args.rounds,
-                **{k: summary.get(k) for k in ("train-loss", "min-train-loss", "test-accuracy")},
-                "dp-epsilon": last.get("dp-epsilon", ""), "dp-delta": last.get("dp-delta", ""),
-                "run-folder": str(folder),
-            }  # fmt: skip
-            rows.append(row)
-            print(f"seed={seed} sigma={noise:g}: train loss {row['train-loss']:.4f}, test acc "
-                  f"{row['test-accuracy']:.4f}, eps {row['dp-epsilon']}", flush=True)  # fmt: skip
-    with open(out / "fedsubavg-dp.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FSA_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "fedsubavg-dp.md").write_text(
-        _metric_table(rows, args, ["train-loss", "min-train-loss", "test-accuracy"])
-    )
-    keys = [("train-loss", "final train loss"), ("test-accuracy", "test accuracy")]
-    _metric_plot(rows, out / "fedsubavg-dp.png", args, keys)
-    print((out / "fedsubavg-dp.md").read_text())
+    (out / f"{name}.md").write_text(_metric_table(rows, args, spec["keys"]))
+    _metric_plot(rows, out / f"{name}.png", args, spec["plot"])
+    print((out / f"{name}.md").read_text())
     return 0
 
 
@@ -324,60 +278,6 @@ def _groups(rows: list[dict[str, Any]], key: str) -> dict[Any, list[dict[str, An
     return groups
 
 
-def maxfl_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """Return the Markdown table of final accuracy and GM-Appeal per σ (mean ± sd)."""
-    lines = [
-        f"| σ (clip C = {args.clip:g}) | seeds | ε at δ = {args.delta:g} | seen acc | "
-        "seen GM-Appeal | unseen acc | unseen GM-Appeal |",
-        "|---|---|---|---|---|---|---|",
-    ]
-
-    def ms(group: list[dict[str, Any]], key: str) -> str:
-        values = [float(r[key]) for r in group]
-        sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.3f} ± {sd:.3f}"
-
-    for noise, group in _groups(rows, "noise").items():
-        eps = "∞ (no DP)"
-        if noise != "none":
-            eps = f"{statistics.mean(float(r['dp-epsilon']) for r in group):,.1f}"
-        lines.append(
-            f"| {'no DP' if noise == 'none' else f'{noise:g}'} | {len(group)} | {eps} | "
-            f"{ms(group, 'seen-acc')} | {ms(group, 'seen-gm-appeal')} | "
-            f"{ms(group, 'unseen-acc')} | {ms(group, 'unseen-gm-appeal')} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def maxfl_plot(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> None:
-    """Plot final seen accuracy and GM-Appeal against σ, the non-private values as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = _groups(rows, "noise")
-    sigmas = sorted(n for n in groups if n != "none")
-    fig, ax = plt.subplots(figsize=(5.8, 3.8))
-    for key, label, color in (("seen-acc", "seen accuracy", "C0"),
-                              ("seen-gm-appeal", "seen GM-Appeal", "C1")):  # fmt: skip
-        mean = [statistics.mean(float(r[key]) for r in groups[n]) for n in sigmas]
-        sd = [statistics.pstdev(float(r[key]) for r in groups[n]) for n in sigmas]
-        ax.errorbar(sigmas, mean, yerr=sd, marker="o", capsize=3, label=label, color=color)
-        if "none" in groups:
-            plain = statistics.mean(float(r[key]) for r in groups["none"])
-            ax.axhline(plain, color=color, linestyle="--", alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"noise multiplier σ (clip C = {args.clip:g}); dashed: no DP")
-    ax.set_ylabel("final value")
-    ax.set_title(f"{args.algorithm} on {args.dataset}: utility against client-level DP")
-    ax.legend(loc="best")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the subcommand and run it."""
     from flower_app.settings import help_text
@@ -417,5 +317,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     fs.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    commands = {"fedsm-dp": fedsm_dp, "maxfl-dp": maxfl_dp, "fedsubavg-dp": fedsubavg_dp}
-    return commands[args.command](args)
+    if args.command == "fedsm-dp":
+        return fedsm_dp(args)
+    return gaussian_dp(args, "maxfl" if args.command == "maxfl-dp" else "fedsubavg")
