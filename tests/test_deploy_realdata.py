@@ -58,7 +58,7 @@ def deploy(tmp_path: Path) -> Iterator[Callable[[Path, str], SecureFederation]]:
         fed = SecureFederation(tmp_path / "federation", NODES)
         started.append(fed)
         fed.start(node_config=lambda i: {"data-path": str(folder / f"node-{i}.{ext}")})
-        rows = fed.wait_online(timeout=120)
+        rows = fed.wait_online(timeout=180)  # raises with the logs of a node not online
         assert sum(str(r.get("status", "")).lower() == "online" for r in rows) == NODES
         return fed
 

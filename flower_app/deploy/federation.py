@@ -71,6 +71,7 @@ class SecureFederation:
         write_connection(self.cli.home, connection, self.address, self.certificates.ca_cert)
         self.superlink: ManagedProcess | None = None
         self.nodes: dict[int, ManagedProcess] = {}
+        self.node_configs: dict[int, dict[str, int | float | str]] = {}
         self.node_ids: dict[int, int] = {}
 
     def start(
@@ -118,6 +119,8 @@ class SecureFederation:
 
         Extra keyword arguments are added to its ``--node-config``.
         """
+        if key is None:
+            self.node_configs[index] = dict(node_config)
         config: dict[str, int | float | str] = {
             "partition-id": index,
             "num-partitions": self.num_nodes,
@@ -135,15 +138,48 @@ class SecureFederation:
         self.nodes[index if key is None else -1 - len(self.nodes)] = proc
         return proc
 
-    def wait_online(self, timeout: float = 60.0) -> list[dict[str, Any]]:
-        """Wait until every registered node is online; return ``flwr supernode ls`` rows."""
+    def wait_online(self, timeout: float = 60.0, restarts: int = 1) -> list[dict[str, Any]]:
+        """Wait until every registered node is online; return ``flwr supernode ls`` rows.
+
+        A SuperNode whose process exits before it comes online (e.g. its ClientApp port,
+        free when chosen, was taken by another process meanwhile) is started again with a
+        fresh port, at most ``restarts`` times per node.
+
+        Raises
+        ------
+        RuntimeError
+            If a node is still not online after ``timeout`` s, or keeps exiting; the
+            message holds the end of each such node's log.
+        """
         deadline = time.monotonic() + timeout
+        left = dict.fromkeys(self.nodes, restarts)
         while True:
             rows = self.supernodes()
             online = [r for r in rows if str(r.get("status", "")).lower() == "online"]
-            if len(online) >= len(self.node_ids) or time.monotonic() > deadline:
+            if len(online) >= len(self.node_ids):
                 return rows
+            dead = [i for i, proc in self.nodes.items() if i >= 0 and not proc.alive()]
+            for index in dead:
+                if left.get(index, 0) <= 0:
+                    raise RuntimeError(self._not_online(index, "keeps exiting"))
+                left[index] -= 1
+                node_config = self.node_configs.get(index, {})
+                self.start_node(index, **node_config)
+            if time.monotonic() > deadline:
+                ids = {int(r.get("node-id", -1)) for r in online}
+                missing = [i for i, nid in self.node_ids.items() if nid not in ids]
+                raise RuntimeError(
+                    "\n".join(
+                        self._not_online(i, f"not online after {timeout:g} s") for i in missing
+                    )
+                    or f"nodes not online: {rows}"
+                )
             time.sleep(0.5)
+
+    def _not_online(self, index: int, why: str) -> str:
+        proc = self.nodes.get(index)
+        tail = "\n".join(proc.output().splitlines()[-15:]) if proc is not None else ""
+        return f"SuperNode {index} {why}; end of its log:\n{tail}"
 
     def supernodes(self) -> list[dict[str, Any]]:
         """Return the SuperLink's node list (``flwr supernode ls --format json``)."""
