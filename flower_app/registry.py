@@ -45,6 +45,10 @@ DATASETS = {
     "movielens-rating": "MovieLens-1M rating classification (FedSubAvg), ml-1m/*.dat in data-dir",
     "synthetic-movielens-rating": "calibrated synthetic stand-in for movielens-rating",
     "rating-table": "your own table user, features..., 0/1 label in data-file (FedSubAvg)",
+    "sent140": "Sentiment140 (LSTM, one client per node), sent140/ CSV or LEAF JSON in data-dir",
+    "synthetic-sent140": "calibrated synthetic stand-in for sent140 (1,473 clients)",
+    "amazon": "Amazon Electronics CTR (DIN, one client per node), amazon/ files in data-dir",
+    "synthetic-amazon": "calibrated synthetic stand-in for amazon (1,870 clients)",
 }
 
 #: algorithm families, one runner each (flower_app/runners/<family>.py)
@@ -62,7 +66,15 @@ SUBMODULAR_DATASETS = (
 #: datasets of MaxFL and its baselines
 MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist", "image-clients")
 #: datasets of FedSubAvg and its baselines
-FEDSUBAVG_DATASETS = ("movielens-rating", "synthetic-movielens-rating", "rating-table")
+FEDSUBAVG_DATASETS = (
+    "movielens-rating",
+    "synthetic-movielens-rating",
+    "rating-table",
+    "sent140",
+    "synthetic-sent140",
+    "amazon",
+    "synthetic-amazon",
+)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,10 @@ message type                    request                            reply (client
                                                                    (``evaluate``)
 ==============================  =================================  ==========================
 
-Arrays travel in the order the NumPyClient takes and returns them.
+Arrays travel in the order the NumPyClient takes and returns them. A client that has a
+``handle(msg) -> Message`` method answers the messages itself (e.g.
+:class:`~flower_app.clients.torch_tasks.TorchTaskClient`, whose named-array submodels are not
+NumPyClient-shaped).
 """
 
 from __future__ import annotations
@@ -79,16 +82,28 @@ def _arrays(msg: Message) -> list[np.ndarray]:
     return msg.content.array_records["arrays"].to_numpy_ndarrays()
 
 
+def _message_level(client: NumPyClient, msg: Message) -> Message | None:
+    """Return ``client.handle(msg)`` if the client answers messages itself, else None."""
+    handle = getattr(client, "handle", None)
+    return handle(msg) if callable(handle) else None
+
+
 def handle_query(msg: Message, context: Context, factory: ClientFactory) -> Message:
     """Answer a ``query`` message with ``client.get_properties``."""
-    props = factory(context).get_properties(_config(msg))
+    client = factory(context)
+    if (reply := _message_level(client, msg)) is not None:
+        return reply
+    props = client.get_properties(_config(msg))
     record = ConfigRecord({key: to_record_value(value) for key, value in props.items()})
     return Message(RecordDict({"properties": record}), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context, factory: ClientFactory) -> Message:
     """Answer a ``train`` message with ``client.fit``."""
-    arrays, num_examples, metrics = factory(context).fit(_arrays(msg), _config(msg))
+    client = factory(context)
+    if (reply := _message_level(client, msg)) is not None:
+        return reply
+    arrays, num_examples, metrics = client.fit(_arrays(msg), _config(msg))
     content = RecordDict(
         {
             "arrays": ArrayRecord([np.asarray(a) for a in arrays]),
@@ -100,7 +115,10 @@ def handle_train(msg: Message, context: Context, factory: ClientFactory) -> Mess
 
 def handle_evaluate(msg: Message, context: Context, factory: ClientFactory) -> Message:
     """Answer an ``evaluate`` message with ``client.evaluate``."""
-    loss, num_examples, metrics = factory(context).evaluate(_arrays(msg), _config(msg))
+    client = factory(context)
+    if (reply := _message_level(client, msg)) is not None:
+        return reply
+    loss, num_examples, metrics = client.evaluate(_arrays(msg), _config(msg))
     record = _metrics({**metrics, "loss": float(loss), "num-examples": int(num_examples)})
     return Message(RecordDict({"metrics": record}), reply_to=msg)
 

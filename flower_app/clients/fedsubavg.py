@@ -88,7 +88,9 @@ def requested_sparse_keys(msg: Message) -> list[str]:
     return [str(k) for k in config.get("sparse-keys", [])] if config is not None else []
 
 
-def heat_reply(msg: Message, rows: Mapping[str, Any], num_examples: int) -> Message:
+def heat_reply(
+    msg: Message, rows: Mapping[str, Any], num_examples: int, partition_id: int | None = None
+) -> Message:
     """Answer the counting query: the rows each sparse array's data touches, and the data size.
 
     Parameters
@@ -100,11 +102,17 @@ def heat_reply(msg: Message, rows: Mapping[str, Any], num_examples: int) -> Mess
         it (passed through :func:`declare_rows`; repeats are fine).
     num_examples : int
         The client's training examples (the weight of ``weighting="samples"``).
+    partition_id : int, optional
+        The node's partition (``context.node_config["partition-id"]``). When every node
+        gives a distinct one, the strategy samples over partitions instead of node ids, so
+        a seed picks the same clients in every run (Flower's simulation gives nodes new
+        random ids each run).
 
     Returns
     -------
     Message
-        The reply (``"arrays"`` with ``"<key>.rows"``, ``"metrics"`` with ``num-examples``).
+        The reply (``"arrays"`` with ``"<key>.rows"``, ``"metrics"`` with ``num-examples``
+        and ``partition-id`` if given).
 
     Raises
     ------
@@ -120,6 +128,8 @@ def heat_reply(msg: Message, rows: Mapping[str, Any], num_examples: int) -> Mess
         )
     record = ArrayRecord({rows_key(k): Array(declare_rows(rows[k])) for k in keys})
     metrics = MetricRecord({"num-examples": int(num_examples)})
+    if partition_id is not None:
+        metrics["partition-id"] = int(partition_id)
     return Message(RecordDict({"arrays": record, "metrics": metrics}), reply_to=msg)
 
 
@@ -222,7 +232,7 @@ def submodel_reply(
         if rows is not None:
             value = value[rows]
             out[rows_key(key)] = Array(rows)
-        out[key] = Array(np.ascontiguousarray(value))
+        out[key] = Array(np.array(value, order="C"))  # keeps 0-d arrays 0-d
     values = {k: (float(v) if isinstance(v, float | np.floating) else int(v))
               for k, v in (metrics or {}).items()}
     reply_metrics = MetricRecord({**values, "num-examples": int(num_examples)})

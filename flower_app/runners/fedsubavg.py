@@ -49,6 +49,7 @@ from flower_app.algorithms.fedsubavg import (
 )
 from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
 from flower_app.algorithms.gaussian_dp import GaussianDP
+from flower_app.algorithms.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
@@ -323,14 +324,26 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     return summary
 
 
+def _torch(cfg: AppConfig) -> Any:
+    """Return the torch tasks' runner if ``cfg.dataset`` is one (Sent140, Amazon), else None."""
+    if cfg.dataset not in TORCH_DATASETS:
+        return None
+    from flower_app.runners import fedsubavg_torch
+
+    return fedsubavg_torch
+
+
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     """Run the algorithm over the grid (CentralSGD: on the server) and write the run folder.
 
     With ``server-data = "none"`` the server reads no client data: n and the model size
     come from the nodes' discovery replies, and the train loss (on the pooled train-loss
     sample), test loss and test accuracy from the nodes' sums (federated evaluation after
-    every round); the numbers are the pooled ones up to float rounding.
+    every round); the numbers are the pooled ones up to float rounding. The torch tasks
+    (Sent140, Amazon) run in :mod:`flower_app.runners.fedsubavg_torch`.
     """
+    if (runner := _torch(cfg)) is not None:
+        return runner.server_run(grid, cfg)
     if cfg.server_data == "none":
         return _server_run_remote(grid, cfg)
     run = _open(cfg, "flower")
@@ -380,6 +393,8 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the algorithm on the direct engine and write the run folder; return the summary."""
+    if (runner := _torch(cfg)) is not None:
+        return runner.direct_run(cfg, progress)
     if cfg.resume:
         raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
     if cfg.server_data == "none":
@@ -408,8 +423,11 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
 
     With ``data-path`` in the node_config the node loads only its own exported file
     (``python -m flower_app.export --dataset movielens-rating ...``), checked against the
-    manifest and the run's task keys.
+    manifest and the run's task keys. The torch tasks: one client per node
+    (:func:`flower_app.runners.fedsubavg_torch.make_client`).
     """
+    if (runner := _torch(cfg)) is not None:
+        return runner.make_client(cfg, context)
     pid, parts, path = node_partition(context.node_config)
     if path is None:
         return _client(cfg, pid, parts)
@@ -427,6 +445,10 @@ def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelC
 
 def summary_line(summary: dict) -> str:
     """Return the one-line result printed at the end of a run."""
+    if summary.get("dataset") in TORCH_DATASETS:
+        from flower_app.runners import fedsubavg_torch
+
+        return fedsubavg_torch.summary_line(summary)
     return (
         f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
         f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "

@@ -364,6 +364,20 @@ _DECLARED = (
     Setting("fsa-batch-size", "int", 5, _FSA, "batch size B (CentralSGD: K·B)", ge=1),
     Setting("fsa-lr", "float", 0.1, _FSA, "learning rate γ (Table 4; FedAdam's η_l)", gt=0),
     Setting(
+        "fsa-lr-decay", "float", 1.0, _FSA,
+        "torch tasks: γ_t = γ·decay^(t−1) (the authors' Amazon code: 0.999)", gt=0, le=1,
+    ),
+    Setting(
+        "fsa-clip-norm", "float", 0.0, _FSA,
+        "torch tasks: global gradient-norm clipping (0 = none; the authors' Amazon code: 5)",
+        ge=0,
+    ),
+    Setting(
+        "fsa-eval-every", "int", 1, _FSA,
+        "torch tasks: evaluate the full model every this many rounds (and after the last)",
+        ge=1,
+    ),
+    Setting(
         "fsa-weighting", "choice", "clients", _FSA,
         "clients: Alg. 1 (N/n_m, plain means); samples: App. D.4 (data-size weights)",
         choices=("clients", "samples"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -182,7 +182,9 @@ class FedSubAvgStrategy(RoundStrategy):
     ``query.``       ``"config"``: ``sparse-keys``       ``"arrays"``: ``"<key>.rows"``
     ``feature_heat`` list[str]                           int64 (r,) distinct rows per
     (plain)                                              sparse key; ``"metrics"``:
-                                                         ``num-examples`` int
+                                                         ``num-examples`` int (+ optional
+                                                         ``partition-id`` int: then the
+                                                         sample is drawn over partitions)
     ``train``        ``"arrays"``: ``"<key>"`` (r, *d)   ``"arrays"``: the same keys, rows
     (plain)          model dtype, ``"<key>.rows"``       and shapes, updated values;
                      int64 (r,) sorted, ``"<dense>"``    ``"metrics"``: ``num-examples``
@@ -286,6 +288,9 @@ class FedSubAvgStrategy(RoundStrategy):
         # plain mode
         self.layout: NamedLayout | None = None
         self.node_rows: dict[int, dict[str, np.ndarray]] = {}
+        # partition id each node declared in the counting query (optional)
+        self.node_partition: dict[int, int] = {}
+        self._declared: dict[int, int] = {}
         self._sent_values: dict[int, dict[str, np.ndarray]] = {}
         # cohort mode
         self.cohorts: CohortMap | None = None
@@ -405,8 +410,10 @@ class FedSubAvgStrategy(RoundStrategy):
             self._count_heat_plain_secure(grid, nodes, config)
             return
         replies = self.send(grid, heat_messages(nodes, config))
+        self._declared = {}
         checked = self.check(replies, self._decode_heat, "counting query")
         self.node_rows = {src: rows for src, (rows, _) in checked.accepted}
+        self.node_partition = self._partition_order([src for src, _ in checked.accepted])
         self.bad_replies += checked.left_out
         self.heat = named_heat(self.layout, [v for _, v in checked.accepted])
         self.n_clients, self.n_params = self.heat.n_clients, self.layout.size
@@ -473,15 +480,37 @@ class FedSubAvgStrategy(RoundStrategy):
     def _decode_heat(self, src: int, reply: Message) -> tuple[dict[str, np.ndarray], int]:
         assert self.layout is not None
         record = reply.content.array_records["arrays"]
-        n = int_metric(reply.content.metric_records["metrics"], "num-examples")
+        metrics = reply.content.metric_records["metrics"]
+        n = int_metric(metrics, "num-examples")
         if n < 0 or (self.weighting == "samples" and n == 0):
             raise ValueError(f"num-examples = {n} in the heat reply")
+        pid = int_metric(metrics, "partition-id", -1) if "partition-id" in metrics else None
+        if pid is not None and pid < 0:
+            raise ValueError(f"partition-id = {pid} in the heat reply")
         rows = {}
         for key in self.sparse_keys:
             if rows_key(key) not in record:
                 raise ValueError(f"the heat reply lacks '{rows_key(key)}'")
             rows[key] = self.layout.check_rows(key, record[rows_key(key)].numpy())
+        if pid is not None:
+            self._declared[src] = pid
         return rows, n
+
+    def _partition_order(self, nodes: list[int]) -> dict[int, int]:
+        """Return node -> partition id if every counted node declared a distinct one.
+
+        Then training samples clients by partition id (the same clients for the same seed
+        whatever node ids the SuperLink gave); otherwise by node id, as Flower's FedAvg.
+        """
+        declared = {n: self._declared[n] for n in nodes if n in self._declared}
+        if not declared:
+            return {}
+        if len(declared) < len(nodes) or len(set(declared.values())) < len(declared):
+            log(WARNING, "counting query: partition ids missing or repeated (%d of %d nodes, "
+                "%d distinct); sampling by node id", len(declared), len(nodes),
+                len(set(declared.values())))  # fmt: skip
+            return {}
+        return declared
 
     def _setup_cohorts(self, grid: Grid, arrays: ArrayRecord) -> None:
         if arrays is not None and len(arrays):
@@ -596,7 +625,7 @@ class FedSubAvgStrategy(RoundStrategy):
             self._sent_values[node] = values
             record = ArrayRecord()
             for key in self.layout.keys:
-                record[key] = Array(np.ascontiguousarray(values[key]))
+                record[key] = Array(np.array(values[key], order="C"))  # 0-d stays 0-d
                 if key in self.layout.sparse:
                     record[rows_key(key)] = Array(rows[key])
             down += record.count_bytes()
@@ -614,13 +643,15 @@ class FedSubAvgStrategy(RoundStrategy):
     def _sample_counted(self, grid: Grid) -> list[int]:
         """Sample like FedAvg among the connected nodes that answered the counting query."""
         counted = self.node_rows if self.sparse_keys else None
-        nodes = sorted(
-            int(n) for n in grid.get_node_ids() if counted is None or int(n) in counted
-        )
+        nodes = [int(n) for n in grid.get_node_ids() if counted is None or int(n) in counted]
         if not nodes:
             raise NotEnoughNodesError("no node that answered the counting query is connected")
+        part = self.node_partition
+        by_partition = bool(part) and all(n in part for n in nodes)
+        order = (lambda n: part[n]) if by_partition else (lambda n: n)
+        nodes.sort(key=order)
         count = min(len(nodes), max(int(self.fraction_train * len(nodes)), self.min_train_nodes))
-        return sorted(self.node_rng.sample(nodes, max(count, 1)))
+        return sorted(self.node_rng.sample(nodes, max(count, 1)), key=order)
 
     def _cohort_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
         train_config = self.merged_config(
