@@ -16,8 +16,12 @@ from pathlib import Path
 # torch picks its CPU kernels (AVX-512, AVX2, ...) by the machine; sums in another order change
 # the last bits of a model, and the pinned model digests were recorded with AVX2 kernels. Every
 # process of the test session (flwr run, its Ray actors, SuperNodes) inherits this setting, so
-# the pins hold on AVX2 and AVX-512 machines alike (README "Reproducibility").
+# the pins hold on AVX2 and AVX-512 machines alike (README "Reproducibility"). torch's matrix
+# products go through MKL, which dispatches (and blocks its sums) by the processor model on its
+# own: MKL_CBWR=AVX2,STRICT asks it for the AVX2 code path with a fixed summation order (without
+# it, an AVX-512 machine with avx512_fp16 gave other MaxFL digests than the one before it).
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
