@@ -347,6 +347,13 @@ def run_fedsm_direct(
     return list(server.selected)
 
 
+#: the largest real value a report may carry: sums over 10^8 users and products of two
+#: such values stay finite in float64. A node's utilities are not otherwise bounded, so a
+#: plausible but false value cannot be told from an honest one (Byzantine nodes are out of
+#: this check's reach); this bound only keeps a hostile value from overflowing the server's sums.
+MAX_REPORT_VALUE = 1e140
+
+
 def check_report(arrays: list[np.ndarray], n_elements: int) -> tuple[np.ndarray | None, np.ndarray]:
     """Check a node's report without densifying it (``n_elements`` may be a claim).
 
@@ -386,6 +393,11 @@ def check_report(arrays: list[np.ndarray], n_elements: int) -> tuple[np.ndarray 
     values = value.astype(np.float64)
     if not np.all(np.isfinite(values)) or (values < 0).any():
         raise ValueError("report values must be finite and non-negative")
+    if values.size and values.max() > MAX_REPORT_VALUE:
+        raise ValueError(
+            f"report values must be at most {MAX_REPORT_VALUE:g} (sums and products of larger "
+            "ones overflow float64)"
+        )
     return index, values
 
 

@@ -395,9 +395,12 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         def decode(src: int, reply: Message) -> tuple[float, int]:
             _, metrics, _ = reply_parts(reply)
             value = float(metrics["expected-participants"])
+            users = int_metric(metrics, "num-examples", 1)
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"expected participants {value}")
-            return value, int_metric(metrics, "num-examples", 1)
+            if value > users:  # Σ_i min(1, κ w_i) over the node's users
+                raise ValueError(f"expected participants {value:g} exceed the {users} users")
+            return value, users
 
         replies = self._send(grid, nodes, arrays, cfg, "importance")
         done = self._check_protocol(replies, decode, nodes)

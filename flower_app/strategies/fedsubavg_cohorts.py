@@ -50,16 +50,65 @@ def heat_messages(node_ids: Any, config: dict[str, Any]) -> list[Message]:
     ]
 
 
+def config_ints(record: Any, key: str) -> np.ndarray:
+    """Return ``record[key]``, a list of integers in a reply's ConfigRecord, as int64.
+
+    Raises
+    ------
+    BadReplyError
+        If the entry is missing or is not a list of integers that fit in int64 (a float,
+        bool, string, scalar or nested value is refused, never rounded).
+    """
+    if key not in record:
+        raise BadReplyError(f"the reply lacks '{key}'")
+    value = record[key]
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise BadReplyError(f"'{key}' must be a list of integers, got {type(value).__name__}")
+    try:
+        return np.asarray(value, dtype=np.int64).reshape(-1)
+    except OverflowError as err:
+        raise BadReplyError(f"'{key}' holds an integer outside int64") from err
+
+
+def config_count(record: Any, key: str) -> int:
+    """Return ``record[key]``, a non-negative integer count in a reply's ConfigRecord.
+
+    Raises
+    ------
+    BadReplyError
+        If the entry is missing, not an integer, or negative.
+    """
+    value = record.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadReplyError(f"'{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
 def add_heat_report(heat: FeatureHeat, reply: Message) -> None:
-    """Add a cohort node's heat report (``"properties"`` ConfigRecord) to ``heat``."""
+    """Add a cohort node's heat report (``"properties"`` ConfigRecord) to ``heat``.
+
+    Raises
+    ------
+    BadReplyError
+        On a missing record or entry, non-integer values, or (from ``FeatureHeat.add``)
+        lengths that differ, rows out of range or repeated, or negative counts; ``heat`` is
+        unchanged then.
+    """
+    if "properties" not in reply.content.config_records:
+        raise BadReplyError("the heat report lacks its 'properties' ConfigRecord")
     p = reply.content.config_records["properties"]
-    heat.add(
-        np.asarray(p["rows"], dtype=np.int64),
-        np.asarray(p["clients"], dtype=np.int64),
-        np.asarray(p["samples"], dtype=np.int64),
-        int(p["num-users"]),
-        int(p["num-samples"]),
-    )
+    parts = [config_ints(p, k) for k in ("rows", "clients", "samples")]
+    counts = [config_count(p, k) for k in ("num-users", "num-samples")]
+    if parts[1].size == parts[2].size and (
+        (parts[1] > counts[0]).any() or (parts[2] > counts[1]).any()
+    ):
+        raise BadReplyError("a row counts more users or samples than the report covers")
+    try:
+        heat.add(*parts, *counts)
+    except ValueError as err:
+        raise BadReplyError(str(err)) from err
 
 
 def index_set_messages(server_round: int, groups: dict[int, np.ndarray]) -> list[Message]:
@@ -87,10 +136,10 @@ def decode_index_sets(
     BadReplyError
         On other users than requested, malformed offsets or rows outside 0..M−1.
     """
+    if "properties" not in reply.content.config_records:
+        raise BadReplyError("the index-set reply lacks its 'properties' ConfigRecord")
     p = reply.content.config_records["properties"]
-    users = np.asarray(p["users"], dtype=np.int64)
-    offsets = np.asarray(p["offsets"], dtype=np.int64)
-    rows = np.asarray(p["rows"], dtype=np.int64)
+    users, offsets, rows = (config_ints(p, k) for k in ("users", "offsets", "rows"))
     if not np.array_equal(users, users_sent):
         raise BadReplyError("index sets of other users than requested")
     if (
