@@ -91,3 +91,25 @@ def test_both_models_fit_their_stand_ins() -> None:
             opt.step()
             losses.append(float(loss.detach()))
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.1
+
+
+def test_din_keeps_no_batch_statistics_between_batches() -> None:
+    """As DIN's reference code: nothing is averaged from the batches a client trains on.
+
+    Its input BatchNorm is a fixed-statistics affine map and Dice normalises each batch by its
+    own statistics, so the model has no buffers (no running means for FedAvg to average) and
+    evaluation mode computes exactly what training mode does on the same batch.
+    """
+    torch.manual_seed(0)
+    model = DIN(n_users=5, n_items=20)
+    assert dict(model.named_buffers()) == {}
+    uid = torch.tensor([1, 1, 2, 3])
+    mid = torch.tensor([4, 5, 6, 7])
+    hist = torch.tensor([[1, 2, 0], [3, 0, 0], [8, 9, 10], [0, 0, 0]])
+    loss = model(uid, mid, hist).logsumexp(dim=1).sum()
+    loss.backward()  # training on a batch of one user must not move anything but parameters
+    train_out = model(uid, mid, hist)
+    model.eval()
+    assert torch.equal(model(uid, mid, hist), train_out)
+    one = model(uid[:1], mid[:1], hist[:1])  # a batch of one row: Dice's gate is 1/2
+    assert torch.isfinite(one).all()
