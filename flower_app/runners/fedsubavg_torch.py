@@ -193,6 +193,8 @@ def _finish(
         "min-train-loss": min(losses) if losses else None,
         **{key: last.get(key) for key in ("test-loss", "test-accuracy", "test-auc") if key in last},
         "train-loss-by-round": {int(r["server-round"]): float(r["train-loss"]) for r in evaluated},
+        **({"test-auc-by-round": {int(r["server-round"]): float(r["test-auc"]) for r in evaluated}}
+           if "test-auc" in last else {}),
         "bytes-up": sum(int(r.get("bytes-up", 0)) for r in history),
         "bytes-down": sum(int(r.get("bytes-down", 0)) for r in history),
         "feature-heat-dispersion": task.stats()["feature-heat-dispersion"],
