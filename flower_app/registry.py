@@ -45,8 +45,10 @@ DATASETS = {
     "movielens-rating": "MovieLens-1M rating classification (FedSubAvg), ml-1m/*.dat in data-dir",
     "synthetic-movielens-rating": "calibrated synthetic stand-in for movielens-rating",
     "rating-table": "your own table user, features..., 0/1 label in data-file (FedSubAvg)",
-    "sent140": "Sentiment140 (LSTM, one client per node), sent140/ CSV or LEAF JSON in data-dir",
-    "synthetic-sent140": "calibrated synthetic stand-in for sent140 (1,473 clients)",
+    "sent140": "Sentiment140: FedSubAvg's LSTM (one client per node) or MaxFL's MLP on GloVe "
+    "features; sent140/ CSV or LEAF JSON (+ GloVe for MaxFL) in data-dir",
+    "synthetic-sent140": "calibrated synthetic stand-in for sent140 (1,473 clients; MaxFL: 927 "
+    "of its accounts with >= 50 tweets, random token vectors for GloVe)",
     "amazon": "Amazon Electronics CTR (DIN, one client per node), amazon/ files in data-dir",
     "synthetic-amazon": "calibrated synthetic stand-in for amazon (1,870 clients)",
 }
@@ -64,7 +66,9 @@ SUBMODULAR_DATASETS = (
     "coverage-sets",
 )
 #: datasets of MaxFL and its baselines
-MAXFL_DATASETS = ("fmnist", "emnist", "synthetic-emnist", "image-clients")
+MAXFL_DATASETS = (
+    "fmnist", "emnist", "synthetic-emnist", "image-clients", "sent140", "synthetic-sent140"
+)  # fmt: skip
 #: datasets of FedSubAvg and its baselines
 FEDSUBAVG_DATASETS = (
     "movielens-rating",

@@ -37,7 +37,7 @@ from torch.nn import functional as F  # noqa: N812
 from flower_app.algorithms.fl_baselines import mwfed_local_steps, qffl_delta_h
 from flower_app.algorithms.maxfl import aggregation_weight
 from flower_app.datasets.federated import ClientData
-from flower_app.models.mlp import MLP
+from flower_app.models.mlp import MLP, layer_sizes
 
 __all__ = [
     "ALGORITHMS",
@@ -155,8 +155,17 @@ def single_thread() -> Iterator[None]:
 
 
 def make_model(weights: Sequence[np.ndarray], n_classes: int, dropout: float) -> MLP:
-    """Return an :class:`MLP` holding ``weights``."""
-    model = MLP(n_in=int(np.shape(weights[0])[1]), n_classes=n_classes, dropout=dropout)
+    """Return an :class:`MLP` holding ``weights`` (its layer sizes are read from them).
+
+    Raises
+    ------
+    ValueError
+        If the weights' output size is not ``n_classes`` or their shapes do not chain.
+    """
+    n_in, hidden, n_out = layer_sizes(weights)
+    if n_out != n_classes:
+        raise ValueError(f"the model has {n_out} outputs; the data has {n_classes} classes")
+    model = MLP(n_in=n_in, n_classes=n_classes, hidden=hidden, dropout=dropout)
     model.set_weights(weights)
     return model
 
@@ -312,8 +321,7 @@ def local_sgd_batched(
     if not (len(models) == len(data) == len(rngs)):
         raise ValueError("local_sgd_batched needs one (x, y) and one rng per model")
     items = [
-        _LocalData(m, x, y, batch_size, r)
-        for m, (x, y), r in zip(models, data, rngs, strict=True)
+        _LocalData(m, x, y, batch_size, r) for m, (x, y), r in zip(models, data, rngs, strict=True)
     ]
     corr = list(corrections) if corrections is not None else [None] * len(items)
     groups: dict[int, list[int]] = {}
@@ -357,9 +365,7 @@ def _sgd_group(
                 break
             h = F.relu(h)
             if layer == 0 and p > 0:
-                keep = torch.stack(
-                    [torch.rand(h.shape[1:], generator=it.gen) for it in items]
-                ) >= p
+                keep = torch.stack([torch.rand(h.shape[1:], generator=it.gen) for it in items]) >= p
                 h = h * keep / (1.0 - p)
         k, b, c = h.shape
         loss = F.cross_entropy(h.reshape(k * b, c), y.reshape(k * b), reduction="none")
@@ -991,9 +997,7 @@ def _finish(job: _UserJob) -> UserResult:
         noise_rng = user_rng(a["seed"], a["server_round"], a["user"], BYZANTINE)
         delta = [d + noise_rng.normal(0.0, cfg.byzantine_noise, size=d.shape) for d in delta]
     result = UserResult(loss=job.loss, train_loss=job.train_loss, local_steps=job.steps)
-    job.rule.finish(
-        result, delta, cfg, a["solo"], a["mw_share"], a["control"], a["client_control"]
-    )
+    job.rule.finish(result, delta, cfg, a["solo"], a["mw_share"], a["control"], a["client_control"])
     return result
 
 
@@ -1015,9 +1019,19 @@ def train_users(requests: Sequence[dict[str, Any]], batched: bool = False) -> li
         return [train_user(**r) for r in requests]
     jobs = [
         _prepare(
-            r["algorithm"], r["weights"], r["data"], r["n_classes"], r["cfg"], r["seed"],
-            r["server_round"], r["user"], r["solo"], r.get("byzantine", False),
-            r.get("control"), r.get("client_control"), r.get("mw_share", 1.0),
+            r["algorithm"],
+            r["weights"],
+            r["data"],
+            r["n_classes"],
+            r["cfg"],
+            r["seed"],
+            r["server_round"],
+            r["user"],
+            r["solo"],
+            r.get("byzantine", False),
+            r.get("control"),
+            r.get("client_control"),
+            r.get("mw_share", 1.0),
         )  # fmt: skip
         for r in requests
     ]

@@ -18,8 +18,10 @@ Appendix D.1 of Cho et al. (TMLR 2024), as we read it:
 * Each client's examples are split 60 % train / 40 % test by a permutation seeded by
   ``(data_seed, client)``.
 
-Images are scaled to [0, 1] and standardised by the dataset's global pixel mean and standard
-deviation ("the normalized flattened image").
+Images (uint8 pixels) are scaled to [0, 1] and standardised by the dataset's global pixel mean
+and standard deviation ("the normalized flattened image"). Float feature rows (e.g. the
+average-pooled tweet embeddings of :mod:`flower_app.datasets.sent140_features`) are not
+scaled: they are standardised by the global mean and standard deviation of all their values.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class ClientData:
     Attributes
     ----------
     x_train, x_test : numpy.ndarray
-        float32 (n, 784) standardised images.
+        float32 (n, D) standardised images or feature rows.
     y_train, y_test : numpy.ndarray
         int64 labels (after flipping, if the client is flipped).
     flipped : bool
@@ -66,7 +68,7 @@ class Federation:
     Attributes
     ----------
     data : LabelledImages
-        The pooled dataset.
+        The pooled dataset: uint8 pixels or float feature rows.
     n_seen, n_unseen : int
         Seen clients are ids 0..n_seen−1, unseen ones n_seen..n_seen+n_unseen−1.
     train_idx, test_idx : list of numpy.ndarray
@@ -74,7 +76,8 @@ class Federation:
     flipped : numpy.ndarray
         bool (n_clients,): clients whose labels are flipped.
     mean, std : float
-        Pixel standardisation (of values scaled to [0, 1]).
+        Standardisation: of pixels scaled to [0, 1] (uint8 data), or of the raw values
+        (float feature rows).
     """
 
     data: LabelledImages
@@ -97,7 +100,10 @@ class Federation:
         return self.data.n_classes
 
     def _rows(self, idx: np.ndarray, flipped: bool) -> tuple[np.ndarray, np.ndarray]:
-        x = (self.data.images[idx].astype(np.float32) / 255.0 - self.mean) / self.std
+        if _is_pixels(self.data.images):
+            x = (self.data.images[idx].astype(np.float32) / 255.0 - self.mean) / self.std
+        else:
+            x = (self.data.images[idx].astype(np.float32) - self.mean) / self.std
         y = self.data.labels[idx].astype(np.int64)
         if flipped:
             y = self.n_classes - 1 - y
@@ -295,11 +301,41 @@ def _split(
         n_train = min(max(int(round(train_fraction * rows.size)), 1), rows.size - 1)
         train_idx.append(np.sort(perm[:n_train]))
         test_idx.append(np.sort(perm[n_train:]))
-    pixels = data.images.reshape(-1)
-    counts = np.zeros(256, dtype=np.float64)
-    for start in range(0, pixels.size, 1 << 24):  # in chunks: no int64 copy of every pixel
-        counts += np.bincount(pixels[start : start + (1 << 24)], minlength=256)
-    values = np.arange(256) / 255.0
-    mean = float(counts @ values / counts.sum())
-    std = float(np.sqrt(counts @ (values - mean) ** 2 / counts.sum()))
+    mean, std = _standardisation(data.images)
     return Federation(data, n_seen, n_unseen, train_idx, test_idx, flipped, mean, std)
+
+
+def _is_pixels(values: np.ndarray) -> bool:
+    """Return whether ``values`` are pixels 0..255 (integer dtype; uint8 in practice)."""
+    return bool(np.issubdtype(values.dtype, np.integer))
+
+
+def _standardisation(values: np.ndarray) -> tuple[float, float]:
+    """Return the global (mean, std) used to standardise ``values``.
+
+    Pixels (integer dtype, uint8 in practice): of the pixels scaled to [0, 1], from their
+    histogram (the images' path, unchanged). Floating feature rows: of the raw values,
+    accumulated in float64.
+
+    Raises
+    ------
+    ValueError
+        For another dtype, non-finite features or features of zero spread.
+    """
+    if _is_pixels(values):
+        pixels = values.reshape(-1)
+        counts = np.zeros(256, dtype=np.float64)
+        for start in range(0, pixels.size, 1 << 24):  # in chunks: no int64 copy of every pixel
+            counts += np.bincount(pixels[start : start + (1 << 24)], minlength=256)
+        scaled = np.arange(256) / 255.0
+        mean = float(counts @ scaled / counts.sum())
+        return mean, float(np.sqrt(counts @ (scaled - mean) ** 2 / counts.sum()))
+    if not np.issubdtype(values.dtype, np.floating):
+        raise ValueError(f"client data must be pixels or float features, not {values.dtype}")
+    flat = values.reshape(-1).astype(np.float64)
+    if not np.all(np.isfinite(flat)):
+        raise ValueError("float features hold NaN or infinite values")
+    mean, std = float(flat.mean()), float(flat.std())
+    if not std > 0:
+        raise ValueError("float features have zero spread; they cannot be standardised")
+    return mean, std

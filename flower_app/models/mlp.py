@@ -1,14 +1,16 @@
-"""The MLP of the MaxFL experiments: 784 → 64 → dropout → 30 → C (Appendix D.1).
+"""The MLPs of the MaxFL experiments: 784 → 64 → dropout → 30 → C (Appendix D.1).
 
-"a deep multi-layer perceptron network with 2 hidden layers of units [64, 30] with dropout
-after the first hidden layer". ReLU activations; the dropout rate is not given in the paper
+Images: "a deep multi-layer perceptron network with 2 hidden layers of units [64, 30] with
+dropout after the first hidden layer" (:data:`HIDDEN`). Sent140: 3 hidden layers [128, 86, 30]
+on the 200-D average-pooled tweet embedding, dropout after the first hidden layer as for the
+images (:data:`SENT140_HIDDEN`). ReLU activations; the dropout rate is not given in the paper
 (``dropout``, default 0.2 here). Dropout draws its mask from an explicit
 :class:`torch.Generator`, so a client's training is reproducible from its seed alone
 (DESIGN principle 4), whatever else runs in the process.
 
 Weights travel as a list of float32 numpy arrays in the order
 ``[W1 (64, 784), b1 (64,), W2 (30, 64), b2 (30,), W3 (C, 30), b3 (C,)]`` — torch's
-``nn.Linear`` layout.
+``nn.Linear`` layout; :func:`layer_sizes` reads the architecture back from such a list.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-__all__ = ["HIDDEN", "MLP", "init_weights", "weight_shapes"]
+__all__ = ["HIDDEN", "MLP", "SENT140_HIDDEN", "init_weights", "layer_sizes", "weight_shapes"]
 
+#: hidden layers of the image MLP
 HIDDEN = (64, 30)
+#: hidden layers of the Sent140 MLP (MaxFL paper, Appendix D.1)
+SENT140_HIDDEN = (128, 86, 30)
 
 
 def weight_shapes(
@@ -79,8 +84,39 @@ def init_weights(
     return out
 
 
+def layer_sizes(weights: Sequence[np.ndarray]) -> tuple[int, tuple[int, ...], int]:
+    """Return (n_in, hidden, n_classes) of a weight list in :func:`weight_shapes` order.
+
+    Parameters
+    ----------
+    weights : sequence of numpy.ndarray
+        ``[W1, b1, ..., W_L, b_L]`` with W_i of shape (out, in).
+
+    Returns
+    -------
+    tuple
+        Input size, hidden sizes, output size.
+
+    Raises
+    ------
+    ValueError
+        If the list is not alternating (out, in) matrices and (out,) biases that chain.
+    """
+    shapes = [tuple(np.shape(w)) for w in weights]
+    if len(shapes) < 2 or len(shapes) % 2:
+        raise ValueError(f"an MLP weight list has pairs (W, b); got {len(shapes)} arrays")
+    if len(shapes[0]) != 2:
+        raise ValueError(f"MLP weight shapes do not chain: {shapes}")
+    sizes = [shapes[0][1]]
+    for w, b in zip(shapes[0::2], shapes[1::2], strict=True):
+        if len(w) != 2 or w[1] != sizes[-1] or b != (w[0],):
+            raise ValueError(f"MLP weight shapes do not chain: {shapes}")
+        sizes.append(w[0])
+    return int(sizes[0]), tuple(int(h) for h in sizes[1:-1]), int(sizes[-1])
+
+
 class MLP(nn.Module):
-    """784 → 64 → ReLU → dropout → 30 → ReLU → C.
+    """n_in → h1 → ReLU → dropout → h2 → ReLU → ... → C (default 784 → 64 → 30 → C).
 
     Parameters
     ----------

@@ -3,7 +3,12 @@
 ``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` (cohort mode) over
 the grid, ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls
 one :class:`~flower_app.clients.learning.LearningClient` that serves every client), and
-``make_client`` builds a node's client. All three read the family's run_config keys
+``make_client`` builds a node's client. Datasets (:data:`DATASETS`): images (an MLP with
+hidden layers (64, 30) on the standardised pixels) and Sent140 (``sent140`` and its stand-in
+``synthetic-sent140``, :mod:`flower_app.datasets.sent140_features`: accounts as clients,
+308 seen + 619 unseen by default, an MLP with hidden layers (128, 86, 30) on the 200-D
+average-pooled tweet embedding; ``maxfl-partition`` and ``maxfl-alpha`` do not apply, the
+accounts are the partition). All three read the family's run_config keys
 (``maxfl-*``, declared and validated in :mod:`flower_app.settings`) through
 :func:`settings`, which adds the checks that involve several keys or the data.
 """
@@ -47,7 +52,9 @@ from flower_app.datasets.federated import (
     federation_from_clients,
 )
 from flower_app.datasets.own_images import load_image_clients
-from flower_app.models.mlp import init_weights
+from flower_app.datasets.paths import resolve_data_dir
+from flower_app.datasets.sent140_features import DIM
+from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
 from flower_app.strategies.maxfl import AppealStrategy
@@ -64,7 +71,17 @@ __all__ = [
 ]
 
 #: datasets of the family and their (seen clients, classes) defaults
-DATASETS = {"fmnist": (100, 10), "emnist": (500, 62), "synthetic-emnist": (500, 62)}
+DATASETS = {
+    "fmnist": (100, 10),
+    "emnist": (500, 62),
+    "synthetic-emnist": (500, 62),
+    "sent140": (308, 2),
+    "synthetic-sent140": (308, 2),
+}
+#: Sent140 (real and stand-in): the paper's unseen clients (-1 in maxfl-unseen-users) and the
+#: MLP on the 200-D pooled GloVe vector (3 hidden layers; images keep HIDDEN)
+SENT140 = ("sent140", "synthetic-sent140")
+SENT140_UNSEEN = 619
 
 
 @dataclass(frozen=True)
@@ -100,7 +117,9 @@ class MaxFLSettings:
     data_file : str
         ``image-clients``: your file (:mod:`flower_app.datasets.own_images`).
     n_in : int
-        Pixels per image (the MLP's input; 784 for 28×28).
+        The MLP's input: pixels per image (784 for 28×28) or 200 (Sent140's pooled GloVe).
+    hidden : tuple of int
+        The MLP's hidden layers: (64, 30) for images, (128, 86, 30) for Sent140.
     """
 
     algorithm: str
@@ -128,6 +147,7 @@ class MaxFLSettings:
     dp: GaussianDP | None = None
     data_file: str = ""
     n_in: int = 784
+    hidden: tuple[int, ...] = HIDDEN
 
     @property
     def n_clients(self) -> int:
@@ -154,8 +174,12 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         If ``clients-per-round`` exceeds the seen clients (the one check across keys).
     """
     unseen = int(cfg.get("maxfl-unseen-users"))
-    n_in = 784
-    if cfg.dataset == "image-clients":
+    n_in, hidden = 784, HIDDEN
+    if cfg.dataset in SENT140:
+        n_seen, n_classes = cfg.num_users or DATASETS[cfg.dataset][0], 2
+        n_unseen = SENT140_UNSEEN if unseen < 0 else unseen
+        n_in, hidden = DIM, SENT140_HIDDEN
+    elif cfg.dataset == "image-clients":
         own = load_image_clients(cfg.data_file)
         n_classes, n_in = own.data.n_classes, int(own.data.images.shape[1])
         if own.clients is not None:  # your clients: the first half seen, the rest unseen
@@ -242,6 +266,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         dp=dp,
         data_file=cfg.data_file,
         n_in=n_in,
+        hidden=hidden,
     )
 
 
@@ -267,6 +292,18 @@ def _federation(
     data_seed: int,
     data_file: str = "",
 ) -> Federation:
+    if dataset in SENT140:
+        from flower_app.datasets import sent140_features
+
+        features = (
+            sent140_features.load_sent140_features(resolve_data_dir(data_dir))
+            if dataset == "sent140"
+            else sent140_features.synthetic_sent140_features(data_seed)
+        )
+        data, clients = features.as_labelled(dataset, data_seed)
+        return federation_from_clients(
+            data, clients, n_seen, n_unseen, label_flip, train_fraction, data_seed
+        )
     if dataset == "image-clients":
         own = load_image_clients(data_file)
         if own.clients is not None:
@@ -292,7 +329,7 @@ def _federation(
 
 
 def _init(s: MaxFLSettings) -> list[np.ndarray]:
-    return init_weights(s.seed, s.n_in, s.n_classes)
+    return init_weights(s.seed, s.n_in, s.n_classes, s.hidden)
 
 
 def _server(s: MaxFLSettings) -> tuple[AppealServer, ParticipationSampler]:
@@ -521,6 +558,11 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     pid, parts, path = node_partition(context.node_config)
     first, count = cohort_range(s.n_clients, pid, parts)
     fed = None
+    if path is not None and s.dataset in SENT140:
+        raise ConfigError(
+            f"node_config 'data-path' (node-local image files) is for image datasets; "
+            f"{s.dataset!r} holds float tweet features: run it without data-path"
+        )
     if path is not None:
         fed = load_node_images(path, source_of(cfg, MAXFL_SOURCE_KEYS))
     return _client(s, first, count, RecordState(context.state), pid, parts, fed)

@@ -70,7 +70,8 @@ _DECLARED = (
     Setting(
         "num-users", "int", 0, _COMMON,
         "users of a synthetic instance, or MaxFL's seen clients (0 = default: 2,000 facility "
-        "location, 704,738 DBLP stand-in, 6,040 MovieLens-1M, 100 FMNIST, 500 EMNIST)", ge=0,
+        "location, 704,738 DBLP stand-in, 6,040 MovieLens-1M, 100 FMNIST, 500 EMNIST, 308 "
+        "Sent140 for MaxFL)", ge=0,
     ),
     Setting(
         "num-elements", "int", 0, _COMMON,
@@ -289,13 +290,15 @@ _DECLARED = (
     ),
     Setting(
         "maxfl-partition", "choice", "dirichlet", _MAXFL,
-        "dirichlet (maxfl-alpha) or clusters (5 clusters × 2 labels)",
+        "dirichlet (maxfl-alpha) or clusters (5 clusters × 2 labels); image datasets only "
+        "(Sent140's clients are its accounts)",
         choices=("dirichlet", "clusters"),
     ),
     Setting("maxfl-alpha", "float", 0.5, _MAXFL, "Dirichlet concentration α", gt=0),
     Setting(
         "maxfl-unseen-users", "int", -1, _MAXFL,
-        "unseen (evaluation-only) clients (-1 = as many as seen)", ge=-1,
+        "unseen (evaluation-only) clients (-1 = as many as seen; 619 for sent140 and "
+        "synthetic-sent140)", ge=-1,
     ),
     Setting(
         "maxfl-label-flip", "float", 0.3, _MAXFL,
