@@ -1,12 +1,15 @@
-"""How FedSM's direct engine grows with the number of users: round time and peak memory.
+"""How the direct engine grows with the number of users: round time and peak memory.
 
-FedSM Algorithm 1 (K = 10 %, d = 1 %, k = ``--rounds``) on ``synthetic-dblp`` stand-ins of
-1,000, 6,040, 70,000 and 704,738 researchers (2,675 venues, the stand-in's calibration), with
-``fedsm-rng = "per-user"`` and ``"batched"``. Every (size, scheme) runs in a fresh Python
-subprocess, so its peak RSS (``ru_maxrss``: imports, the instance and the run) is its own.
-Writes ``docs/benchmarks/fedsm-growth.json``, a Markdown table ``fedsm-growth.md`` and a
-log-log plot ``fedsm-growth.png`` beside it. Flower rows are not measured here (see
-``benchmarks/fedsm_flower_vs_direct.py``). Shared machine: one run, times not repeated::
+FedSM Algorithm 1 (K = 10 %, d = 1 %, k = ``--rounds``) with ``fedsm-rng = "per-user"`` and
+``"batched"``, and FedCG (Algorithm 1, K = 10 % of the users per round, the sampled gradient
+of Appendix C.3 with m = 10 sets, k = 10, ``--rounds`` rounds, greedy rounding) on
+``synthetic-dblp`` stand-ins of 1,000, 6,040, 70,000 and 704,738 researchers (2,675 venues,
+the stand-in's calibration). Every (size, scheme) runs in a fresh Python subprocess, so its
+peak RSS (``ru_maxrss``: imports, the instance and the run) is its own. Writes
+``docs/benchmarks/fedsm-growth.json``, a Markdown table ``fedsm-growth.md`` and a log-log plot
+``fedsm-growth.png`` beside it; ``--schemes fedcg`` measures only FedCG and keeps the recorded
+FedSM rows. Flower rows are not measured here (see ``benchmarks/fedsm_flower_vs_direct.py``).
+Shared machine: one run, times not repeated::
 
     nice -n 10 python benchmarks/fedsm_cost_growth.py
 """
@@ -24,7 +27,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 SIZES = (1_000, 6_040, 70_000, 704_738)
-SCHEMES = ("per-user", "batched")
+SCHEMES = ("per-user", "batched", "fedcg")
+LABELS = {"per-user": "FedSM, per-user streams", "batched": "FedSM, batched draws",
+          "fedcg": "FedCG (sampled gradient, m = 10)"}  # fmt: skip
 
 _CHILD = """
 import json, resource, time, sys
@@ -63,11 +68,44 @@ print(json.dumps({
 """
 
 
+_CHILD_FEDCG = """
+import json, resource, time, sys
+import numpy as np
+from flower_app.algorithms.fedcg import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.datasets.synthetic import synthetic_dblp
+from flower_app.submodular.matroids import UniformMatroid
+from flower_app.submodular.objectives import MaxCoverage
+
+n, rounds = int(sys.argv[1]), int(sys.argv[3])
+t0 = time.perf_counter()
+obj = MaxCoverage(synthetic_dblp(n_researchers=n).matrix)
+load_s = time.perf_counter() - t0
+rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+server = FedCGServer(n, UniformMatroid(obj.n_elements, 10), rounds=rounds, eta=0.0,
+                     local=LocalSteps(1, "sampled", 10), clients_per_round=0.1, seed=0,
+                     rounding="greedy")
+stamps, sampled = [time.perf_counter()], []
+def on_round(record, x):
+    stamps.append(time.perf_counter())
+    sampled.append(record.users)
+selected = run_fedcg_direct(obj, server, on_round)
+print(json.dumps({
+    "users": n, "scheme": "fedcg", "rounds": rounds, "load-s": load_s,
+    "round-s-mean": float(np.mean(np.diff(stamps))),
+    "sampled-users-per-round": int(round(float(np.mean(sampled)))),
+    "peak-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "rss-after-load-mb": rss_loaded,
+    "objective": obj.mean_value(list(selected)),
+}))
+"""
+
+
 def measure(n: int, scheme: str, rounds: int) -> dict[str, Any]:
     """Run one (size, scheme) in a fresh subprocess; return its JSON line."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    child = _CHILD_FEDCG if scheme == "fedcg" else _CHILD
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(n), scheme, str(rounds)],
+        [sys.executable, "-c", child, str(n), scheme, str(rounds)],
         capture_output=True,
         text=True,
         check=True,
@@ -80,16 +118,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table: one line per size, both schemes side by side."""
     by = {(r["users"], r["scheme"]): r for r in rows}
     lines = [
-        "| users | sampled / round | per-user: round (s) | batched: round (s) | ratio | "
-        "per-user: peak RSS (MB) | batched: peak RSS (MB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| users | sampled / round | FedSM per-user: round (s) | FedSM batched: round (s) | "
+        "ratio | FedCG: round (s) | per-user: peak RSS (MB) | batched: peak RSS (MB) | "
+        "FedCG: peak RSS (MB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if r else "–"
+
     for n in sorted({r["users"] for r in rows}):
-        pu, ba = by[(n, "per-user")], by[(n, "batched")]
+        pu, ba, cg = (by.get((n, s)) for s in SCHEMES)
+        sampled = next(r for r in (pu, ba, cg) if r)["sampled-users-per-round"]
+        ratio = f"{pu['round-s-mean'] / ba['round-s-mean']:.1f}x" if pu and ba else "–"
         lines.append(
-            f"| {n:,} | {pu['sampled-users-per-round']:,} | {pu['round-s-mean']:.3f} | "
-            f"{ba['round-s-mean']:.3f} | {pu['round-s-mean'] / ba['round-s-mean']:.1f}x | "
-            f"{pu['peak-rss-mb']:.0f} | {ba['peak-rss-mb']:.0f} |"
+            f"| {n:,} | {sampled:,} | {cell(pu, 'round-s-mean', '.3f')} | "
+            f"{cell(ba, 'round-s-mean', '.3f')} | {ratio} | {cell(cg, 'round-s-mean', '.3f')} | "
+            f"{cell(pu, 'peak-rss-mb', '.0f')} | {cell(ba, 'peak-rss-mb', '.0f')} | "
+            f"{cell(cg, 'peak-rss-mb', '.0f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -102,17 +147,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for scheme, marker in zip(SCHEMES, "os", strict=True):
+    for scheme, marker in zip(SCHEMES, "os^", strict=True):
         pts = sorted((r["users"], r) for r in rows if r["scheme"] == scheme)
         xs = [n for n, _ in pts]
-        ax1.loglog(xs, [r["round-s-mean"] for _, r in pts], marker=marker, label=scheme)
-        ax2.loglog(xs, [r["peak-rss-mb"] for _, r in pts], marker=marker, label=scheme)
+        ax1.loglog(xs, [r["round-s-mean"] for _, r in pts], marker=marker, label=LABELS[scheme])
+        ax2.loglog(xs, [r["peak-rss-mb"] for _, r in pts], marker=marker, label=LABELS[scheme])
     ax1.set(xlabel="users n", ylabel="seconds per round", title="round time (K = 10 %)")
     ax2.set(xlabel="users n", ylabel="peak RSS (MB)", title="peak memory (process)")
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle("FedSM Alg. 1, direct engine, synthetic-dblp stand-ins (2,675 venues)")
+    fig.suptitle("FedSM Alg. 1 and FedCG, direct engine, synthetic-dblp stand-ins (2,675 venues)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -122,12 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     load0 = os.getloadavg()[0]
+    recorded = args.out / "fedsm-growth.json"
     rows = []
+    if recorded.is_file():  # keep the recorded rows of the schemes not measured now
+        rows = [r for r in json.loads(recorded.read_text())["rows"]
+                if r["scheme"] not in args.schemes]  # fmt: skip
     for n in args.sizes:
-        for scheme in SCHEMES:
+        for scheme in args.schemes:
             rows.append(measure(n, scheme, args.rounds))
             print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
