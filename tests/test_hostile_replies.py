@@ -384,7 +384,7 @@ SCENARIOS = {
                 cohorts=True,
                 n_users=N_COHORT,
                 matroid=UniformMatroid(M, 2),
-                discovery_timeout=0.5,  # a left-out cohort reply ends discovery at once, not in 300 s
+                discovery_timeout=0.5,  # a left-out cohort reply: discovery ends at once
             ),  # fmt: skip
             lambda: numpy_client_app(_cohort_factory(_facility(N_COHORT), False)),
             3,
