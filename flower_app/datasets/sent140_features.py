@@ -42,6 +42,7 @@ import numpy as np
 from flower_app.datasets.images import LabelledImages
 from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError, open_text
 from flower_app.datasets.sent140 import (
+    PAPER_TABLE1,
     Sent140,
     Tweet,
     build_sent140,
@@ -243,22 +244,16 @@ def tweet_features(
     kept = np.flatnonzero(sizes >= min_tweets)
     if kept.size == 0:
         raise ValueError(f"no account of {task.name} has {min_tweets} or more tweets")
-    ids = np.concatenate(
-        [
-            block
-            for c in kept
-            for block in (task.train_x[task.train_ptr[c] : task.train_ptr[c + 1]],
-                          task.test_x[task.test_ptr[c] : task.test_ptr[c + 1]])
-        ]
-    )  # fmt: skip
-    labels = np.concatenate(
-        [
-            block
-            for c in kept
-            for block in (task.train_y[task.train_ptr[c] : task.train_ptr[c + 1]],
-                          task.test_y[task.test_ptr[c] : task.test_ptr[c + 1]])
-        ]
-    ).astype(np.int64)  # fmt: skip
+
+    def all_rows(train: np.ndarray, test: np.ndarray) -> np.ndarray:
+        """Each kept account's training rows, then its test rows."""
+        tr, te = task.train_ptr, task.test_ptr
+        return np.concatenate(
+            [b for c in kept for b in (train[tr[c] : tr[c + 1]], test[te[c] : te[c + 1]])]
+        )
+
+    ids = all_rows(task.train_x, task.test_x)
+    labels = all_rows(task.train_y, task.test_y).astype(np.int64)
     clients = np.repeat(np.arange(kept.size, dtype=np.int64), sizes[kept])
     features = _pool(ids, np.asarray(table, dtype=np.float32), has)
     return TweetFeatures(features, labels, clients, tuple(task.users[c] for c in kept))
@@ -327,7 +322,7 @@ def _first(paths: list[Path]) -> Path | None:
 
 # ---------------------------------------------------------------------- stand-in
 def synthetic_sent140_features(
-    data_seed: int = 0, n_clients: int = 1473, dim: int = DIM
+    data_seed: int = 0, n_clients: int = PAPER_TABLE1["clients"], dim: int = DIM
 ) -> TweetFeatures:
     """Return the stand-in ``synthetic-sent140`` for MaxFL (made from ``data_seed``).
 
@@ -354,8 +349,11 @@ def synthetic_sent140_features(
         The pooled features.
     """
     n = int(n_clients)
-    task = synthetic_sent140(seed=data_seed, n_clients=n, n_samples=round(n * 79050 / 1473),
-                             target_dispersion=max(2.0, 1451 * n / 1473))  # fmt: skip
+    paper = PAPER_TABLE1  # the calibration, scaled to n accounts
+    samples = round(n * paper["samples"] / paper["clients"])
+    dispersion = max(2.0, paper["feature-heat-dispersion"] * n / paper["clients"])
+    task = synthetic_sent140(seed=data_seed, n_clients=n, n_samples=samples,
+                             target_dispersion=dispersion)  # fmt: skip
     vocab_size = 1 + max(int(w[1:]) for w in task.vocab)
     rng = np.random.default_rng([int(data_seed), 140, dim])
     embedding = rng.normal(0.0, np.sqrt(1.0 / dim), size=(vocab_size, dim)).astype(np.float32)
