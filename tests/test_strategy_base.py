@@ -250,3 +250,53 @@ def test_numpy_client_app_serves_a_legacy_numpy_client():
                  message_type="evaluate")
     (reply,) = grid.send_and_receive([ev])
     assert dict(reply.content.metric_records["metrics"]) == {"loss": 2.0, "num-examples": 3}
+
+
+class _LateReplies(LocalGrid):
+    """LocalGrid whose replies become visible only at the ``ready_at``-th pull."""
+
+    def __init__(self, ready_at: int) -> None:
+        super().__init__(2, {}, app=numpy_client_app(lambda context: _AddOne()))
+        self.ready_at, self.pulls = ready_at, 0
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        return super().pull_messages(message_ids) if self.pulls >= self.ready_at else []
+
+
+def test_send_polls_every_5_ms_at_first_and_backs_off_after_a_second(monkeypatch):
+    """A reply ready between pulls is read within POLL_FAST during an exchange's first second
+    (a growing interval from the start added up to a third of a short simulated round), and
+    the interval grows ×1.5 to POLL_SLOW only afterwards (fewer pulls on a long wait)."""
+    import flower_app.strategies.base as base
+
+    slept: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(base.time, "sleep", lambda s: (slept.append(s), real_sleep(s)))
+
+    def exchange(grid: _LateReplies) -> list[Message]:
+        msgs = [
+            Message(RecordDict({"arrays": ArrayRecord([np.zeros(2)]),
+                                "config": ConfigRecord({"lr": 0.5})}),
+                    dst_node_id=n, message_type="train")
+            for n in grid.node_ids
+        ]  # fmt: skip
+        return ToyStrategy().send(grid, msgs, timeout=30.0)
+
+    grid = _LateReplies(ready_at=12)
+    start = time.monotonic()
+    replies = exchange(grid)
+    assert len(replies) == 2 and grid.pulls == 12
+    if time.monotonic() - start < base.POLL_FAST_FOR:  # a stalled machine may take longer
+        assert slept == [base.POLL_FAST] * 11
+    slept.clear()
+    grid = _LateReplies(ready_at=10**9)  # never ready: back-off until the timeout
+    strategy = ToyStrategy()
+    msgs = [Message(RecordDict({}), dst_node_id=grid.node_ids[0], message_type="train")]
+    start = time.monotonic()
+    assert strategy.send(grid, msgs, timeout=2.0) == []
+    assert 2.0 <= time.monotonic() - start < 3.0
+    assert all(s <= base.POLL_FAST + 1e-12 for s in slept[:20])  # the first 100 ms
+    grown = [s for s in slept if s > base.POLL_FAST]
+    assert grown and max(grown) <= base.POLL_SLOW
+    assert len(slept) < 1.0 / base.POLL_FAST + 20  # not 400 pulls in 2 s

@@ -81,6 +81,10 @@ __all__ = [
 #: the sender id of a securely aggregated sum (no node has a negative id)
 SUMMED_SENDER = -1
 
+#: how ``RoundStrategy.send`` polls for replies: every POLL_FAST seconds for the first
+#: POLL_FAST_FOR seconds of an exchange, then an interval growing ×1.5 up to POLL_SLOW
+POLL_FAST, POLL_FAST_FOR, POLL_SLOW = 0.005, 1.0, 0.5
+
 #: Flower's ``evaluate_fn``: ``(server_round, arrays) -> MetricRecord | None``
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -717,11 +721,14 @@ class RoundStrategy(Strategy):
     ) -> list[Message]:
         """Send messages, remember whom they went to, and return the replies.
 
-        Pushes the messages and pulls replies with a poll interval growing from 10 ms to
-        0.5 s (Flower's gRPC grid sleeps a fixed 3 s between pulls, which made every
-        deployment round a multiple of 3 s), until every message is answered or
-        ``timeout`` (default: ``start``'s) has passed. Replies are returned in the order
-        the messages were sent, so that sums over them do not depend on arrival order.
+        Pushes the messages and pulls replies every ``POLL_FAST`` (5 ms) for the first
+        ``POLL_FAST_FOR`` (1 s), then with an interval growing ×1.5 up to 0.5 s, until
+        every message is answered or ``timeout`` (default: ``start``'s) has passed.
+        Flower's gRPC grid sleeps a fixed 3 s between pulls (every deployment round was a
+        multiple of 3 s); a growing interval from the start added up to a third of a
+        short round's time in simulation, where a pull is a lookup in memory. Replies are
+        returned in the order the messages were sent, so that sums over them do not depend
+        on arrival order.
         """
         messages = list(messages)
         self._expected = {int(m.metadata.dst_node_id) for m in messages}
@@ -735,16 +742,19 @@ class RoundStrategy(Strategy):
         order = {mid: pos for pos, mid in enumerate(pushed)}
         pending = set(pushed)
         replies: list[Message] = []
-        deadline = time.monotonic() + wait
-        interval = 0.01
+        start = time.monotonic()
+        deadline = start + wait
+        interval = POLL_FAST
         while pending:
             got = list(grid.pull_messages(sorted(pending, key=order.__getitem__)))
             replies.extend(got)
             pending.difference_update(r.metadata.reply_to_message_id for r in got)
-            if not pending or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if not pending or now >= deadline:
                 break
-            time.sleep(min(interval, max(deadline - time.monotonic(), 0.0)))
-            interval = min(interval * 1.5, 0.5)
+            time.sleep(min(interval, deadline - now))
+            if now - start >= POLL_FAST_FOR:
+                interval = min(interval * 1.5, POLL_SLOW)
         # in the order the messages were sent, whatever the arrival order: aggregates sum
         # in the same order on every run
         replies.sort(key=lambda r: order.get(r.metadata.reply_to_message_id, len(order)))
