@@ -1,0 +1,77 @@
+"""The run folder's writer: every round reaches the OS at once, the disk at most once a second.
+
+A killed process must lose nothing (each line and checkpoint is flushed, the checkpoint
+replaced atomically); ``fsync`` costs about as much as a short round, so it is throttled to
+``sync_every`` seconds, syncs the metrics before the checkpoint (the rows on disk always reach
+the checkpoint on disk) and always at the end. A checkpoint that did not reach the disk is
+refused by name on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import flower_app.results as results
+from flower_app.results import CHECKPOINT, ResumeError, RunWriter
+
+CONFIG = {"algorithm": "fedsm", "k": 3}
+
+
+def _spy_fsync(monkeypatch) -> list[str]:
+    """Record the file name of every fsync the writer makes (and really sync it)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(results.os, "fsync", fsync)
+    return synced
+
+
+def test_rounds_are_flushed_at_once_and_synced_only_when_due(tmp_path, monkeypatch) -> None:
+    synced = _spy_fsync(monkeypatch)
+    writer = RunWriter(tmp_path / "run", CONFIG, sync_every=3600.0)
+    for t in range(1, 31):
+        writer.log_round({"server-round": t, "value": t / 10})
+        writer.save_checkpoint({"server-round": t, "state": list(range(t))})
+        # another reader (a resumed run after a kill) sees the round at once
+        lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["server-round"] for x in lines] == list(range(1, t + 1))
+    assert synced == []  # 30 rounds within the hour: nothing forced to disk yet
+    writer.write_summary({"done": True})
+    assert synced == ["metrics.jsonl"]  # the end is always synced
+
+
+def test_each_due_sync_puts_the_metrics_on_disk_before_the_checkpoint(tmp_path, monkeypatch):
+    synced = _spy_fsync(monkeypatch)
+    writer = RunWriter(tmp_path / "run", CONFIG, sync_every=0.0)
+    for t in (1, 2):
+        writer.log_round({"server-round": t})
+        writer.save_checkpoint({"server-round": t})
+    assert synced == ["metrics.jsonl", "metrics.jsonl", CHECKPOINT + ".tmp"] * 2
+
+
+def test_a_checkpoint_that_did_not_reach_the_disk_is_refused_by_name(tmp_path) -> None:
+    writer = RunWriter(tmp_path / "run", CONFIG)
+    writer.log_round({"server-round": 1})
+    writer.save_checkpoint({"server-round": 1, "x": [1.0, 2.0]})
+    path = tmp_path / "run" / CHECKPOINT
+    path.write_bytes(path.read_bytes()[:7])  # what a power loss may leave
+    with pytest.raises(ResumeError, match=r"checkpoint.pkl is unreadable .*without 'resume'"):
+        RunWriter(tmp_path / "run", CONFIG, resume=True)
+    path.write_bytes(b"")
+    with pytest.raises(ResumeError, match="unreadable"):
+        RunWriter(tmp_path / "run", CONFIG, resume=True)
+
+
+def test_the_summary_may_be_written_again_with_more_keys(tmp_path) -> None:
+    writer = RunWriter(tmp_path / "run", CONFIG)
+    writer.log_round({"server-round": 1})
+    writer.write_summary({"a": 1})
+    writer.write_summary({"a": 1, "b": 2})
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"a": 1, "b": 2}
