@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flower_app.algorithms.fedsubavg import (
     AdamConfig,
@@ -335,3 +337,20 @@ def test_direct_engine_is_seeded_and_fedsubavg_learns(task) -> None:
     row = a[1][0]
     assert row["bytes-down-client-max"] <= 12 * task.submodel_sizes().max()
     assert row["bytes-down-client-mean"] < 8 * task.n_params  # less than a full model
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 300), st.floats(-1e6, 1e6, allow_nan=False)), max_size=400)
+)
+def test_sum_by_row_is_the_sorted_sum_to_the_bit(entries) -> None:
+    """The bincount-by-row sums equal np.unique + bincount bit for bit (same addition order)."""
+    from flower_app.algorithms.fedsubavg import sum_by_row
+
+    rows = np.array([r for r, _ in entries], dtype=np.int64)
+    weights = np.array([w for _, w in entries], dtype=np.float64)
+    uniq, sums = sum_by_row(rows, weights)
+    ref_rows, inv = np.unique(rows, return_inverse=True)
+    ref = np.bincount(inv, weights=weights, minlength=ref_rows.size)
+    assert uniq.dtype == np.int64 and np.array_equal(uniq, ref_rows)
+    assert sums.tobytes() == ref.tobytes()
