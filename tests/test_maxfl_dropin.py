@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from local_grid import LocalGrid
+from maxfl_configs import SMALL
 
 from flower_app.algorithms.maxfl import aggregation_weight, maxfl_update
 from flower_app.clients.adapter import numpy_client_app
@@ -270,18 +271,6 @@ PINNED = {
     "mwfed": "01ed9e3cebafb7ff",
     "scaffold": "3a4d0f6afdce7a0c",
     "qffl": "00e248a3cb5ac284",
-}
-SMALL = {
-    "algorithm": "maxfl",
-    "dataset": "synthetic-emnist",
-    "num-users": 6,
-    "clients-per-round": 3,
-    "maxfl-rounds": 3,
-    "maxfl-eval-every": 1,
-    "maxfl-mandatory-rounds": 1,
-    "maxfl-solo-steps": 20,
-    "maxfl-local-steps": 5,
-    "seed": 4,
 }
 MWFED = {
     "algorithm": "mwfed",

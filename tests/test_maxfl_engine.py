@@ -18,6 +18,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 from local_grid import LocalGrid
+from maxfl_configs import SMALL
 
 from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
 from flower_app.algorithms.participation import ParticipationSampler
@@ -27,19 +28,6 @@ from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
 from flower_app.strategies.discovery import CohortMap
 from flower_app.strategies.maxfl import AppealStrategy
-
-SMALL = {
-    "algorithm": "maxfl",
-    "dataset": "synthetic-emnist",
-    "num-users": 6,
-    "clients-per-round": 3,
-    "maxfl-rounds": 3,
-    "maxfl-eval-every": 1,
-    "maxfl-mandatory-rounds": 1,
-    "maxfl-solo-steps": 20,
-    "maxfl-local-steps": 5,
-    "seed": 4,
-}
 
 
 @pytest.fixture(autouse=True)

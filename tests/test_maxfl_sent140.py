@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 from local_grid import LocalGrid
+from maxfl_configs import SMALL as MAXFL_SMALL
 
 from flower_app import registry
 from flower_app.algorithms.learning import local_sgd, local_sgd_batched, make_model
@@ -33,17 +34,11 @@ from flower_app.runners import maxfl as runner
 SENT140 = ("sent140", "synthetic-sent140")
 
 SMALL = {
-    "algorithm": "maxfl",
+    **MAXFL_SMALL,
     "dataset": "synthetic-sent140",
     "num-users": 12,
     "maxfl-unseen-users": 12,
     "clients-per-round": 4,
-    "maxfl-rounds": 3,
-    "maxfl-eval-every": 1,
-    "maxfl-mandatory-rounds": 1,
-    "maxfl-solo-steps": 20,
-    "maxfl-local-steps": 5,
-    "seed": 4,
 }
 
 

@@ -18,7 +18,9 @@ class LabelledImages:
     name : str
         Dataset name as in run_config ``dataset`` (``synthetic-*`` for stand-ins).
     images : numpy.ndarray
-        uint8 array (N, 784): 28×28 images, flattened row by row.
+        (N, d) features, one row per example: uint8 pixels of 28×28 images flattened row by
+        row (d = 784) for the image datasets, float32 pooled word vectors (d = 200) for the
+        Sent140 features of :mod:`flower_app.datasets.sent140_features`.
     labels : numpy.ndarray
         int64 array (N,) of class ids 0..n_classes−1.
     n_classes : int
