@@ -203,3 +203,25 @@ def test_short_run_direct_equals_in_process_flower_grid(tmp_path) -> None:
     flower = runner.server_run(LocalGrid(3, SMALL), _cfg(tmp_path, "grid"))
     assert flower["model-digest"] == direct["model-digest"]
     assert flower["final"] == pytest.approx(final, rel=1e-9, abs=1e-12)
+
+
+def test_an_empty_opt_in_pool_is_said_once_and_trains_nobody(tmp_path, caplog) -> None:
+    """On the stand-in every solo model (200 steps) fits its ~30 training tweets better than
+    the chance-level global model, so after the mandatory round no client opts in; the
+    rounds then train nobody (the pool cannot refill: the model no longer changes), and the
+    run says so once instead of silently ending as round 1's model."""
+    import json
+    import logging
+
+    from flower_app.algorithms.participation import EMPTY_POOL
+
+    cfg = _cfg(tmp_path, "empty", **{"maxfl-rounds": 4, "maxfl-solo-steps": 200})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_direct(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "empty" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["pool-size"], r["sampled"]) for r in rows[1:]] == [(12, 4)] + [(0, 0)] * 3
+    assert [r.getMessage() for r in caplog.records].count(EMPTY_POOL) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_direct(_cfg(tmp_path, "all", **{"maxfl-rounds": 2, "maxfl-participation": "all"}))
+    assert EMPTY_POOL not in [r.getMessage() for r in caplog.records]

@@ -11,10 +11,27 @@ the same clients.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from logging import WARNING
 
 import numpy as np
+from flwr.common import log
 
-__all__ = ["ParticipationSampler"]
+__all__ = ["ParticipationSampler", "warn_empty_pool"]
+
+#: said once per run when the opt-in pool first comes back empty
+EMPTY_POOL = (
+    "the opt-in pool is empty: no seen client finds the global model appealing (F_k(w) >= "
+    "rho_k on its training data for every k), so this round trains nobody; the model then "
+    "does not change and the pool stays empty for the rest of the run"
+)
+
+
+def warn_empty_pool(warned: bool, pool_size: int) -> bool:
+    """Log :data:`EMPTY_POOL` the first time the pool is empty; return the new ``warned``."""
+    if pool_size == 0 and not warned:
+        log(WARNING, EMPTY_POOL)
+        return True
+    return warned
 
 
 @dataclass
@@ -41,6 +58,7 @@ class ParticipationSampler:
     mandatory_rounds: int = 10
     seed: int = 0
     rng: np.random.Generator = field(init=False, repr=False)
+    _warned: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.clients_per_round <= self.n_seen:
@@ -74,6 +92,7 @@ class ParticipationSampler:
         if pool.size and (pool[0] < 0 or pool[-1] >= self.n_seen):
             raise ValueError("the pool may only hold seen clients")
         if pool.size == 0:
+            self._warned = warn_empty_pool(self._warned, 0)
             return pool
         k = min(self.clients_per_round, pool.size)
         return np.sort(self.rng.choice(pool, size=k, replace=False))

@@ -72,7 +72,7 @@ from flower_app.algorithms.maxfl import (
     aggregation_weight,
     maxfl_update,
 )
-from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.participation import ParticipationSampler, warn_empty_pool
 from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
@@ -863,6 +863,7 @@ class MaxFLStrategy(AppealStrategy):
         self._node_rng = random.Random(self.seed)
         self._eval_rng = random.Random(f"evaluate-{self.seed}")
         self._pool = PoolCache()
+        self._empty_pool_warned = False
         self.num_rounds = int(num_rounds)
         return self.num_rounds
 
@@ -895,6 +896,7 @@ class MaxFLStrategy(AppealStrategy):
         count = max(int(self.fraction_train * len(everyone)), self.min_train_nodes, 1)
         self._nodes = sorted(self._node_rng.sample(pool, min(count, len(pool))))
         self._pool_size = len(pool)
+        self._empty_pool_warned = warn_empty_pool(self._empty_pool_warned, len(pool))
 
     def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
         """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
