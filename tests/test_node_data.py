@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from flwr.app import Context, RecordDict
 from local_grid import LocalGrid
+from maxfl_configs import SMALL
 
 from flower_app.clients.cohorts import cohort_range
 from flower_app.config import AppConfig, ConfigError
@@ -173,14 +174,9 @@ def test_export_dataset_names_what_it_exports_for_an_unknown_dataset(tmp_path) -
         )  # fmt: skip
 
 
-#: a small MaxFL run on the EMNIST stand-in (as tests/test_maxfl_engine.py's)
+#: a small MaxFL run on the EMNIST stand-in (the shared one, shorter local work, α = 0.3)
 MAXFL = {
-    "algorithm": "maxfl",
-    "dataset": "synthetic-emnist",
-    "num-users": 6,
-    "clients-per-round": 3,
-    "maxfl-rounds": 3,
-    "maxfl-eval-every": 1,
+    **{k: v for k, v in SMALL.items() if k not in ("maxfl-mandatory-rounds", "seed")},
     "maxfl-local-steps": 2,
     "maxfl-solo-steps": 3,
     "maxfl-alpha": 0.3,
