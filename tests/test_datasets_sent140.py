@@ -143,3 +143,12 @@ def test_the_stand_in_matches_table_1_and_carries_a_learnable_signal() -> None:
     pred = (r[task.test_x].sum(axis=1) > 0).astype(int)
     majority = max(task.test_y.mean(), 1 - task.test_y.mean())
     assert (pred == task.test_y).mean() > majority + 0.05
+    # the planted token weights, kept by id, classify the test tweets better than the counts
+    # (measured 0.679: the generator's model with the account biases reaches 0.716)
+    assert task.planted is not None and task.planted.shape == (v,) and task.planted[0] == 0
+    assert 0.08 < np.mean(task.planted[1:] != 0) < 0.12  # 10 % of the tokens are weighted
+    planted = (task.planted[task.test_x].sum(axis=1) > 0).astype(int)
+    assert (planted == task.test_y).mean() > (pred == task.test_y).mean()
+    assert (
+        build_sent140([Tweet("a", 1, "w")] * 41, name="real").planted is None
+    )  # real data has no planted model

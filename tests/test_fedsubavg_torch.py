@@ -55,10 +55,12 @@ def _amazon() -> AmazonTask:
 TASKS = {"sent140": _sent140, "amazon": _amazon}
 
 #: the same tiny stand-ins through the app's run_config (load_torch_task scales N, samples,
-#: vocabulary / items and the target dispersion as _sent140 / _amazon above)
+#: vocabulary / items and the target dispersion as _sent140 / _amazon above); Sent140 with
+#: the planted embedding, so the ServerApp and the ClientApps build the same initialisation
 RUNS = {
     "sent140": {"algorithm": "fedsubavg", "dataset": "synthetic-sent140", "num-users": N,
-                "num-elements": 400, "clients-per-round": 4, "fsa-rounds": 3, "seed": 5},
+                "num-elements": 400, "clients-per-round": 4, "fsa-rounds": 3, "seed": 5,
+                "fsa-embedding-init": "planted"},
     "amazon": {"algorithm": "fedadam-sub", "dataset": "synthetic-amazon", "num-users": N,
                "num-elements": 300, "clients-per-round": 3, "fsa-rounds": 2, "seed": 2,
                "fsa-batch-size": 4, "fsa-lr-decay": 0.999, "fsa-clip-norm": 5.0,

@@ -19,7 +19,10 @@ Tasks
     :class:`~flower_app.models.lstm.SentimentLSTM` (embedding 25, two LSTM layers of 100,
     2 classes, cross-entropy); sparse table ``embedding.weight`` (token rows). Evaluation:
     train loss on a fixed sample of up to 10,000 training tweets (as the paper's MovieLens
-    protocol; the paper's Figure 3(b) plots train loss), test loss and accuracy.
+    protocol; the paper's Figure 3(b) plots train loss), test loss and accuracy. The initial
+    embedding is PyTorch's N(0, 1) unless ``fsa-embedding-init`` asks for pre-trained rows
+    (:func:`sent140_embedding_init`: GloVe's 25-D Twitter vectors, or on the stand-in its
+    planted sentiment weights); the paper does not say how its embedding starts.
 :class:`AmazonTask`
     :class:`~flower_app.models.din.DIN` (embedding 18, attention, BN → 200 → 80 → 2 with
     Dice); sparse tables ``user_emb.weight`` and ``item_emb.weight`` (a client's own user
@@ -51,7 +54,13 @@ __all__ = [
     "TorchSubmodelTask",
     "auc",
     "load_torch_task",
+    "sent140_embedding_init",
 ]
+
+#: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
+GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
+#: how the Sent140 LSTM's embedding may start (``fsa-embedding-init``)
+EMBEDDING_INITS = ("random", "glove", "planted")
 
 #: what :meth:`TorchSubmodelTask.evaluate` returns (Sent140: accuracy; Amazon: AUC)
 METRIC_KEYS = ("train-loss", "test-loss", "test-accuracy", "test-auc")
@@ -156,11 +165,27 @@ class Sent140Task(TorchSubmodelTask):
         stand-in :func:`~flower_app.datasets.sent140.synthetic_sent140`).
     eval_samples, eval_seed : int, optional
         As in :class:`TorchSubmodelTask`.
+    embedding_init : numpy.ndarray, optional
+        float32 (V+1, 25) values written over the freshly initialised embedding wherever
+        they are not NaN (:func:`sent140_embedding_init`); default: PyTorch's rows.
     """
 
-    def __init__(self, data: Sent140, eval_samples: int = 10_000, eval_seed: int = 0) -> None:
+    def __init__(
+        self, data: Sent140, eval_samples: int = 10_000, eval_seed: int = 0,
+        embedding_init: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(data.name, (SentimentLSTM.SPARSE_KEY,), eval_samples, eval_seed)
         self.data = data
+        self._init: tuple[torch.Tensor, torch.Tensor] | None = None
+        if embedding_init is not None:
+            table = torch.as_tensor(np.asarray(embedding_init, dtype=np.float32))
+            if table.shape != (len(data.vocab) + 1, SentimentLSTM.EMBEDDING_DIM):
+                raise ValueError(
+                    f"embedding_init has shape {tuple(table.shape)}; the LSTM's embedding is "
+                    f"({len(data.vocab) + 1}, {SentimentLSTM.EMBEDDING_DIM})"
+                )
+            given = ~torch.isnan(table)
+            self._init = (given, table[given])
 
     @property
     def n_clients(self) -> int:
@@ -173,8 +198,13 @@ class Sent140Task(TorchSubmodelTask):
         return self.data.train_ptr
 
     def make_model(self) -> nn.Module:
-        """Return a fresh SentimentLSTM over the task's vocabulary."""
-        return SentimentLSTM(len(self.data.vocab))
+        """Return a fresh SentimentLSTM over the task's vocabulary (pre-trained rows written)."""
+        model = SentimentLSTM(len(self.data.vocab))
+        if self._init is not None:
+            given, values = self._init
+            with torch.no_grad():
+                model.embedding.weight[given] = values
+        return model
 
     def client_rows(self, client: int) -> dict[str, np.ndarray]:
         """Return the client's token rows."""
@@ -300,9 +330,70 @@ def _find(folder: Path, names: tuple[str, ...], what: str) -> Path:
     raise FileNotFoundError(f"{what}: none of {list(names)} in {folder}")
 
 
+def sent140_embedding_init(data: Sent140, how: str, data_dir: str = "") -> np.ndarray | None:
+    """Return the pre-trained rows ``fsa-embedding-init`` asks for (None for ``random``).
+
+    Parameters
+    ----------
+    data : Sent140
+        The task's data (its vocabulary; the stand-in's planted weights).
+    how : str
+        ``random`` (None: PyTorch's N(0, 1) rows); ``glove``: each token's vector in
+        :data:`GLOVE_25D_FILE` (optionally ``.gz``) in ``data_dir/sent140/`` or ``data_dir/``,
+        NaN (kept random) for tokens it lacks; ``planted`` (stand-in only): column 0 of each
+        token's row is its weight in the planted sentiment model, the rest NaN.
+    data_dir : str, optional
+        Folder holding the GloVe file (``glove`` only).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        float32 (V+1, 25); row 0 (padding) is NaN, so it stays zero.
+
+    Raises
+    ------
+    ValueError
+        For another ``how``, ``planted`` on real data.
+    DatasetNotFoundError
+        For ``glove`` without the GloVe file (the expected paths named).
+    """
+    from flower_app.datasets.paths import DatasetNotFoundError
+    from flower_app.datasets.sent140_features import read_glove
+
+    if how == "random":
+        return None
+    dim = SentimentLSTM.EMBEDDING_DIM
+    table = np.full((len(data.vocab) + 1, dim), np.nan, dtype=np.float32)
+    if how == "planted":
+        if data.planted is None:
+            raise ValueError(
+                f"fsa-embedding-init = 'planted' needs a stand-in's planted model; {data.name} "
+                "has none (use 'glove' or 'random')"
+            )
+        table[1:, 0] = data.planted[1:]
+        return table
+    if how != "glove":
+        raise ValueError(f"fsa-embedding-init {how!r}: choose one of {EMBEDDING_INITS}")
+    root = Path(data_dir).expanduser().resolve()
+    candidates = [folder / name for folder in (root / "sent140", root)
+                  for name in (GLOVE_25D_FILE, f"{GLOVE_25D_FILE}.gz")]  # fmt: skip
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise DatasetNotFoundError(
+            "GloVe 25-D Twitter vectors (fsa-embedding-init = 'glove')", candidates[::2],
+            "https://nlp.stanford.edu/projects/glove/: glove.twitter.27B.zip, unzip "
+            f"{GLOVE_25D_FILE}", data_dir=root,
+        )  # fmt: skip
+    vectors = read_glove(path, dim, words=data.vocab)
+    for k, word in enumerate(data.vocab, start=1):
+        if word in vectors:
+            table[k] = vectors[word]
+    return table
+
+
 def load_torch_task(
     dataset: str, data_dir: str = "", data_seed: int = 0, num_users: int = 0,
-    num_elements: int = 0,
+    num_elements: int = 0, embedding_init: str = "random",
 ) -> TorchSubmodelTask:  # fmt: skip
     """Return the task of ``dataset`` (one of :data:`TORCH_DATASETS`).
 
@@ -322,12 +413,20 @@ def load_torch_task(
         Stand-ins only: clients N and vocabulary / items (0 = the paper's sizes: 1,473 clients
         and 30,000 tokens; 1,870 clients and 33,136 items). A smaller N scales the target
         heat dispersion with it (it cannot exceed N).
+    embedding_init : str, optional
+        Sent140 only: how the LSTM's embedding starts (:func:`sent140_embedding_init`).
 
     Raises
     ------
     ValueError
-        For another dataset name; FileNotFoundError when the files are missing.
+        For another dataset name, or ``embedding_init`` other than ``random`` on Amazon;
+        FileNotFoundError when the files are missing.
     """
+    if embedding_init != "random" and "sent140" not in dataset:
+        raise ValueError(
+            f"fsa-embedding-init = {embedding_init!r} is for the Sent140 LSTM; {dataset} "
+            "starts from its model's own initialisation (use 'random')"
+        )
     from flower_app.datasets import amazon, sent140
 
     if dataset == "synthetic-sent140":
@@ -337,7 +436,8 @@ def load_torch_task(
             vocab_size=num_elements or 30_000,
             target_dispersion=max(2.0, 1451 * n / 1473),
         )  # fmt: skip
-        return Sent140Task(data, eval_seed=data_seed)
+        init = sent140_embedding_init(data, embedding_init, data_dir)
+        return Sent140Task(data, eval_seed=data_seed, embedding_init=init)
     if dataset == "synthetic-amazon":
         n = num_users or amazon.PAPER_TABLE1["clients"]
         data = amazon.synthetic_amazon(
@@ -349,7 +449,9 @@ def load_torch_task(
     if dataset == "sent140":
         path = _find(root / "sent140", ("training.1600000.processed.noemoticon.csv*",
                                         "*.json", "*.json.gz"), "sent140")  # fmt: skip
-        return Sent140Task(sent140.load_sent140(path, split_seed=data_seed), eval_seed=data_seed)
+        data = sent140.load_sent140(path, split_seed=data_seed)
+        init = sent140_embedding_init(data, embedding_init, data_dir)
+        return Sent140Task(data, eval_seed=data_seed, embedding_init=init)
     if dataset == "amazon":
         folder = root / "amazon"
         path = _find(folder, ("rating_only.csv*", "reviews_Electronics_5.json*"), "amazon")

@@ -36,11 +36,13 @@ class SentimentLSTM(nn.Module):
 
     #: the parameter that is FedSubAvg's sparse table
     SPARSE_KEY = "embedding.weight"
+    #: the paper's embedding size
+    EMBEDDING_DIM = 25
 
     def __init__(
         self,
         vocab_size: int,
-        embedding_dim: int = 25,
+        embedding_dim: int = EMBEDDING_DIM,
         hidden: int = 100,
         layers: int = 2,
         n_classes: int = 2,

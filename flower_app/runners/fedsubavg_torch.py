@@ -112,12 +112,15 @@ def _kept(row: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the app's runner
 def _cached_task(cfg: AppConfig) -> TorchSubmodelTask:
-    return _load(cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements)
+    return _load(cfg.dataset, cfg.data_dir, cfg.data_seed, cfg.num_users, cfg.num_elements,
+                 cfg.get("fsa-embedding-init"))  # fmt: skip
 
 
 @lru_cache(maxsize=2)
-def _load(dataset: str, data_dir: str, seed: int, users: int, elements: int) -> TorchSubmodelTask:
-    return load_torch_task(dataset, data_dir, seed, users, elements)
+def _load(
+    dataset: str, data_dir: str, seed: int, users: int, elements: int, embedding_init: str
+) -> TorchSubmodelTask:
+    return load_torch_task(dataset, data_dir, seed, users, elements, embedding_init)
 
 
 def torch_spec(cfg: AppConfig) -> TorchRunSpec:
@@ -138,6 +141,13 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
     if any(unsupported.values()):
         names = [k for k, v in unsupported.items() if v]
         raise ConfigError(f"{names} not supported on the torch tasks ({cfg.dataset}) yet")
+    init = cfg.get("fsa-embedding-init")
+    if init != "random" and "sent140" not in cfg.dataset:
+        raise ConfigError(f"fsa-embedding-init = {init!r} is for the Sent140 LSTM, not "
+                          f"{cfg.dataset} (use 'random')")  # fmt: skip
+    if init == "planted" and cfg.dataset != "synthetic-sent140":
+        raise ConfigError("fsa-embedding-init = 'planted' is for the stand-in "
+                          "synthetic-sent140 (real data: 'glove' or 'random')")  # fmt: skip
     local = TorchLocalConfig(
         iters=cfg.get("fsa-local-iters"),
         batch=cfg.get("fsa-batch-size"),

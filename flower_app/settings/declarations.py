@@ -376,6 +376,14 @@ _DECLARED = (
         ge=0,
     ),
     Setting(
+        "fsa-embedding-init", "choice", "random", _FSA,
+        "Sent140 LSTM's initial embedding rows: random (PyTorch's N(0, 1)); glove: the "
+        "25-D Twitter GloVe vectors (glove.twitter.27B.25d.txt in data-dir/sent140 or "
+        "data-dir; tokens it lacks keep random rows); planted: stand-in only, coordinate 0 "
+        "holds each token's planted sentiment weight (a pre-trained embedding's best case)",
+        choices=("random", "glove", "planted"),
+    ),
+    Setting(
         "fsa-eval-every", "int", 1, _FSA,
         "torch tasks: evaluate the full model every this many rounds (and after the last)",
         ge=1,

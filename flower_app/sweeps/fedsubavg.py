@@ -55,7 +55,7 @@ import numpy as np
 from flower_app.algorithms.fedsubavg import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import direct_run
-from flower_app.settings import help_text
+from flower_app.settings import SETTINGS, help_text
 
 __all__ = ["SETUPS", "PaperSetup", "first_round_at", "main", "rounds_to_target", "setup_of"]
 
@@ -215,6 +215,8 @@ def _run(
     weighting: str,
 ) -> dict:  # fmt: skip
     name = f"{algorithm}-{weighting}-K{k}-seed{seed}"
+    if args.embedding_init != "random":  # a run folder per initialisation
+        name += f"-{args.embedding_init}-embedding"
     folder = Path(args.out).resolve() / "runs" / name
     if not args.rerun and (folder / "summary.json").is_file():
         return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
@@ -235,6 +237,8 @@ def _run(
     }
     if args.eval_every != 1:
         keys["fsa-eval-every"] = args.eval_every
+    if args.embedding_init != "random":
+        keys["fsa-embedding-init"] = args.embedding_init
     return direct_run(AppConfig.from_run_config(keys), progress=args.progress)
 
 
@@ -277,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=None, help="default: the paper's horizon")
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every E rounds")
+    p.add_argument("--embedding-init", default="random",
+                   choices=SETTINGS["fsa-embedding-init"].choices,
+                   help=help_text("fsa-embedding-init"))  # fmt: skip
     p.add_argument("--weightings", nargs="+", default=None, choices=WEIGHTINGS,
                    help="default: the paper's (samples for Sent140 and Amazon)")  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/fedsubavg")
@@ -339,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dataset": first["dataset"],
         "rounds": args.rounds,
         "eval-every": args.eval_every,
+        "embedding-init": args.embedding_init,
         "seeds": args.seeds,
         "target-metric": setup.target,
         "targets": {str(s): t for s, t in targets.items()},
@@ -415,9 +423,10 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSet
     what = (f"the test AUC {setup.target_value}" if setup.target == "test-auc" else
             f"the target train loss (CentralSGD's min, K = {args.target_k}, per seed)")  # fmt: skip
     every = f", evaluated every {args.eval_every} rounds" if args.eval_every > 1 else ""
+    init = "" if args.embedding_init == "random" else f", embedding {args.embedding_init}"
     lines = [
         f"{setup.title} ({args.dataset}): rounds to {what}, mean of seeds {args.seeds}, "
-        f"horizon {args.rounds} rounds{every}.",
+        f"horizon {args.rounds} rounds{every}{init}.",
         "",
     ]
     order = [a for a in ORDER if any(r["algorithm"] == a for r in rows)]
