@@ -69,9 +69,35 @@ def test_a_small_sweep_writes_its_tables_and_reuses_finished_runs(tmp_path, data
     assert evaluated == {0, 2, 4}  # every 2 rounds, and the last
     table = (out / "table.md").read_text()
     assert "paper (Table 2)" in table and "evaluated every 2 rounds" in table
+    ours = next(line for line in table.splitlines() if line.startswith("| ours"))
+    assert ours.endswith("| – |")  # FedSubAvg / FedAvg: no FedAvg run, so no ratio
 
     metrics = next((out / "runs").glob("fedsubavg-*")) / "metrics.jsonl"
     before = os.stat(metrics).st_mtime_ns
     assert main(argv) == 0  # the finished runs are read, not run again
     assert os.stat(metrics).st_mtime_ns == before
     assert _rows(out) == rows
+
+
+def test_the_ratio_column_needs_both_algorithms() -> None:
+    """FedSubAvg / FedAvg: a ratio, a bound past the horizon, or – when FedAvg was not run."""
+    from argparse import Namespace
+
+    from flower_app.sweeps.fedsubavg import _table
+
+    args = Namespace(weightings=["samples"], rounds=300, target_k=50, eval_every=10,
+                     embedding_init="random", dataset="synthetic-sent140", seeds=[0])  # fmt: skip
+
+    def row(alg: str, rounds: int | None) -> dict:
+        return {"algorithm": alg, "weighting": "samples", "k": 50,
+                "reached": rounds is not None, "rounds": rounds or 300}  # fmt: skip
+
+    def ratio(*rows: dict) -> str:
+        ours = [x for x in _table(list(rows), args, SETUPS["sent140"]).splitlines()
+                if x.startswith("| ours")]  # fmt: skip
+        return ours[0].rsplit("|", 2)[1].strip()
+
+    assert ratio(row("fedsubavg", 150), row("fedavg-sub", 200)) == "0.75"
+    assert ratio(row("fedsubavg", 150), row("fedavg-sub", None)) == "< 0.50"
+    assert ratio(row("fedsubavg", 150), row("central-sgd", 300)) == "–"
+    assert ratio(row("fedsubavg", None), row("fedavg-sub", 200)) == "–"

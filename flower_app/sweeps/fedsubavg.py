@@ -438,15 +438,12 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSet
     )  # fmt: skip
     for weighting in args.weightings:
         cells = [cell(a, weighting, args.target_k) for a in order]
-        sub, avg = (
-            cell("fedsubavg", weighting, args.target_k)[1],
-            cell("fedavg-sub", weighting, args.target_k)[1],
-        )
-        ratio = (
-            f"{sub / avg:.2f}"
-            if sub is not None and avg
-            else (f"< {sub / args.rounds:.2f}" if sub is not None else "–")
-        )
+        sub = cell("fedsubavg", weighting, args.target_k)[1]
+        avg_text, avg = cell("fedavg-sub", weighting, args.target_k)
+        if sub is None or avg_text == "–":  # FedSubAvg short of the target, or no FedAvg run
+            ratio = "–"
+        else:  # FedAvg's rounds, or past the horizon
+            ratio = f"{sub / avg:.2f}" if avg else f"< {sub / args.rounds:.2f}"
         lines.append(
             f"| ours, weighting={weighting} | " + " | ".join(c[0] for c in cells) + f" | {ratio} |"
         )
