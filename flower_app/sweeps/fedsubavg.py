@@ -504,7 +504,8 @@ def _plots(
             ax.axhline(setup.target_value, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("communication round")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{setup.title}\n{args.dataset}, K={args.target_k}, {weighting}, "
+        init = "" if args.embedding_init == "random" else f", {args.embedding_init} embedding"
+        ax.set_title(f"{setup.title}\n{args.dataset}{init}, K={args.target_k}, {weighting}, "
                      f"seeds {args.seeds}", fontsize=9)  # fmt: skip
         ax.legend()
         fig.tight_layout()
