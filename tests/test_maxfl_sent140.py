@@ -15,13 +15,14 @@ from maxfl_configs import SMALL as MAXFL_SMALL
 
 from flower_app import registry
 from flower_app.algorithms.learning import local_sgd, local_sgd_batched, make_model
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import federation_from_clients
 from flower_app.datasets.images import LabelledImages
 from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError
 from flower_app.datasets.sent140 import build_sent140
 from flower_app.datasets.sent140_features import (
     GLOVE_FILE,
+    SENT140_VECTORS,
     load_sent140_features,
     read_glove,
     synthetic_sent140_features,
@@ -30,6 +31,7 @@ from flower_app.datasets.sent140_features import (
 from flower_app.experiment import run_direct
 from flower_app.models.mlp import SENT140_HIDDEN, init_weights, layer_sizes
 from flower_app.runners import maxfl as runner
+from flower_app.settings import SETTINGS
 
 SENT140 = ("sent140", "synthetic-sent140")
 
@@ -130,6 +132,39 @@ def test_stand_in_has_enough_clients_of_50_tweets_and_200_d_features() -> None:
     assert feats.features.shape == (feats.labels.size, 200)
     assert feats.features.dtype == np.float32 and np.all(np.isfinite(feats.features))
     assert 0.3 < feats.labels.mean() < 0.7
+
+
+def test_planted_vectors_carry_the_planted_sentiment_in_coordinate_0() -> None:
+    """``maxfl-sent140-vectors = 'planted'``: only coordinate 0 changes, and it separates the
+    classes (the mean planted weight of a tweet's tokens); the random vectors' does not."""
+    random = synthetic_sent140_features(0, n_clients=150)
+    planted = synthetic_sent140_features(0, n_clients=150, vectors="planted")
+    np.testing.assert_array_equal(planted.labels, random.labels)
+    np.testing.assert_array_equal(planted.features[:, 1:], random.features[:, 1:])
+    assert not np.array_equal(planted.features[:, 0], random.features[:, 0])
+
+    def gap(f: np.ndarray) -> float:  # class means of coordinate 0, in its standard deviations
+        x = f[:, 0].astype(np.float64)
+        return float((x[planted.labels == 1].mean() - x[planted.labels == 0].mean()) / x.std())
+
+    assert gap(planted.features) > 0.5 > abs(gap(random.features))
+    assert SETTINGS["maxfl-sent140-vectors"].choices == SENT140_VECTORS
+    with pytest.raises(ValueError, match="choose one of"):
+        synthetic_sent140_features(0, n_clients=150, vectors="glove")
+
+
+def test_planted_vectors_are_refused_outside_the_stand_in() -> None:
+    def settings_of(dataset: str) -> runner.MaxFLSettings:
+        return runner.settings(
+            AppConfig.from_run_config(
+                {"algorithm": "maxfl", "dataset": dataset, "maxfl-sent140-vectors": "planted"}
+            )
+        )
+
+    assert settings_of("synthetic-sent140").sent140_vectors == "planted"
+    for dataset in ("sent140", "synthetic-emnist"):
+        with pytest.raises(ConfigError, match="'maxfl-sent140-vectors' = 'planted'.*use 'random'"):
+            settings_of(dataset)
 
 
 def test_float_features_are_standardised_not_divided_by_255() -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "GLOVE_FILE",
     "MAX_TOKENS",
     "MIN_TWEETS",
+    "SENT140_VECTORS",
     "TweetFeatures",
     "iter_glove",
     "load_sent140_features",
@@ -72,6 +73,8 @@ DIM = 200
 MIN_TWEETS = 50
 #: tokens kept per tweet (a tweet has at most 140 characters)
 MAX_TOKENS = 140
+#: the stand-in's token vectors (``maxfl-sent140-vectors``; see synthetic_sent140_features)
+SENT140_VECTORS = ("random", "planted")
 _CSV_NAME = "training.1600000.processed.noemoticon.csv"
 _SOURCE = (
     "Sentiment140 (http://help.sentiment140.com/for-students: training.1600000.processed."
@@ -322,8 +325,9 @@ def _first(paths: list[Path]) -> Path | None:
 
 # ---------------------------------------------------------------------- stand-in
 def synthetic_sent140_features(
-    data_seed: int = 0, n_clients: int = PAPER_TABLE1["clients"], dim: int = DIM
-) -> TweetFeatures:
+    data_seed: int = 0, n_clients: int = PAPER_TABLE1["clients"], dim: int = DIM,
+    vectors: str = "random",
+) -> TweetFeatures:  # fmt: skip
     """Return the stand-in ``synthetic-sent140`` for MaxFL (made from ``data_seed``).
 
     The accounts of :func:`~flower_app.datasets.sent140.synthetic_sent140` (``n_clients``
@@ -342,12 +346,25 @@ def synthetic_sent140_features(
         Accounts generated (before the ≥ 50 filter).
     dim : int, optional
         Embedding size (default 200).
+    vectors : str, optional
+        ``random`` (default): the N(0, 1/dim) vectors above. ``planted``: the same vectors
+        with coordinate 0 replaced by each token's weight in the stand-in's planted sentiment
+        model (:attr:`~flower_app.datasets.sent140.Sent140.planted`), so a tweet's feature 0
+        is the mean planted weight of its tokens: the best case of a pre-trained embedding
+        whose vectors carry sentiment, as GloVe's do (setting ``maxfl-sent140-vectors``).
 
     Returns
     -------
     TweetFeatures
         The pooled features.
+
+    Raises
+    ------
+    ValueError
+        For ``vectors`` other than ``random`` or ``planted``.
     """
+    if vectors not in SENT140_VECTORS:
+        raise ValueError(f"vectors {vectors!r}: choose one of {SENT140_VECTORS}")
     n = int(n_clients)
     paper = PAPER_TABLE1  # the calibration, scaled to n accounts
     samples = round(n * paper["samples"] / paper["clients"])
@@ -359,4 +376,6 @@ def synthetic_sent140_features(
     embedding = rng.normal(0.0, np.sqrt(1.0 / dim), size=(vocab_size, dim)).astype(np.float32)
     table = np.zeros((len(task.vocab) + 1, dim), dtype=np.float32)
     table[1:] = embedding[[int(w[1:]) for w in task.vocab]]
+    if vectors == "planted":
+        table[1:, 0] = task.planted[1:]
     return tweet_features(task, table)

@@ -116,6 +116,9 @@ class MaxFLSettings:
         Client-level Gaussian DP (``maxfl-dp-noise`` > 0), or None.
     data_file : str
         ``image-clients``: your file (:mod:`flower_app.datasets.own_images`).
+    sent140_vectors : str
+        ``synthetic-sent140``: the token vectors standing in for GloVe (``random`` or
+        ``planted``; :func:`~flower_app.datasets.sent140_features.synthetic_sent140_features`).
     n_in : int
         The MLP's input: pixels per image (784 for 28×28) or 200 (Sent140's pooled GloVe).
     hidden : tuple of int
@@ -146,6 +149,7 @@ class MaxFLSettings:
     local: LocalConfig
     dp: GaussianDP | None = None
     data_file: str = ""
+    sent140_vectors: str = "random"
     n_in: int = 784
     hidden: tuple[int, ...] = HIDDEN
 
@@ -174,6 +178,12 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         If ``clients-per-round`` exceeds the seen clients (the one check across keys).
     """
     unseen = int(cfg.get("maxfl-unseen-users"))
+    vectors = str(cfg.get("maxfl-sent140-vectors"))
+    if vectors != "random" and cfg.dataset != "synthetic-sent140":
+        raise ConfigError(
+            f"run_config 'maxfl-sent140-vectors' = {vectors!r} is for the synthetic-sent140 "
+            f"stand-in; {cfg.dataset} uses its own features (GloVe for sent140): use 'random'"
+        )
     n_in, hidden = 784, HIDDEN
     if cfg.dataset in SENT140:
         n_seen, n_classes = cfg.num_users or DATASETS[cfg.dataset][0], 2
@@ -265,6 +275,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         local=local,
         dp=dp,
         data_file=cfg.data_file,
+        sent140_vectors=vectors,
         n_in=n_in,
         hidden=hidden,
     )
@@ -275,7 +286,7 @@ def federation(s: MaxFLSettings) -> Federation:
     """Return the (cached) clients of settings ``s``."""
     return _federation(
         s.dataset, s.data_dir, s.n_seen, s.n_unseen, s.partition, s.alpha, s.label_flip,
-        s.train_fraction, s.data_seed, s.data_file,
+        s.train_fraction, s.data_seed, s.data_file, s.sent140_vectors,
     )  # fmt: skip
 
 
@@ -291,6 +302,7 @@ def _federation(
     train_fraction: float,
     data_seed: int,
     data_file: str = "",
+    sent140_vectors: str = "random",
 ) -> Federation:
     if dataset in SENT140:
         from flower_app.datasets import sent140_features
@@ -298,7 +310,7 @@ def _federation(
         features = (
             sent140_features.load_sent140_features(resolve_data_dir(data_dir))
             if dataset == "sent140"
-            else sent140_features.synthetic_sent140_features(data_seed)
+            else sent140_features.synthetic_sent140_features(data_seed, vectors=sent140_vectors)
         )
         data, clients = features.as_labelled(dataset, data_seed)
         return federation_from_clients(

@@ -301,6 +301,13 @@ _DECLARED = (
         "synthetic-sent140)", ge=-1,
     ),
     Setting(
+        "maxfl-sent140-vectors", "choice", "random", _MAXFL,
+        "synthetic-sent140 only: the token vectors standing in for GloVe: random (seeded "
+        "N(0, 1/200)), or planted: coordinate 0 holds each token's planted sentiment weight "
+        "(a pre-trained embedding's best case)",
+        choices=("random", "planted"),
+    ),
+    Setting(
         "maxfl-label-flip", "float", 0.3, _MAXFL,
         "fraction of clients whose labels are flipped (y → C−1−y)", ge=0, le=1,
     ),
