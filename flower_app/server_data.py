@@ -28,7 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.config import AppConfig, ConfigError
-from flower_app.strategies.discovery import COHORT_QUERY, DiscoveryError
+from flower_app.strategies.discovery import CohortQueries, DiscoveryError, cohort_of
 
 __all__ = [
     "RemoteProblem",
@@ -62,8 +62,18 @@ class RemoteProblem:
     objective: None = None
 
 
-def probe_instance(grid: Grid, dataset: str, timeout: float, poll: float = 0.5) -> RemoteProblem:
+def probe_instance(
+    grid: Grid,
+    dataset: str,
+    timeout: float,
+    poll: float = 0.5,
+    query_timeout: float = 120.0,
+    retry_after: float = 5.0,
+) -> RemoteProblem:
     """Ask the nodes for n, m and λ until their cohorts cover all users.
+
+    Nodes whose query failed or went unanswered are asked again
+    (:class:`~flower_app.strategies.discovery.CohortQueries`).
 
     Parameters
     ----------
@@ -75,6 +85,8 @@ def probe_instance(grid: Grid, dataset: str, timeout: float, poll: float = 0.5) 
         Seconds to wait (``discovery-timeout``).
     poll : float, optional
         Seconds between looks for newly registered nodes.
+    query_timeout, retry_after : float, optional
+        Seconds one query waits; seconds before a failed or silent node is asked again.
 
     Returns
     -------
@@ -86,50 +98,40 @@ def probe_instance(grid: Grid, dataset: str, timeout: float, poll: float = 0.5) 
     DiscoveryError
         If nodes disagree on n or m, or the users are not covered in time.
     """
-    deadline = time.monotonic() + timeout
-    asked: set[int] = set()
+    queries = CohortQueries(grid, timeout, query_timeout, retry_after, group_id="probe")
     ranges: dict[int, tuple[int, int]] = {}
     sizes: tuple[int, int] | None = None
     lam = 0.0
-    failures: dict[int, str] = {}
     while True:
-        new = [int(n) for n in grid.get_node_ids() if int(n) not in asked]
-        if new:
-            asked.update(new)
-            content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
-            messages = [
-                Message(content, dst_node_id=n, message_type=COHORT_QUERY, group_id="probe")
-                for n in new
-            ]
-            wait = max(deadline - time.monotonic(), 1.0)
-            for reply in grid.send_and_receive(messages, timeout=wait):
-                src = int(reply.metadata.src_node_id)
-                if reply.has_error():
-                    failures[src] = str(reply.error.reason)
-                    log(WARNING, "probe: node %s failed: %s", src, reply.error.reason)
-                    continue
+        for reply in queries.poll():
+            src = int(reply.metadata.src_node_id)
+            try:
+                total, elements, first, count = cohort_of(reply)
                 props = reply.content.config_records["properties"]
-                mine = (int(props["n-users-total"]), int(props["n-elements"]))
-                if sizes is None:
-                    sizes = mine
-                elif mine != sizes:
-                    raise DiscoveryError(
-                        f"node {src} holds an instance with {mine[0]} users and {mine[1]} "
-                        f"elements, another node {sizes[0]} and {sizes[1]}: the nodes' files "
-                        "come from different exports"
-                    )
-                lam = max(lam, float(props.get("max-singleton", 0.0)))
-                if int(props["num-users"]) > 0:
-                    ranges[src] = (int(props["first-user"]), int(props["num-users"]))
+                singleton = float(props.get("max-singleton", 0.0))
+            except (KeyError, TypeError, ValueError) as err:
+                log(WARNING, "probe: reply of node %s left out: %s", src, err)
+                continue
+            if sizes is None:
+                sizes = (total, elements)
+            elif (total, elements) != sizes:
+                raise DiscoveryError(
+                    f"node {src} holds an instance with {total} users and {elements} "
+                    f"elements, another node {sizes[0]} and {sizes[1]}: the nodes' files "
+                    "come from different exports"
+                )
+            lam = max(lam, singleton)
+            if count > 0:
+                ranges[src] = (first, count)
         covered = sum(c for _, c in ranges.values())
         if sizes is not None and covered >= sizes[0]:
             break
-        if time.monotonic() > deadline:
-            failed = "; ".join(f"node {n}: {reason}" for n, reason in sorted(failures.items()))
+        if queries.expired():
+            failed = queries.failing()
             raise DiscoveryError(
                 f"after {timeout:.0f} s the nodes that answered serve {covered} of "
                 f"{'?' if sizes is None else sizes[0]} users; start the missing SuperNodes or "
-                "raise discovery-timeout" + (f" (failed: {failed})" if failed else "")
+                "raise discovery-timeout" + (f" (failing: {failed})" if failed else "")
             )
         time.sleep(poll)
     n, m = sizes

@@ -32,7 +32,9 @@ FEDSM = {
     "clients-per-round": 0.5,
     "elements-per-client": 0.2,
     "seed": 3,
-    "round-timeout": 20.0,
+    # well above a round's time on a loaded 2-core CI machine (14-22 s with another
+    # deployment test beside it; 20 s made healthy nodes miss round 1 there)
+    "round-timeout": 60.0,
     "min-reply-fraction": 0.5,
 }
 
@@ -53,9 +55,16 @@ def _rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_for_round(folder: Path, server_round: int, timeout: float = 300) -> None:
+def _wait_for_round(
+    folder: Path, server_round: int, worker: threading.Thread, outcome: dict, timeout: float = 600
+) -> None:
+    """Wait until ``server_round`` has a row; fail at once (with the run's log) if the run ended."""
     deadline = time.monotonic() + timeout
     while not any(r.get("server-round", 0) >= server_round for r in _rows(folder)):
+        if not worker.is_alive():
+            run = outcome.get("run")
+            log = "" if run is None else f"{run.status}\n{run.output[-4000:]}{run.details}"
+            pytest.fail(f"the run ended before round {server_round} did:\n{log}")
         assert time.monotonic() < deadline, f"round {server_round} did not end in {timeout} s"
         time.sleep(0.1)
 
@@ -69,7 +78,7 @@ def test_killed_node_is_recorded_and_used_again_when_it_returns(secure) -> None:
         target=lambda: outcome.update(run=secure.run({**FEDSM, "run-name": name}, timeout=900))
     )
     worker.start()
-    _wait_for_round(folder, 2)
+    _wait_for_round(folder, 2, worker, outcome)
     secure.nodes[VICTIM].kill()
     victim_id = secure.node_ids[VICTIM]
     # start it again once the SuperLink has marked it offline: before that, the SuperLink

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,7 @@ from flower_app.config import AppConfig
 from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
+from flower_app.server_data import probe_instance
 from flower_app.strategies.base import AllRepliesRejectedError, RoundStrategy
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
@@ -983,3 +985,47 @@ def test_a_hostile_cohort_reply_is_left_out_of_discovery(key: str, value: Any) -
         discover_cohorts(grid, N_COHORT, M, timeout=0.05, poll_interval=0.01)
     grid.tamper = None
     assert discover_cohorts(grid, N_COHORT, M, timeout=1).counts.sum() == N_COHORT
+
+
+def _discover(grid: LocalGrid, timeout: float, **kwargs: float) -> int:
+    return int(discover_cohorts(grid, N_COHORT, M, timeout, **kwargs).counts.sum())
+
+
+def _probe(grid: LocalGrid, timeout: float, poll_interval: float, **kwargs: float) -> int:
+    # server-data = none: the server learns n and m from the same cohort replies
+    return probe_instance(grid, "synthetic", timeout, poll_interval, **kwargs).n_users
+
+
+@pytest.mark.parametrize("ask", [_discover, _probe], ids=["discovery", "probe"])
+def test_discovery_asks_again_after_a_failed_or_lost_cohort_query(ask: Callable) -> None:
+    """A node whose cohort query fails (an error reply, e.g. Flower's "node unavailable" when
+    a heartbeat came late on a loaded machine) or whose reply is lost is asked again after
+    ``retry_after``; it was asked once only, so one lost message cost the whole 300 s
+    discovery timeout (a deployment test's run stalled that way in CI)."""
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    failing, silent = grid.node_ids[1], grid.node_ids[2]
+    asks: dict[int, int] = {}
+
+    def tamper(msg: Message, reply: Message) -> Message | None:
+        dst = msg.metadata.dst_node_id
+        asks[dst] = asks.get(dst, 0) + 1
+        if asks[dst] == 1 and dst == failing:
+            return Message(Error(code=0, reason="Node Unavailable"), reply_to=msg)
+        if asks[dst] == 1 and dst == silent:
+            return None  # lost: never arrives
+        return reply
+
+    grid.tamper = tamper
+    t0 = time.monotonic()
+    assert ask(grid, 60, poll_interval=0.01, query_timeout=0.05, retry_after=0.01) == N_COHORT
+    assert time.monotonic() - t0 < 30
+    assert asks[failing] == asks[silent] == 2
+    assert all(asks[n] == 1 for n in grid.node_ids if n not in (failing, silent))
+    # a node that keeps failing is named when the timeout ends discovery
+    grid.tamper = lambda msg, reply: (
+        Message(Error(code=0, reason="Node Unavailable"), reply_to=msg)
+        if msg.metadata.dst_node_id == failing
+        else reply
+    )
+    with pytest.raises(DiscoveryError, match=rf"failing: node {failing}: Node Unavailable"):
+        ask(grid, 0.3, poll_interval=0.01, retry_after=0.01)

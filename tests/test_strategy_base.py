@@ -6,6 +6,7 @@ averages) runs over the in-process grid against small ClientApps written as a us
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -19,12 +20,14 @@ from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.strategies.base import (
+    TTL_MARGIN,
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
     NotEnoughNodesError,
     RoundStrategy,
     check_initial_arrays,
+    expire_after,
     sample_nodes,
     to_metric_record,
 )
@@ -300,3 +303,28 @@ def test_send_polls_every_5_ms_at_first_and_backs_off_after_a_second(monkeypatch
     grown = [s for s in slept if s > base.POLL_FAST]
     assert grown and max(grown) <= base.POLL_SLOW
     assert len(slept) < 1.0 / base.POLL_FAST + 20  # not 400 pulls in 2 s
+
+
+def test_messages_expire_shortly_after_their_exchange_timeout():
+    """A round's messages get TTL = timeout + TTL_MARGIN (Flower's default is 12 h, so a
+    node that came back worked through every round it had missed before the current one);
+    a shorter TTL is kept, an infinite timeout keeps Flower's default."""
+    grid = LocalGrid(3, {}, app=numpy_client_app(lambda context: _AddOne()))
+    msgs = [Message(RecordDict({}), dst_node_id=n, message_type="train") for n in grid.node_ids]
+    default = msgs[0].metadata.ttl
+    assert default >= 3600
+    msgs[2].metadata.ttl = 5.0
+    expire_after(msgs, 20.0)
+    for m in msgs[:2]:
+        assert 20.0 + TTL_MARGIN <= m.metadata.ttl < 20.0 + TTL_MARGIN + 5
+        assert m.metadata.created_at + m.metadata.ttl > time.time() + 20.0
+    assert msgs[2].metadata.ttl == 5.0
+    fresh = [Message(RecordDict({}), dst_node_id=grid.node_ids[0], message_type="train")]
+    expire_after(fresh, math.inf)
+    assert fresh[0].metadata.ttl == default
+    # RoundStrategy.send sets it on everything it pushes
+    sent = [Message(RecordDict({"arrays": ArrayRecord([np.zeros(2)]),
+                                "config": ConfigRecord({"lr": 0.5})}),
+                    dst_node_id=n, message_type="train") for n in grid.node_ids]  # fmt: skip
+    assert len(ToyStrategy().send(grid, sent, timeout=7.0)) == 3
+    assert all(m.metadata.ttl < 7.0 + TTL_MARGIN + 5 for m in sent)

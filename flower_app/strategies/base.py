@@ -36,7 +36,10 @@ attributes it to the node it was sent to (by ``reply_to_message_id``), counts it
 records every failed node with Flower's reason in the round's row (``failed-nodes``,
 ``users-missing``). :meth:`RoundStrategy.failure_summary` says whether the run was degraded.
 Replies are pulled with a short, growing poll interval (10 ms to 0.5 s) instead of the
-gRPC grid's fixed 3 s, so a deployment round costs little more than its messages.
+gRPC grid's fixed 3 s, so a deployment round costs little more than its messages. Every
+message's TTL is set to its exchange's timeout plus ``TTL_MARGIN`` (Flower's default is
+12 h): a node that was down during a round and comes back does not work through the
+messages of rounds that are over before it reaches the current one.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ __all__ = [
     "RoundStrategy",
     "check_initial_arrays",
     "check_replies",
+    "expire_after",
     "handler_hint",
     "int_metric",
     "sample_nodes",
@@ -84,6 +88,8 @@ SUMMED_SENDER = -1
 #: how ``RoundStrategy.send`` polls for replies: every POLL_FAST seconds for the first
 #: POLL_FAST_FOR seconds of an exchange, then an interval growing ×1.5 up to POLL_SLOW
 POLL_FAST, POLL_FAST_FOR, POLL_SLOW = 0.005, 1.0, 0.5
+#: seconds a message outlives its exchange's timeout (its TTL = timeout + this)
+TTL_MARGIN = 10.0
 
 #: Flower's ``evaluate_fn``: ``(server_round, arrays) -> MetricRecord | None``
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -346,6 +352,25 @@ def check_initial_arrays(
             raise InitialArraysError(
                 f"initial_arrays['{key}'] has dtype {a.dtype}, expected kind {kinds!r}"
             )
+
+
+# ---------------------------------------------------------------------------- messages
+def expire_after(messages: Iterable[Message], timeout: float) -> None:
+    """Set each message's TTL so that it expires ``TTL_MARGIN`` s after ``timeout`` from now.
+
+    The SuperLink does not deliver an expired message, so a node that returns after a
+    round's timeout never runs that round's work (with Flower's default 12 h TTL a node
+    that came back worked through every round it had missed and answered each current
+    round too late). Messages whose TTL is already shorter keep it; an infinite
+    ``timeout`` changes nothing.
+    """
+    if not math.isfinite(timeout):
+        return
+    now = time.time()
+    for msg in messages:
+        ttl = (now - msg.metadata.created_at) + max(timeout, 0.0) + TTL_MARGIN
+        if not msg.metadata.ttl or ttl < msg.metadata.ttl:
+            msg.metadata.ttl = ttl
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -723,7 +748,8 @@ class RoundStrategy(Strategy):
 
         Pushes the messages and pulls replies every ``POLL_FAST`` (5 ms) for the first
         ``POLL_FAST_FOR`` (1 s), then with an interval growing ×1.5 up to 0.5 s, until
-        every message is answered or ``timeout`` (default: ``start``'s) has passed.
+        every message is answered or ``timeout`` (default: ``start``'s) has passed; the
+        messages expire ``TTL_MARGIN`` s after that (:func:`expire_after`).
         Flower's gRPC grid sleeps a fixed 3 s between pulls (every deployment round was a
         multiple of 3 s); a growing interval from the start added up to a third of a
         short round's time in simulation, where a pull is a lookup in memory. Replies are
@@ -736,6 +762,7 @@ class RoundStrategy(Strategy):
         if not messages:
             return []
         wait = self._timeout if timeout is None else timeout
+        expire_after(messages, wait)
         pushed = [str(i) for i in grid.push_messages(messages) if i]
         # push_messages sets each message's id: keep id -> destination for error replies
         self._sent_ids = {str(m.metadata.message_id): int(m.metadata.dst_node_id) for m in messages}

@@ -21,9 +21,17 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.strategies.base import MissingHandlerError, handler_hint
+from flower_app.strategies.base import MissingHandlerError, expire_after, handler_hint
 
-__all__ = ["COHORT_QUERY", "CohortMap", "DiscoveryError", "discover_cohorts", "refresh_cohorts"]
+__all__ = [
+    "COHORT_QUERY",
+    "CohortMap",
+    "CohortQueries",
+    "DiscoveryError",
+    "cohort_of",
+    "discover_cohorts",
+    "refresh_cohorts",
+]
 
 
 class DiscoveryError(RuntimeError):
@@ -47,7 +55,8 @@ class CohortMap:
     offline : frozenset of int
         Mapped nodes that have left the grid's node list (their users are skipped).
     asked : frozenset of int
-        Every node id ever asked for its cohort (a node is asked once).
+        Every node id that answered a cohort query (it is not asked again; a node whose
+        query failed or went unanswered is).
     """
 
     node_ids: np.ndarray
@@ -90,13 +99,105 @@ class CohortMap:
 COHORT_QUERY = f"{MessageType.QUERY}.cohort"
 
 
-def _query_nodes(grid: Grid, node_ids: list[int], timeout: float) -> list[Message]:
+def _query_nodes(
+    grid: Grid, node_ids: list[int], timeout: float, group_id: str = "discovery"
+) -> list[Message]:
     content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
     msgs = [
-        Message(content, dst_node_id=int(n), message_type=COHORT_QUERY, group_id="discovery")
+        Message(content, dst_node_id=int(n), message_type=COHORT_QUERY, group_id=group_id)
         for n in node_ids
     ]
+    expire_after(msgs, timeout)
     return list(grid.send_and_receive(msgs, timeout=timeout))
+
+
+class CohortQueries:
+    """Ask the online nodes for their cohort; ask again whoever failed or stayed silent.
+
+    A node whose query fails (an error reply: Flower's "node unavailable" when a heartbeat
+    came late on a loaded machine, a ClientApp that crashed) or that does not answer within
+    ``query_timeout`` is asked again ``retry_after`` s later, until ``timeout`` has passed:
+    one lost message must not cost the whole discovery timeout. A node that answered is
+    not asked again; a node without a cohort handler raises :class:`MissingHandlerError`.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    timeout : float
+        Seconds from now until :meth:`expired`.
+    query_timeout : float, optional
+        Seconds one query waits for its replies.
+    retry_after : float, optional
+        Seconds before a node whose query failed or went unanswered is asked again.
+    group_id : str, optional
+        The messages' group id (``discovery``, ``probe``).
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        timeout: float,
+        query_timeout: float = 120.0,
+        retry_after: float = 5.0,
+        group_id: str = "discovery",
+    ) -> None:
+        self.grid, self.group_id = grid, group_id
+        self.query_timeout, self.retry_after = float(query_timeout), float(retry_after)
+        self.deadline = time.monotonic() + float(timeout)
+        self.answered: set[int] = set()
+        self.retry_at: dict[int, float] = {}
+        self.reasons: dict[int, str] = {}
+
+    def expired(self) -> bool:
+        """Return whether ``timeout`` has passed."""
+        return time.monotonic() > self.deadline
+
+    def poll(self) -> list[Message]:
+        """Query the online nodes that have not answered and are not waiting for a retry.
+
+        Returns the replies without an error, in arrival order.
+        """
+        now = time.monotonic()
+        ask = [
+            int(n)
+            for n in self.grid.get_node_ids()
+            if int(n) not in self.answered and self.retry_at.get(int(n), 0.0) <= now
+        ]
+        if not ask:
+            return []
+        wait = max(min(self.deadline - now, self.query_timeout), 1.0)
+        silent, good = set(ask), []
+        for reply in _query_nodes(self.grid, ask, wait, self.group_id):
+            src = int(reply.metadata.src_node_id)
+            silent.discard(src)
+            if reply.has_error():
+                reason = str(reply.error.reason)
+                hint = handler_hint(reason, COHORT_QUERY)
+                if hint is not None:
+                    raise MissingHandlerError(
+                        f"{self.group_id}: node {src}: {hint} (cohort mode needs every node "
+                        "to say which users it serves; a node that is one client needs "
+                        "plain mode, the strategies' default)"
+                    )
+                self._retry(src, reason)
+                continue
+            self.answered.add(src)
+            self.reasons.pop(src, None)
+            good.append(reply)
+        for src in sorted(silent):
+            self._retry(src, f"no reply in {wait:.0f} s")
+        return good
+
+    def _retry(self, node: int, reason: str) -> None:
+        log(WARNING, "%s: node %s failed (asked again in %g s): %s",
+            self.group_id, node, self.retry_after, reason)  # fmt: skip
+        self.reasons[node] = reason
+        self.retry_at[node] = time.monotonic() + self.retry_after
+
+    def failing(self) -> str:
+        """Return the nodes whose last query failed, with the reasons ("" if none)."""
+        return "; ".join(f"node {n}: {r}" for n, r in sorted(self.reasons.items()))
 
 
 def discover_cohorts(
@@ -105,8 +206,13 @@ def discover_cohorts(
     n_elements: int,
     timeout: float = 300.0,
     poll_interval: float = 0.5,
+    query_timeout: float = 120.0,
+    retry_after: float = 5.0,
 ) -> CohortMap:
     """Ask nodes for their cohorts until all users are covered exactly once.
+
+    Nodes whose query failed or went unanswered are asked again (:class:`CohortQueries`);
+    a malformed reply is logged and left out (that node is not asked again).
 
     Parameters
     ----------
@@ -118,6 +224,10 @@ def discover_cohorts(
         Seconds to wait for a complete split.
     poll_interval : float
         Seconds between looks for newly registered nodes.
+    query_timeout : float
+        Seconds one query waits for its replies before the silent nodes are asked again.
+    retry_after : float
+        Seconds before a node whose query failed or went unanswered is asked again.
 
     Returns
     -------
@@ -130,47 +240,33 @@ def discover_cohorts(
         On inconsistent instances, overlapping cohorts, or a split still incomplete at the
         timeout (the message says how many users are covered by how many nodes).
     """
-    deadline = time.monotonic() + timeout
+    queries = CohortQueries(grid, timeout, query_timeout, retry_after)
     known: dict[int, tuple[int, int]] = {}
-    asked: set[int] = set()
     while True:
-        new = [int(n) for n in grid.get_node_ids() if int(n) not in asked]
-        if new:
-            asked.update(new)
-            for reply in _query_nodes(grid, new, max(deadline - time.monotonic(), 1.0)):
-                src = int(reply.metadata.src_node_id)
-                if reply.has_error():
-                    reason = str(reply.error.reason)
-                    hint = handler_hint(reason, COHORT_QUERY)
-                    if hint is not None:
-                        raise MissingHandlerError(
-                            f"discovery: node {src}: {hint} (cohort mode needs every node to "
-                            "say which users it serves; a node that is one client needs "
-                            "plain mode, the strategies' default)"
-                        )
-                    log(WARNING, "discovery: node %s failed: %s", src, reason)
-                    continue
-                try:
-                    total, elements, first, count = _cohort_of(reply)
-                except (KeyError, TypeError, ValueError) as err:
-                    log(WARNING, "discovery: reply of node %s left out: %s", src, err)
-                    continue
-                if total != n_users or elements != n_elements:
-                    raise DiscoveryError(
-                        f"node {src} loaded an instance with {total} users and "
-                        f"{elements} elements; the server has {n_users} and "
-                        f"{n_elements}: server and nodes must use the same dataset and data-dir"
-                    )
-                if count > 0:
-                    known[src] = (first, count)
+        for reply in queries.poll():
+            src = int(reply.metadata.src_node_id)
+            try:
+                total, elements, first, count = cohort_of(reply)
+            except (KeyError, TypeError, ValueError) as err:
+                log(WARNING, "discovery: reply of node %s left out: %s", src, err)
+                continue
+            if total != n_users or elements != n_elements:
+                raise DiscoveryError(
+                    f"node {src} loaded an instance with {total} users and "
+                    f"{elements} elements; the server has {n_users} and "
+                    f"{n_elements}: server and nodes must use the same dataset and data-dir"
+                )
+            if count > 0:
+                known[src] = (first, count)
         covered = _coverage(known, n_users)
         if covered == n_users:
             break
-        if time.monotonic() > deadline:
+        if queries.expired():
+            failing = queries.failing()
             raise DiscoveryError(
                 f"after {timeout:.0f} s the {len(known)} nodes that answered serve {covered} of "
                 f"{n_users} users; start the missing SuperNodes (num-partitions must match) "
-                "or raise discovery-timeout"
+                "or raise discovery-timeout" + (f" (failing: {failing})" if failing else "")
             )
         time.sleep(poll_interval)
     order = sorted(known, key=lambda n: known[n][0])
@@ -180,7 +276,7 @@ def discover_cohorts(
         firsts=np.array([known[n][0] for n in order], dtype=np.int64),
         counts=np.array([known[n][1] for n in order], dtype=np.int64),
         n_elements=int(n_elements),
-        asked=frozenset(asked),
+        asked=frozenset(queries.answered),
     )
 
 
@@ -215,12 +311,14 @@ def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> Co
             (int(f), int(c)): i
             for i, (f, c) in enumerate(zip(cohorts.firsts, cohorts.counts, strict=True))
         }
+        answered = set()
         for reply in _query_nodes(grid, new, timeout):
             src = int(reply.metadata.src_node_id)
             if reply.has_error() or src not in new:
-                continue
+                continue  # failed: asked again before the next round
+            answered.add(src)
             try:
-                total, elements, first, count = _cohort_of(reply)
+                total, elements, first, count = cohort_of(reply)
             except (KeyError, TypeError, ValueError) as err:
                 log(WARNING, "re-discovery: reply of node %s left out: %s", src, err)
                 continue
@@ -240,6 +338,7 @@ def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> Co
                 )
                 offline.discard(node_ids[i])
                 node_ids[i] = src
+        new = sorted(answered)
     else:
         new = []  # nothing to replace: a new node is asked once there is
     for n in offline - set(cohorts.offline):
@@ -254,7 +353,7 @@ def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> Co
     )
 
 
-def _cohort_of(reply: Message) -> tuple[int, int, int, int]:
+def cohort_of(reply: Message) -> tuple[int, int, int, int]:
     """Return a cohort reply's (n-users-total, n-elements, first-user, num-users).
 
     Raises
