@@ -130,49 +130,11 @@ def flower_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerCLI]:
         cli.stop()
 
 
-#: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``)
+#: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``).
+#: ``long``: ``flwr run`` tests of 30-80 s each on the 2-core CI machine that repeat a path
+#: the default suite already runs once per strategy family; off by default so that the
+#: default suite stays under 8 minutes, on in CI.
 DEFAULT_MARKEXPR = "not realdata and not slow and not deploy and not long"
-
-#: ``flwr run`` tests of 33-76 s each on the 2-core CI machine (idle, 2026-11) that repeat a
-#: path the default suite already runs once per strategy family (FedSM: the node-split test
-#: with 2 nodes, Algorithm 2, the top-k example; FedCG: the first config; MaxFL and FedSubAvg
-#: (linear and LSTM): their engine-equality tests). Marked ``long``: off by default so that
-#: the default suite stays under 8 minutes, on in CI (FLOWER_APP_REALDATA=1).
-LONG_TESTS = frozenset(
-    {
-        "test_cli.py::test_run_exits_honestly_and_stop_stops_only_its_own_superlink",
-        "test_flower_engine.py::test_real_superlink_and_supernodes_on_loopback",
-        "test_flower_engine.py::test_flwr_run_on_20_supernodes_writes_run_folder",
-        "test_flower_engine.py::test_same_set_whatever_the_split_of_users_over_nodes[16]",
-        "test_flower_engine.py::test_same_set_whatever_the_split_of_users_over_nodes[40]",
-        "test_fedsm_modes_flower.py::test_flower_and_direct_engines_agree[amplified-alg1-exact]",
-        "test_fedsm_modes_flower.py::test_flower_and_direct_engines_agree[amplified-alg2-sampled]",
-        "test_fedsm_sampling.py::test_flwr_run_with_batched_draws_gives_the_direct_engines_set",
-        "test_fedcg_flower.py::test_flwr_run_gives_the_direct_engine_result[config1-7]",
-        "test_fedcg_flower.py::test_flwr_run_gives_the_direct_engine_result[config2-5]",
-        "test_fedsubavg_torch.py::test_flwr_run_equals_the_direct_engine[amazon]",
-        "test_fedsubavg_flwr.py::test_flwr_run_with_k_above_n_fails_before_round_1",
-        "test_examples_fedsubavg.py::test_recsys_example_runs_with_flwr_run_and_the_loss_goes_down",
-        "test_own_data.py::test_flwr_run_on_your_own_table",
-        "test_own_data_learning.py::test_flwr_run_on_your_own_rating_table",
-        "test_own_data_learning.py::test_flwr_run_on_your_own_images",
-        "test_secure_aggregation.py::test_flwr_run_with_secure_aggregation_selects_the_plain_set",
-        "test_ray_cluster.py::test_run_attached_to_a_two_raylet_cluster_uses_both_raylets",
-    }
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests in :data:`LONG_TESTS` ``long`` (before ``-m`` selects)."""
-    found = set()
-    for item in items:
-        key = f"{item.path.name}::{item.name}"
-        if key in LONG_TESTS:
-            item.add_marker(pytest.mark.long)
-            found.add(key)
-    if len(items) > 800 and found != LONG_TESTS:  # a whole-suite run: every name must exist
-        raise pytest.UsageError(f"LONG_TESTS names tests that do not exist: {LONG_TESTS - found}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -38,6 +38,7 @@ def test_the_console_script_is_declared() -> None:
     assert pyproject["project"]["scripts"]["flower-app"] == "flower_app.cli:main"
 
 
+@pytest.mark.long
 def test_run_exits_honestly_and_stop_stops_only_its_own_superlink(tmp_path) -> None:
     home = tmp_path / "flwr-home"
     env = {

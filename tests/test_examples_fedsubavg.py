@@ -34,6 +34,7 @@ def test_switching_from_fedavg_changes_few_lines() -> None:
 
 
 @pytest.mark.flwr
+@pytest.mark.long
 def test_recsys_example_runs_with_flwr_run_and_the_loss_goes_down(tmp_path) -> None:
     cli = LocalSimulation(tmp_path / "home", tmp_path / "runs", project=EXAMPLE)
     try:

@@ -214,7 +214,7 @@ def _rows(run) -> list[dict]:
     ("config", "num_supernodes"),
     [
         ({"algorithm": "fedcg", "clients-per-round": 0.5}, 3),
-        (
+        pytest.param(
             {
                 "algorithm": "fedcg-plus",
                 "clients-per-round": 1.0,
@@ -224,8 +224,11 @@ def _rows(run) -> list[dict]:
                 "fedcg-rounding": "pipage",
             },
             7,
+            marks=pytest.mark.long,
         ),
-        ({"algorithm": "fed-discrete-greedy", "dgreedy-kappa": 4.0}, 5),
+        pytest.param(
+            {"algorithm": "fed-discrete-greedy", "dgreedy-kappa": 4.0}, 5, marks=pytest.mark.long
+        ),
     ],
 )
 def test_flwr_run_gives_the_direct_engine_result(

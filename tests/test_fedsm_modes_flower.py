@@ -24,7 +24,7 @@ TINY = {
     ("override", "num_supernodes"),
     [
         ({"fedsm-mode": "alg2", "elements-per-client": 100, "fedsm-tau": 0.01}, 3),
-        (
+        pytest.param(
             {
                 "fedsm-mode": "amplified",
                 "fedsm-eta": 0.5,
@@ -34,8 +34,13 @@ TINY = {
                 "fedsm-surrogate": "sampled",
             },
             7,
+            marks=pytest.mark.long,
         ),
-        ({"fedsm-mode": "amplified", "fedsm-eta": 0.5, "elements-per-client": 0.3}, 5),
+        pytest.param(
+            {"fedsm-mode": "amplified", "fedsm-eta": 0.5, "elements-per-client": 0.3},
+            5,
+            marks=pytest.mark.long,
+        ),
     ],
     ids=["alg2", "amplified-alg2-sampled", "amplified-alg1-exact"],
 )

@@ -323,6 +323,7 @@ def test_batched_direct_cohort_and_plain_mode_give_the_same_set(mode) -> None:
 
 
 @pytest.mark.flwr
+@pytest.mark.long
 def test_flwr_run_with_batched_draws_gives_the_direct_engines_set(flower_cli, tmp_path) -> None:
     """run_config ``fedsm-rng='batched'`` reaches the server and the nodes (one flwr run)."""
     from flower_app.config import AppConfig

@@ -46,6 +46,7 @@ def test_flwr_run_equals_the_direct_engine(flower_cli, tmp_path) -> None:
 
 
 @pytest.mark.flwr
+@pytest.mark.long
 def test_flwr_run_with_k_above_n_fails_before_round_1(flower_cli) -> None:
     run = flower_cli.run({**SMALL, "clients-per-round": 31}, num_supernodes=2)
     assert run.status == "finished:failed"

@@ -74,7 +74,9 @@ def _rows(folder: Path) -> list[dict]:
 
 
 @pytest.mark.flwr
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize(
+    "name", ["sent140", pytest.param("amazon", marks=pytest.mark.long)]
+)
 def test_flwr_run_equals_the_direct_engine(name: str, flower_cli, tmp_path: Path) -> None:
     """One SuperNode per client (partition ids 0..7); Flower's node ids are random."""
     run = RUNS[name]

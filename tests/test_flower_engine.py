@@ -28,6 +28,7 @@ def _direct(tmp_path, run_config: dict) -> dict:
     return run_direct(cfg)
 
 
+@pytest.mark.long
 def test_flwr_run_on_20_supernodes_writes_run_folder(flower_cli, tmp_path) -> None:
     run = flower_cli.run({"k": 6, "seed": 3}, num_supernodes=20)
     assert run.status == "finished:completed", run.output
@@ -50,7 +51,10 @@ def test_flwr_run_on_20_supernodes_writes_run_folder(flower_cli, tmp_path) -> No
     assert summary["objective"] == pytest.approx(direct["objective"])
 
 
-@pytest.mark.parametrize("num_supernodes", [2, 16, 40])
+@pytest.mark.parametrize(
+    "num_supernodes",
+    [2, pytest.param(16, marks=pytest.mark.long), pytest.param(40, marks=pytest.mark.long)],
+)
 def test_same_set_whatever_the_split_of_users_over_nodes(
     flower_cli, tmp_path, num_supernodes
 ) -> None:
@@ -68,6 +72,7 @@ def test_invalid_config_fails_the_run_before_any_round(flower_cli) -> None:
     assert not (run.folder / "metrics.jsonl").exists()
 
 
+@pytest.mark.long
 def test_real_superlink_and_supernodes_on_loopback(deployment, tmp_path) -> None:
     """Deployment mode: a SuperLink and 3 SuperNode processes; same S as the direct engine."""
     config = {**SMALL, "k": 3}

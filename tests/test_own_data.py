@@ -95,6 +95,7 @@ def test_coverage_sets_from_lines_and_from_pairs_are_the_same_instance(tmp_path)
     assert flower["selected"] == direct["selected"]
 
 
+@pytest.mark.long
 def test_flwr_run_on_your_own_table(flower_cli, tmp_path) -> None:
     path, names, _ = _ratings(tmp_path, n_users=30)
     run = {"dataset": "facility-location-table", "data-file": str(path),

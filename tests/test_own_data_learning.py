@@ -107,6 +107,7 @@ def test_malformed_image_files_name_the_file_array_and_format(tmp_path, arrays, 
 
 
 @pytest.mark.flwr
+@pytest.mark.long
 def test_flwr_run_on_your_own_images(flower_cli, tmp_path) -> None:
     run = {**IMAGE_RUN, "data-file": str(_images(tmp_path))}
     result = flower_cli.run(run, num_supernodes=3)
@@ -178,6 +179,7 @@ def test_a_malformed_rating_table_names_file_line_and_format(tmp_path, content, 
 
 
 @pytest.mark.flwr
+@pytest.mark.long
 def test_flwr_run_on_your_own_rating_table(flower_cli, tmp_path) -> None:
     run = {**RATING_RUN, "data-file": str(_table(tmp_path))}
     result = flower_cli.run(run, num_supernodes=3)

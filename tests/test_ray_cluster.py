@@ -53,6 +53,7 @@ def attached_run(cluster: LoopbackRayCluster, tmp_path_factory: pytest.TempPathF
         sim.stop()
 
 
+@pytest.mark.long
 def test_run_attached_to_a_two_raylet_cluster_uses_both_raylets(
     cluster: LoopbackRayCluster, attached_run: FlwrRun, tmp_path: Path
 ) -> None:

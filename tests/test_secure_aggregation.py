@@ -343,6 +343,7 @@ def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> 
 
 # ---------------------------------------------------------------------------- flwr run
 @pytest.mark.flwr
+@pytest.mark.long
 def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_path) -> None:
     """Flower's simulation engine (Ray), 6 SuperNodes: the same S as the plain run, with the
     protocol's cost in every round's row and the settings in config.json."""
