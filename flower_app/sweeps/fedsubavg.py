@@ -493,13 +493,13 @@ def _plots(
               "test-auc": "fig3c"}[metric]  # fmt: skip
     for weighting in args.weightings:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for alg in LABELS:
+        for i, alg in enumerate(LABELS):  # one colour per algorithm in every figure
             c = _curves(runs, alg, weighting, args.target_k, metric)
             if c is None:
                 continue
             r, v = c
-            ax.plot(r, v.mean(axis=0), label=LABELS[alg])
-            ax.fill_between(r, v.min(axis=0), v.max(axis=0), alpha=0.2)
+            ax.plot(r, v.mean(axis=0), label=LABELS[alg], color=f"C{i}")
+            ax.fill_between(r, v.min(axis=0), v.max(axis=0), alpha=0.2, color=f"C{i}")
         if setup.target_value is not None:
             ax.axhline(setup.target_value, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("communication round")
