@@ -56,27 +56,10 @@ def _keys(algorithm: str, seed: int, rounds: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _losses(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Per-tweet cross-entropy of ``model`` (evaluation mode, chunks of 4,096)."""
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for s in range(0, len(x), 4096):
-            logits = model(torch.from_numpy(x[s : s + 4096].astype(np.int64)))
-            target = torch.from_numpy(y[s : s + 4096])
-            out.append(functional.cross_entropy(logits, target, reduction="none").numpy())
-    model.train()
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-def token_heat(task: Sent140Task) -> np.ndarray:
-    """Clients whose training tweets hold each token id (id 0, padding, gets 0)."""
-    vocab = len(task.data.vocab) + 1
-    heat = np.zeros(vocab, dtype=np.int64)
-    for c in range(task.n_clients):
-        ids = task.data.client_tokens(c)
-        heat[ids[ids > 0]] += 1
-    return heat
+def _losses(task: Sent140Task, model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per-tweet cross-entropy of ``model`` (the task's own chunked prediction)."""
+    logits = task._predict(model, x)
+    return functional.cross_entropy(logits, torch.from_numpy(y), reduction="none").numpy()
 
 
 def coldest_group(x: np.ndarray, group_of: np.ndarray) -> np.ndarray:
@@ -92,12 +75,13 @@ def analyse(
     """The per-group numbers of one snapshot (see the module docstring)."""
     model = task.make_model()
     model.load_state_dict(state)
+    model.eval()
     data = task.data
     group_of = np.searchsorted(EDGES, heat, side="right") - 1
     rows = model.embedding.weight.detach()
     drift = (rows - init_rows).norm(dim=1).numpy()
-    train_l = _losses(model, data.train_x, data.train_y)
-    test_l = _losses(model, data.test_x, data.test_y)
+    train_l = _losses(task, model, data.train_x, data.train_y)
+    test_l = _losses(task, model, data.test_x, data.test_y)
     train_g, test_g = coldest_group(data.train_x, group_of), coldest_group(data.test_x, group_of)
     planted = np.zeros(len(heat)) if data.planted is None else np.abs(data.planted)
     groups = []
@@ -108,8 +92,8 @@ def analyse(
         with torch.no_grad():
             saved = model.embedding.weight[tokens].clone()
             model.embedding.weight[tokens] = init_rows[tokens]
-        reset_train = float(_losses(model, data.train_x, data.train_y).mean())
-        reset_test = float(_losses(model, data.test_x, data.test_y).mean())
+        reset_train = float(_losses(task, model, data.train_x, data.train_y).mean())
+        reset_test = float(_losses(task, model, data.test_x, data.test_y).mean())
         with torch.no_grad():
             model.embedding.weight[tokens] = saved
         tr, te = train_g == g, test_g == g
@@ -141,7 +125,7 @@ def main() -> None:
     spec = torch_spec(cfg)
     task = load_torch_task(DATASET, data_seed=0, embedding_init="planted")
     assert isinstance(task, Sent140Task)
-    heat = token_heat(task)
+    heat = task.data.heat  # clients whose training tweets hold each token
     snaps: dict[int, dict[str, torch.Tensor]] = {}
     last: dict[str, Any] = {}
     evaluate = task.evaluate
