@@ -81,6 +81,9 @@ class AppConfig:
     data_file, data_columns, item_names : str
         Your own data (``dataset`` = ``facility-location-table`` or ``coverage-sets``):
         the file, its column names, an optional item-name table (docs/own-data.md).
+    dp_reproducible_noise : bool
+        Research mode: DP noise derived from the seed (no privacy against the server;
+        :mod:`flower_app.algorithms.dp_noise`).
     secure_aggregation : bool
         Sum each round's replies with secure aggregation (see :attr:`secure`).
     secagg_num_shares : int
@@ -117,6 +120,7 @@ class AppConfig:
     data_file: str
     data_columns: str
     item_names: str
+    dp_reproducible_noise: bool
     secure_aggregation: bool
     secagg_num_shares: int
     secagg_reconstruction_threshold: int | float

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_app.algorithms.dp_noise import NoiseSource
 from flower_app.algorithms.fedsm import ENTRY_BYTES, FedSMServer, sampled_entry_sum
 from flower_app.algorithms.fedsm_alg2 import FedSMAlg2Server, PlainPairGains, pair_report_sum
 from flower_app.algorithms.fedsm_amplify import (
@@ -36,7 +37,7 @@ from flower_app.algorithms.fedsm_amplify import (
     SurrogatePairGains,
     surrogate_entries,
 )
-from flower_app.algorithms.fedsm_dp import dp_entry_counts, dp_reporters
+from flower_app.algorithms.fedsm_dp import dp_entry_counts, dp_reporters, dp_user_sums
 from flower_app.algorithms.fedsm_sampling import check_scheme
 from flower_app.algorithms.shuffle_dp import (
     ShuffleDP,
@@ -44,6 +45,8 @@ from flower_app.algorithms.shuffle_dp import (
     calibrate_flip,
     compose,
     debias_counts,
+    local_epsilon,
+    query_epsilon,
 )
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
@@ -108,6 +111,15 @@ class FedSMParams:
         Algorithm 1 without amplification, ``rng="per-user"``.
     dp_delta : float
         δ′ of every sum query (default 1e-6).
+    dp_secure : bool
+        The server sees only each element's total (secure aggregation): ε against the
+        server is then the shuffle bound; otherwise (replies in the clear) it is the local
+        randomiser's. Default False. Set by the strategy / runner from its
+        ``secure_aggregation``.
+    dp_reproducible : bool
+        The research mode ``dp-reproducible-noise`` (default False): marks the rows, and
+        keys the randomiser by the seed in the direct engine (no privacy against the server;
+        :mod:`flower_app.algorithms.dp_noise`). Nodes take it from their own configuration.
     """
 
     mode: str = "alg1"
@@ -125,6 +137,8 @@ class FedSMParams:
     rng: str = "per-user"
     dp_epsilon: float = 0.0
     dp_delta: float = 1e-6
+    dp_secure: bool = False
+    dp_reproducible: bool = False
 
     def steps(self) -> int:
         """Return the amplification's 1/η, checking η."""
@@ -240,6 +254,7 @@ def cohort_report(
     ids: np.ndarray,
     plan: RoundPlan,
     seed: int,
+    reproducible_noise: bool = False,
 ) -> tuple[np.ndarray, int]:
     """Return the users' summed reports for the round, and the positive values they sent.
 
@@ -255,6 +270,10 @@ def cohort_report(
         The round.
     seed : int
         Run seed.
+    reproducible_noise : bool, optional
+        Shuffle-model DP only: the research mode ``dp-reproducible-noise`` (default False:
+        the randomiser draws from OS entropy; see :mod:`flower_app.algorithms.dp_noise`).
+        The caller takes it from its own configuration, never from the server's message.
 
     Returns
     -------
@@ -275,7 +294,8 @@ def cohort_report(
             current = objective.user_values(plan.selected, users)
             upos, elem, gain = objective.positive_gain_entries(current, users)
             if plan.dp_bits:
-                return dp_entry_counts(upos, elem, gain, ids, pool, plan, seed)
+                noise = NoiseSource(reproducible_noise, seed)
+                return dp_entry_counts(upos, elem, gain, ids, pool, plan, seed, noise)
         else:
             upos, elem, gain = surrogate_entries(
                 objective, users, ids, plan.y(), plan.eta, plan.surrogate, plan.samples, seed, t
@@ -395,7 +415,14 @@ class FedSMRun:
                 raise ValueError(f"fedsm dp-epsilon needs λ > 0 (the bound on a value), got {lam}")
         self.n_users, self.matroid, self.k = n_users, matroid, k
         self.params, self.lam, self.seed = params, float(lam), int(seed)
-        self.dp_queries = np.zeros(n_users if params.dp_epsilon else 0, dtype=np.int64)
+        dp_users = n_users if params.dp_epsilon else 0
+        self.dp_queries = np.zeros(dp_users, dtype=np.int64)
+        # per user: Σ ε of the queries it answered, under the shuffle bound (what an analyzer
+        # of totals learns) and under the local randomiser's (what a server of clear replies
+        # learns); the largest per-query ε of each, for advanced composition
+        self.dp_eps_shuffle = np.zeros(dp_users)
+        self.dp_eps_local = np.zeros(dp_users)
+        self.dp_eps_max = {"shuffle": 0.0, "local": 0.0}
         self.rng = np.random.default_rng(self.seed)
         self.server_round = 0
         self.step = 0
@@ -502,7 +529,9 @@ class FedSMRun:
         self._dp_reporters = reporters
         return dataclasses.replace(plan, dp_bits=bits, dp_flip=flip, dp_lam=self.lam)
 
-    def update(self, report_sum: np.ndarray, users: int) -> dict[str, Any]:
+    def update(
+        self, report_sum: np.ndarray, users: int, arrived: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """Apply the summed reports of ``users`` users; return the round's metrics.
 
         Parameters
@@ -511,13 +540,18 @@ class FedSMRun:
             Unscaled sum of the valid reports (length ``plan.report_size``).
         users : int
             Users whose reports are in the sum.
+        arrived : numpy.ndarray, optional
+            Shuffle-model DP: the global ids of those users (default: every sampled user).
+            The debiasing counts the reporters among them, and the accounting charges them
+            with the ε their queries really had (fewer reporters: less blanket).
 
         Returns
         -------
         dict
             ``server-round``, ``elements-added``, ``set-size`` and the mode's own keys
             (Alg. 1: ``element``, ``estimate``; Alg. 2: ``j-star``, ``r-prime``,
-            ``pool-before``, ``pool-after``, ``tau``, ``level``; amplification: ``step``).
+            ``pool-before``, ``pool-after``, ``tau``, ``level``; amplification: ``step``);
+            with DP the privacy entries of :meth:`_dp_account`.
         """
         plan = self._plan
         if plan is None:
@@ -528,22 +562,15 @@ class FedSMRun:
         row: dict[str, Any] = {"server-round": plan.server_round}
         if plan.dp_bits:
             assert plan.dp_flip is not None
+            ids = plan.users if arrived is None else np.unique(np.asarray(arrived, np.int64))
+            if ids.size != np.asarray(plan.users).size:
+                reporters = dp_reporters(plan, self.seed, ids)
+            else:
+                reporters = self._dp_reporters
             report_sum = debias_counts(
-                report_sum, self._dp_reporters, plan.dp_lam, plan.dp_bits, plan.dp_flip
+                report_sum, reporters, plan.dp_lam, plan.dp_bits, plan.dp_flip
             )
-            self.dp_queries[plan.users] += plan.d
-            pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
-            row.update(
-                {
-                    "dp-bits": plan.dp_bits,
-                    "dp-flip-mean": float(plan.dp_flip[pool].mean()),
-                    **compose(
-                        float(self.params.dp_epsilon),
-                        float(self.params.dp_delta),
-                        int(self.dp_queries.max()),
-                    ),
-                }
-            )
+            row.update(self._dp_account(plan, ids, reporters))
         if isinstance(inner, FedSMServer):
             rec = inner.select(report_sum, users)
             row.update(element=rec.element, estimate=rec.estimate, **{"elements-added": 1})
@@ -568,6 +595,77 @@ class FedSMRun:
             if inner.done:
                 self._finish_step()
         return row
+
+    def _dp_account(
+        self, plan: RoundPlan, ids: np.ndarray, reporters: np.ndarray
+    ) -> dict[str, Any]:
+        """Charge the round's queries to the users who answered them; return the row entries.
+
+        Per element e: the shuffle bound's ε at δ′ for the n′_e users whose reports arrived
+        (ε′ when none dropped out, else :func:`~flower_app.algorithms.shuffle_dp.
+        query_epsilon`) and the local randomiser's ε (δ = 0). Each user is charged the sum
+        over its d elements (basic composition); advanced composition uses the largest
+        per-query ε and the busiest user's query count.
+
+        Returns
+        -------
+        dict
+            ``dp-epsilon``/``dp-delta`` (against the server: the shuffle bound with secure
+            aggregation, the local one without; the smaller of basic and advanced),
+            ``dp-epsilon-outsider``/``dp-delta-outsider`` (shuffle bound: anyone who sees
+            only totals), ``dp-epsilon-local`` (δ = 0: a server that sees the replies in the
+            clear, whatever ``dp_secure`` says), ``dp-epsilon-basic``, ``dp-delta-basic``,
+            ``dp-epsilon-advanced``, ``dp-delta-advanced`` (against the server),
+            ``dp-queries`` (busiest user), ``dp-bits``, ``dp-flip-mean``,
+            ``dp-reporters-missing`` (planned reports that did not arrive),
+            ``dp-secure-sum`` and ``dp-reproducible-noise``.
+        """
+        assert plan.dp_flip is not None
+        eps, delta = float(self.params.dp_epsilon), float(self.params.dp_delta)
+        pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
+        shuffle_e = np.zeros(plan.n_elements)
+        local_e = np.zeros(plan.n_elements)
+        planned = self._dp_reporters
+        for e in pool[reporters[pool] > 0]:
+            p, n = float(plan.dp_flip[e]), int(reporters[e])
+            local_e[e] = local_epsilon(plan.dp_bits, p)
+            shuffle_e[e] = eps if n >= planned[e] else query_epsilon(n, plan.dp_bits, p, delta)
+        if ids.size:
+            self.dp_eps_shuffle[ids] += dp_user_sums(plan, self.seed, ids, shuffle_e)
+            self.dp_eps_local[ids] += dp_user_sums(plan, self.seed, ids, local_e)
+            self.dp_queries[ids] += plan.d
+            self.dp_eps_max["shuffle"] = max(self.dp_eps_max["shuffle"], float(shuffle_e.max()))
+            self.dp_eps_max["local"] = max(self.dp_eps_max["local"], float(local_e.max()))
+        queries = int(self.dp_queries.max())
+
+        def bound(kind: str, per_query_delta: float) -> dict[str, float]:
+            worst = self.dp_eps_shuffle if kind == "shuffle" else self.dp_eps_local
+            adv = compose(self.dp_eps_max[kind], per_query_delta, queries)
+            basic = {"dp-epsilon-basic": float(worst.max()),
+                     "dp-delta-basic": queries * per_query_delta}  # fmt: skip
+            if adv["dp-epsilon-advanced"] >= basic["dp-epsilon-basic"]:
+                adv["dp-epsilon-advanced"] = basic["dp-epsilon-basic"]
+                adv["dp-delta-advanced"] = basic["dp-delta-basic"]
+            return {**basic, "dp-epsilon-advanced": adv["dp-epsilon-advanced"],
+                    "dp-delta-advanced": adv["dp-delta-advanced"]}  # fmt: skip
+
+        local = bound("local", 0.0)
+        server = bound("shuffle", delta) if self.params.dp_secure else local
+        outsider = bound("shuffle", delta)
+        return {
+            "dp-epsilon-local": local["dp-epsilon-advanced"],
+            "dp-epsilon": server["dp-epsilon-advanced"],
+            "dp-delta": server["dp-delta-advanced"],
+            "dp-epsilon-outsider": outsider["dp-epsilon-advanced"],
+            "dp-delta-outsider": outsider["dp-delta-advanced"],
+            **server,
+            "dp-queries": float(queries),
+            "dp-bits": plan.dp_bits,
+            "dp-flip-mean": float(plan.dp_flip[pool].mean()),
+            "dp-reporters-missing": int(planned[pool].sum() - reporters[pool].sum()),
+            "dp-secure-sum": int(self.params.dp_secure),
+            "dp-reproducible-noise": int(self.params.dp_reproducible),
+        }
 
     def _finish_step(self) -> None:
         assert self.point is not None
@@ -636,7 +734,8 @@ def run_direct(
     """
     while not run.done:
         plan = run.plan()
-        total, hits = cohort_report(objective, plan.users, plan.users, plan, run.seed)
+        total, hits = cohort_report(objective, plan.users, plan.users, plan, run.seed,
+                                    reproducible_noise=run.params.dp_reproducible)  # fmt: skip
         row = run.update(total, plan.users.size)
         k_users = plan.users.size
         down = plan.values_down(1)

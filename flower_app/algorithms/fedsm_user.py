@@ -29,10 +29,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from flower_app.algorithms.dp_noise import DP_STREAM, NoiseSource
 from flower_app.algorithms.fedsm import user_rng
 from flower_app.algorithms.fedsm_alg2 import pair_report_sum
 from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
 from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw
+from flower_app.algorithms.shuffle_dp import randomize_counts
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -152,7 +154,11 @@ def _check_one_row(utility: MaxRowObjective) -> None:
 
 
 def user_report(
-    utility: UserUtility, plan: RoundPlan, user_id: int, seed: int
+    utility: UserUtility,
+    plan: RoundPlan,
+    user_id: int,
+    seed: int,
+    reproducible_noise: bool = False,
 ) -> tuple[np.ndarray, int]:
     """Return one user's report for the round, and the number of positive values in it.
 
@@ -166,12 +172,17 @@ def user_report(
         The user's global id (seeds its stream ``default_rng([seed, t, user_id])``).
     seed : int
         Run seed.
+    reproducible_noise : bool, optional
+        Shuffle-model DP (``plan.dp_bits`` > 0): the research mode ``dp-reproducible-noise``
+        (default False: the randomiser draws from OS entropy). Take it from the node's own
+        configuration, never from the server's message.
 
     Returns
     -------
     tuple
         ``(report, hits)``: float64 vector of length ``plan.report_size`` (m for Algorithm
-        1, |X|·r' for Algorithm 2) and the count of its positive entries.
+        1, |X|·r' for Algorithm 2) and the count of its positive entries; under DP the
+        report holds the randomised counts of ones of the d drawn elements.
 
     Raises
     ------
@@ -181,7 +192,8 @@ def user_report(
     ids = np.array([int(user_id)], dtype=np.int64)
     if isinstance(utility, MaxRowObjective):
         _check_one_row(utility)
-        return cohort_report(utility, np.zeros(1, dtype=np.int64), ids, plan, seed)
+        return cohort_report(utility, np.zeros(1, dtype=np.int64), ids, plan, seed,
+                             reproducible_noise=reproducible_noise)  # fmt: skip
     if plan.surrogate != "none":
         raise ValueError(
             "amplification needs the multilinear extension of f_i: give score data "
@@ -210,6 +222,13 @@ def user_report(
         elements = pool[user_rng(seed, t, int(user_id)).choice(pool.size, plan.d, replace=False)]
     values = utility.gains(plan.selected, elements)
     out = np.zeros(m)
+    if plan.dp_bits:  # shuffle-model DP: k randomised bits per drawn value, counts of ones
+        assert plan.dp_flip is not None
+        rng = NoiseSource(reproducible_noise, seed).generator(t, int(user_id), DP_STREAM)
+        out[elements] = randomize_counts(
+            np.asarray(values, np.float64), plan.dp_lam, plan.dp_bits, plan.dp_flip[elements], rng
+        )
+        return out, int(np.count_nonzero(np.asarray(values) > 0))
     out[elements] = values
     return out, int(np.count_nonzero(values > 0))
 

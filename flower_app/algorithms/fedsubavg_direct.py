@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_app.algorithms.dp_noise import NoiseSource
 from flower_app.algorithms.fedsubavg import (
     AdamConfig,
     CentralSGD,
@@ -31,7 +32,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_dp import private_round_update
-from flower_app.algorithms.gaussian_dp import GaussianDP, dp_round_info
+from flower_app.algorithms.gaussian_dp import GaussianAccountant, GaussianDP
 from flower_app.datasets.movielens_rating import RatingTask
 
 __all__ = ["RunSpec", "full_heat", "run_direct_rounds"]
@@ -123,6 +124,7 @@ def run_direct_rounds(
         )
         sampler = ClientSampler(task.n_clients, k, spec.seed)
     sizes = task.submodel_sizes()
+    accountant = None if spec.dp is None else GaussianAccountant(spec.dp, task.n_clients)
     history: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for t in range(1, spec.rounds + 1):
@@ -141,6 +143,7 @@ def run_direct_rounds(
                 update = private_round_update(
                     task, users, x[rows], ptr, spec.local, spec.seed, t, spec.dp,
                     np.flatnonzero(heat.clients), users.size,
+                    NoiseSource(spec.dp.reproducible, spec.seed),
                 )  # fmt: skip
             server.step(x, update, t)
             b = client_bytes(sizes[users])
@@ -155,8 +158,8 @@ def run_direct_rounds(
                 "submodel-rows-mean": float(sizes[users].mean()),
                 "union-rows": int(update.rows.size),
             }
-            if spec.dp is not None:
-                row.update(dp_round_info(spec.dp, k, task.n_clients, t))
+            if accountant is not None:  # every sampled client is in the sum
+                row.update(accountant.record(int(users.size), users))
         row.update(evaluate(x))
         row["round-time"] = time.perf_counter() - r0
         row["wall-time"] = time.perf_counter() - t0

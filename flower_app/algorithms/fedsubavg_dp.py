@@ -14,7 +14,9 @@ measured in docs/privacy.md. The counting round itself (the heat) is not privati
 Weighting must be ``clients`` (c_i = 1): sample-size weights would make one client's weight,
 and so the sensitivity, unbounded. Used by both engines (the direct engine's round and
 :class:`~flower_app.clients.submodel.SubmodelClient` under secure aggregation), with the
-clients' noise from ``default_rng([seed, t, client, DP_NOISE])``.
+clients' noise from the node's :class:`~flower_app.algorithms.dp_noise.NoiseSource` (OS
+entropy; ``default_rng([seed, t, client, DP_NOISE])`` only in the research mode
+``dp-reproducible-noise``, which gives no privacy against the server).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import math
 
 import numpy as np
 
+from flower_app.algorithms.dp_noise import DP_NOISE, NoiseSource
 from flower_app.algorithms.fedsubavg import (
     LocalConfig,
     RoundUpdate,
     gather_submodels,
     local_deltas,
 )
-from flower_app.algorithms.gaussian_dp import DP_NOISE, GaussianDP
+from flower_app.algorithms.gaussian_dp import GaussianDP
 from flower_app.datasets.movielens_rating import RatingTask
 
 __all__ = ["private_round_update"]
@@ -46,6 +49,7 @@ def private_round_update(
     dp: GaussianDP,
     support: np.ndarray,
     sampled: int,
+    noise: NoiseSource | None = None,
 ) -> RoundUpdate:
     """Train the clients, clip each update to C and add each client's share of the noise.
 
@@ -59,6 +63,8 @@ def private_round_update(
         Sorted rows with n_m > 0 (the heat support): where the noise goes.
     sampled : int
         K, the clients sampled in the round over all nodes.
+    noise : NoiseSource, optional
+        The node's noise for the round (default: a fresh one from OS entropy).
 
     Returns
     -------
@@ -77,7 +83,8 @@ def private_round_update(
         factor = np.where(norms > dp.clip, dp.clip / np.maximum(norms, 1e-300), 1.0)
         np.add.at(sums, rows, delta * np.repeat(factor, sizes))
         std = dp.noise_multiplier * dp.sensitivity(False) / math.sqrt(max(int(sampled), 1))
+        noise = NoiseSource() if noise is None else noise
         for u in clients:
-            rng = np.random.default_rng([int(seed), int(server_round), int(u), DP_NOISE])
+            rng = noise.generator(server_round, int(u), DP_NOISE)
             sums[support] += rng.normal(0.0, std, support.size)
     return RoundUpdate(support, sums[support], int(clients.size), float(clients.size))

@@ -30,6 +30,15 @@ Composition (:func:`compose`): a client answers up to ``queries`` such sums in a
 round it is sampled in, times the rounds); the run is (queries·ε′, queries·δ′)-DP by basic
 composition (the paper's (ε′·m·r, δ′·m·r) with d ≤ m) and, by advanced composition
 (Dwork, Rothblum, Vadhan 2010), (√(2q ln(1/δ̃))·ε′ + q·ε′(e^ε′ − 1), q·δ′ + δ̃)-DP.
+
+Who the bound holds against
+    The shuffle bound needs an analyzer that sees only each element's total: the server
+    under secure aggregation, or anyone who sees only the released results (an outsider).
+    A server that sees a node's or a user's report in the clear gets only the local
+    randomiser's guarantee, ε_local = k·ln((2 − p)/p) per value with δ = 0
+    (:func:`local_epsilon`; one value moving from 0 to λ moves all k bits, each kept with
+    probability 1 − p/2). When users drop out, a query was answered by n′ < n users and
+    its flip p, calibrated for n, gives the larger :func:`query_epsilon` (n′, k, p, δ′).
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ __all__ = [
     "compose",
     "debias_counts",
     "hockey_stick",
+    "local_epsilon",
     "query_delta",
+    "query_epsilon",
     "randomize_counts",
 ]
 
@@ -137,6 +148,44 @@ def calibrate_flip(n: int, k: int, epsilon: float, delta: float) -> float:
     while hi - lo > 1e-4:
         mid = (lo + hi) / 2.0
         if query_delta(n, k, mid, epsilon) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def local_epsilon(k: int, flip: float) -> float:
+    """Return ε of one value's randomised k bits seen alone (local DP, δ = 0).
+
+    The count of ones is Bin(x̂, 1 − p/2) + Bin(k − x̂, p/2); moving x̂ from 0 to k changes
+    its probabilities by at most ((1 − p/2)/(p/2))^k: ε = k·ln((2 − p)/p). 0 for p = 1
+    (the value is not used), ∞ for p = 0.
+    """
+    flip = float(flip)
+    if flip >= 1.0:
+        return 0.0
+    if flip <= 0.0:
+        return math.inf
+    return int(k) * math.log((2.0 - flip) / flip)
+
+
+@lru_cache(maxsize=4096)
+def query_epsilon(n: int, k: int, flip: float, delta: float) -> float:
+    """Return the smallest ε (to 0.1 %) at which a query over n users is (ε, δ)-DP.
+
+    For a query whose flip p was calibrated for more users than answered it (dropouts):
+    bisection on :func:`query_delta`, never above :func:`local_epsilon` (which holds with
+    δ = 0 whatever the others do).
+    """
+    hi = local_epsilon(k, flip)
+    if hi == 0.0 or int(n) < 1:
+        return 0.0
+    if not math.isfinite(hi) or query_delta(n, k, flip, hi) > delta:
+        return hi
+    lo = 0.0
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2.0
+        if query_delta(n, k, flip, mid) <= delta:
             hi = mid
         else:
             lo = mid

@@ -204,7 +204,10 @@ def fedsm_reply(
     if stage != "round":
         raise ValueError(f"unknown FedSM stage {stage!r}: expected 'setup' or 'round'")
     plan = _plan(record, config, m)
-    report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]))
+    # the node's own run_config, never the server's message, may ask for reproducible noise
+    reproducible = bool(context.run_config.get("dp-reproducible-noise", False))
+    report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]),
+                               reproducible_noise=reproducible)  # fmt: skip
     encoded = encode_report(report, dense=bool(config.get("secure-aggregation", 0)))
     keys = ["ids", "values"] if len(encoded) == 2 else ["values"]
     out = ArrayRecord({key: Array(a) for key, a in zip(keys, encoded, strict=True)})

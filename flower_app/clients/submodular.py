@@ -72,6 +72,10 @@ class SubmodularClient(NumPyClient):
         Users in the whole dataset (reported for the server's consistency check).
     partition_id, num_partitions : int
         The node's place in the split.
+    reproducible_noise : bool, optional
+        The research mode ``dp-reproducible-noise`` (default False), from the node's own
+        run_config (never from a message): the shuffle-DP randomiser keyed by
+        (seed, round, user) instead of OS entropy; no privacy against the server.
     """
 
     def __init__(
@@ -81,8 +85,10 @@ class SubmodularClient(NumPyClient):
         n_users_total: int,
         partition_id: int,
         num_partitions: int,
+        reproducible_noise: bool = False,
     ) -> None:
         self.objective = objective
+        self.reproducible_noise = bool(reproducible_noise)
         self.first_user = int(first_user)
         self.n_users_total = int(n_users_total)
         self.partition_id = int(partition_id)
@@ -139,7 +145,8 @@ class SubmodularClient(NumPyClient):
                 f"sampled users outside this node's cohort "
                 f"[{self.first_user}, {self.first_user + self.num_users})"
             )
-        total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]))
+        total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]),
+                                    reproducible_noise=self.reproducible_noise)  # fmt: skip
         metrics = {
             "user-values": int(plan.users.size * plan.d),
             "positive-entries": int(hits),

@@ -37,6 +37,7 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flower_app.algorithms.dp_noise import warn_no_privacy
 from flower_app.algorithms.fedsubavg import (
     ALGORITHM_NAMES,
     VALUE_BYTES,
@@ -48,7 +49,7 @@ from flower_app.algorithms.fedsubavg import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.gaussian_dp import GaussianDP
+from flower_app.algorithms.gaussian_dp import GaussianDP, privacy_summary
 from flower_app.algorithms.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
@@ -108,7 +109,8 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     )
     dp = None
     if cfg.get("fsa-dp-noise") > 0:
-        dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"))
+        dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
+                        reproducible=cfg.dp_reproducible_noise)  # fmt: skip
         if cfg.algorithm == "central-sgd" or cfg.get("fsa-weighting") != "clients":
             raise ConfigError(
                 "run_config 'fsa-dp-noise' > 0 (client-level DP) needs a federated algorithm "
@@ -157,6 +159,8 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
         "clients-per-round-resolved": k,
     }
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    if spec.dp is not None and spec.dp.reproducible:
+        warn_no_privacy()
     return _Run(cfg, spec, k, task, writer, engine, time.perf_counter())
 
 
@@ -220,6 +224,9 @@ def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss
         "wall-time": time.perf_counter() - run.started,
         "run-folder": str(run.writer.folder),
     }
+    if run.spec.dp is not None:  # the last row holds the run's privacy so far
+        last = next((r for r in reversed(history) if "dp-epsilon" in r), {})
+        summary["privacy"] = privacy_summary(run.spec.dp, last)
     run.writer.write_summary(summary)
     return summary
 
@@ -272,6 +279,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     }
     writer = RunWriter(cfg.run_folder(), config)
     log(INFO, "run folder: %s (server-data = none)", writer.folder)
+    if spec.dp is not None and spec.dp.reproducible:
+        warn_no_privacy()
     strategy = FedSubAvgStrategy(
         cohorts=True, n_clients=problem.n_users, n_params=problem.n_elements,
         clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
@@ -320,6 +329,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         "wall-time": time.perf_counter() - started,
         "run-folder": str(writer.folder),
     }
+    if strategy.accountant is not None:
+        summary["privacy"] = strategy.accountant.summary()
     writer.write_summary(summary)
     return summary
 
@@ -433,14 +444,16 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
         return _client(cfg, pid, parts)
     task = load_node_ratings(path, source_of(cfg, RATING_SOURCE_KEYS))
     first, count = cohort_range(task.n_clients, pid, parts)
-    return SubmodelClient(task, first, count, pid, parts)
+    return SubmodelClient(task, first, count, pid, parts,
+                          reproducible_noise=cfg.dp_reproducible_noise)  # fmt: skip
 
 
 @lru_cache(maxsize=64)
 def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelClient:
     task = load_task(cfg)
     first, count = cohort_range(task.n_clients, partition_id, num_partitions)
-    return SubmodelClient(task, first, count, partition_id, num_partitions)
+    return SubmodelClient(task, first, count, partition_id, num_partitions,
+                          reproducible_noise=cfg.dp_reproducible_noise)  # fmt: skip
 
 
 def summary_line(summary: dict) -> str:

@@ -135,6 +135,13 @@ _DECLARED = (
         "selected items by name",
     ),
     Setting(
+        "dp-reproducible-noise", "bool", False, _COMMON,
+        "research only: derive every DP draw (maxfl-dp-noise, fsa-dp-noise, fedsm-dp-epsilon) "
+        "from (seed, round, user) so DP runs repeat bit for bit; gives NO privacy against the "
+        "server or anyone holding the run_config (logged, and marked in every round's row and "
+        "summary.json); default: OS entropy on each node",
+    ),
+    Setting(
         "secure-aggregation", "bool", False, _COMMON,
         "sum each round's replies with secure aggregation (SecAgg+): the server learns only "
         "the sum (every algorithm but mwfed and central-sgd; docs/privacy.md)",

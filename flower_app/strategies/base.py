@@ -48,6 +48,7 @@ import functools
 import math
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ __all__ = [
     "check_replies",
     "expire_after",
     "handler_hint",
+    "is_flower_dp_wrapper",
     "int_metric",
     "sample_nodes",
     "to_metric",
@@ -374,6 +376,68 @@ def expire_after(messages: Iterable[Message], timeout: float) -> None:
 
 
 # ---------------------------------------------------------------------------- sampling
+def _external_driver(strategy: Strategy) -> Strategy | None:
+    """Return the strategy on the call stack that wraps ``strategy`` (its ``.strategy``).
+
+    Flower's wrappers (the ``DifferentialPrivacy*`` strategies) keep the wrapped strategy
+    in ``self.strategy`` and call it from their own ``configure_train``.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not strategy and getattr(owner, "strategy", None) is strategy:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def is_flower_dp_wrapper(driver: object) -> bool:
+    """Return True if ``driver`` is one of Flower's four ``DifferentialPrivacy*`` wrappers."""
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideAdaptiveClipping,
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideAdaptiveClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+    )
+
+    return isinstance(
+        driver,
+        DifferentialPrivacyClientSideAdaptiveClipping
+        | DifferentialPrivacyClientSideFixedClipping
+        | DifferentialPrivacyServerSideAdaptiveClipping
+        | DifferentialPrivacyServerSideFixedClipping,
+    )
+
+
+def _external_guard(inner: Callable[..., Iterable[Message]], prepare: bool) -> Callable:
+    """Wrap a ``configure_*`` hook for loops other than :meth:`RoundStrategy.start`.
+
+    See :meth:`RoundStrategy.__init_subclass__`: outside the strategy's own loop the
+    returned messages' destinations become the expected senders of the exchange
+    (``prepare``: after running ``setup`` / ``before_round`` first).
+    """
+
+    @functools.wraps(inner)
+    def configure(
+        self: RoundStrategy,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+    ) -> Iterable[Message]:
+        if self._own_loop or grid is None:  # no grid: called alone (e.g. a unit test)
+            return inner(self, server_round, arrays, config, grid)
+        if prepare:
+            arrays = self._prepare_external(server_round, arrays, grid)
+        messages = list(inner(self, server_round, arrays, config, grid))
+        self._expected = {int(m.metadata.dst_node_id) for m in messages}
+        self._sent_ids = {}
+        return messages
+
+    configure._external_guard = True  # type: ignore[attr-defined]
+    return configure
+
+
 def sample_nodes(
     grid: Grid,
     rng: random.Random,
@@ -527,36 +591,23 @@ class RoundStrategy(Strategy):
         Flower's ``Strategy.start`` (and so ``DifferentialPrivacyServerSideFixedClipping``
         and friends, which wrap a strategy and run their own loop) calls only
         ``configure_train``/``aggregate_train``/``configure_evaluate``/
-        ``aggregate_evaluate``. Every subclass's ``configure_train`` is therefore wrapped:
-        outside this class's own ``start()``, the first call runs :meth:`setup` (with
-        :attr:`external_num_rounds` rounds) and every round first runs
-        :meth:`before_round`; the messages returned are remembered as the round's
-        expected senders. Called without a grid (a unit test that prepared the strategy
-        itself), ``configure_train`` runs alone.
+        ``aggregate_evaluate``, and sends the messages itself: this class's :meth:`send`,
+        which records whom each exchange went to, is bypassed. So every subclass's
+        ``configure_train`` and ``configure_evaluate`` are wrapped: outside this class's
+        own ``start()``, the messages they return are remembered as the expected senders
+        of the replies that the next ``aggregate_*`` call checks (without this, the
+        evaluate replies of nodes that were not trained in the round were rejected as
+        "reply from a node that was not sent anything"), and the first
+        ``configure_train`` runs :meth:`setup` (with :attr:`external_num_rounds` rounds)
+        and every round first runs :meth:`before_round`. Called without a grid (a unit
+        test that prepared the strategy itself), they run alone.
         """
         super().__init_subclass__(**kwargs)
-        inner = cls.__dict__.get("configure_train")
-        if inner is None or getattr(inner, "_external_guard", False):
-            return
-
-        @functools.wraps(inner)
-        def configure_train(
-            self: RoundStrategy,
-            server_round: int,
-            arrays: ArrayRecord,
-            config: ConfigRecord,
-            grid: Grid,
-        ) -> Iterable[Message]:
-            if self._own_loop or grid is None:  # no grid: called alone (e.g. a unit test)
-                return inner(self, server_round, arrays, config, grid)
-            arrays = self._prepare_external(server_round, arrays, grid)
-            messages = list(inner(self, server_round, arrays, config, grid))
-            self._expected = {int(m.metadata.dst_node_id) for m in messages}
-            self._sent_ids = {}
-            return messages
-
-        configure_train._external_guard = True  # type: ignore[attr-defined]
-        cls.configure_train = configure_train  # type: ignore[method-assign]
+        for name in ("configure_train", "configure_evaluate"):
+            inner = cls.__dict__.get(name)
+            if inner is None or getattr(inner, "_external_guard", False):
+                continue
+            setattr(cls, name, _external_guard(inner, prepare=name == "configure_train"))
 
     def _prepare_external(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> ArrayRecord:
         """Run ``setup`` once and ``before_round`` once per round for another loop."""
@@ -566,6 +617,7 @@ class RoundStrategy(Strategy):
                 "another loop (e.g. a Flower DP wrapper) sends each reply in the clear"
             )
         if not self._external_setup:
+            self.check_driver(_external_driver(self))
             check_initial_arrays(arrays, self.expected_initial_arrays())
             self._t0 = time.perf_counter()
             self.setup(grid, arrays, self.external_num_rounds)
@@ -578,6 +630,15 @@ class RoundStrategy(Strategy):
         return arrays
 
     # ------------------------------------------------------------------ hooks
+    def check_driver(self, driver: Strategy | None) -> None:
+        """Refuse (raise) or warn about the wrapper whose loop drives this strategy.
+
+        Called once, before ``setup``, when another loop drives the strategy; ``driver``
+        is the wrapping strategy found on the call stack (e.g. one of Flower's
+        ``DifferentialPrivacy*`` wrappers, whose ``strategy`` attribute is this one), or
+        None. Default: accept every driver.
+        """
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Prepare the run before round 1; return the number of rounds to run.
 

@@ -10,6 +10,7 @@ over Flower's Message API, on the loop of :class:`~flower_app.strategies.base.Ro
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
@@ -32,6 +33,7 @@ from flower_app.algorithms.fedsm import decode_report
 from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
     CheckedReplies,
     InitialArraysError,
     RoundCallback,
@@ -313,6 +315,8 @@ class FedSMStrategy(RoundStrategy):
             raise ValueError(f"k={k!r} must be a positive int")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be a non-negative int")
+        if params.dp_epsilon:  # ε against the server: shuffle bound only if it sees totals
+            params = dataclasses.replace(params, dp_secure=secure_aggregation is not None)
         self.params, self.k, self.seed = params, k, seed
         self.capacities, self.groups = capacities, None if groups is None else list(groups)
         self.min_available_nodes = int(min_available_nodes)
@@ -339,6 +343,7 @@ class FedSMStrategy(RoundStrategy):
                 "matroid)"
             )
         self._sent: dict[int, int] = {}
+        self._sent_users: dict[int, np.ndarray] = {}  # node -> the users it reports for
         self._plan: RoundPlan | None = None
         self._down: dict[str, int] = {}
         self._started = False
@@ -522,16 +527,19 @@ class FedSMStrategy(RoundStrategy):
                 {"dp-bits": plan.dp_bits, "dp-lam": plan.dp_lam,
                  "dp-flip": [float(v) for v in plan.dp_flip]}
             )  # fmt: skip
-        messages, self._sent = [], {}
+        messages, self._sent, self._sent_users = [], {}, {}
         self._down = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0}
         if self.cohort_mode:
             assert self.cohorts is not None
+            groups = self.group_users(plan.users)
+            self._sent_users = {int(n): np.asarray(u, np.int64) for n, u in groups.items()}
             targets = [
                 (node, ArrayRecord(plan_arrays(plan, users)), int(users.size), entries)
-                for node, users in self.group_users(plan.users).items()
+                for node, users in groups.items()
             ]
         else:
             record = plan_record(plan)
+            self._sent_users = {self.nodes[int(u)]: np.array([u], np.int64) for u in plan.users}
             targets = [
                 (self.nodes[int(u)], record, 1, {"stage": "round", "user-id": int(u), **entries})
                 for u in plan.users
@@ -597,7 +605,12 @@ class FedSMStrategy(RoundStrategy):
             up["bytes-max"] = max(up["bytes-max"], nbytes)
             up["values-max"] = max(up["values-max"], nvalues)
             up["positive"] += positive
-        row = run.update(total, users)
+        senders = [n for n, _ in checked.accepted]
+        if SUMMED_SENDER in senders:  # a secure sum stands for its survivors
+            senders = [n for n in senders if n != SUMMED_SENDER] + list(self._summed_nodes)
+        empty = np.zeros(0, np.int64)
+        arrived = np.concatenate([empty] + [self._sent_users.get(n, empty) for n in senders])
+        row = run.update(total, users, arrived=arrived if plan.dp_bits else None)
         self._plan = None
         nodes = max(len(self._sent), 1)
         row.update(

@@ -57,7 +57,7 @@ from flower_app.algorithms.fedsubavg_named import (
     named_heat_from_counts,
     rows_key,
 )
-from flower_app.algorithms.gaussian_dp import GaussianDP, dp_config, dp_round_info
+from flower_app.algorithms.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -66,6 +66,7 @@ from flower_app.strategies.base import (
     NotEnoughNodesError,
     RoundStrategy,
     int_metric,
+    is_flower_dp_wrapper,
     sample_nodes,
     to_metric,
 )
@@ -299,7 +300,7 @@ class FedSubAvgStrategy(RoundStrategy):
         self._index_sets: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._sent: dict[int, tuple[int, np.ndarray]] = {}
         self._round_stats: dict[str, Any] = {}
-        self._dp_t = 0
+        self._dp_sampled = 0
         self._support: np.ndarray | None = None
         if self.cohorts_mode:
             if n_clients is None or n_params is None or clients_per_round is None:
@@ -307,6 +308,8 @@ class FedSubAvgStrategy(RoundStrategy):
             self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
             self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
             self.x = np.zeros(self.n_params)
+        #: client-level DP: ε against the server and outsiders (cohort mode only)
+        self.accountant = None if dp is None else GaussianAccountant(dp, self.n_clients)
         # cohort mode checkpoints x, the server step's state and the client sampler
         self.resumable = self.cohorts_mode
 
@@ -319,7 +322,7 @@ class FedSubAvgStrategy(RoundStrategy):
         """
         return {
             "x": self.x.copy(), "server": self.server, "sampler": self.sampler,
-            "bad-replies": self.bad_replies,
+            "bad-replies": self.bad_replies, "dp-accountant": self.accountant,
         }  # fmt: skip
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -341,6 +344,10 @@ class FedSubAvgStrategy(RoundStrategy):
         self.x[:] = x
         self.server, self.sampler = state["server"], state["sampler"]
         self.bad_replies = int(state.get("bad-replies", 0))
+        if self.accountant is not None:  # ε goes on from where it was
+            if not isinstance(state.get("dp-accountant"), GaussianAccountant):
+                raise TypeError("a DP run resumes only from a checkpoint with its accountant")
+            self.accountant = state["dp-accountant"]
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
@@ -361,6 +368,33 @@ class FedSubAvgStrategy(RoundStrategy):
                 "weighting=%s, seed=%d",
                 type(self).__name__, self.algorithm, list(self.sparse_keys), self.fraction_train,
                 self.min_train_nodes, self.weighting, self.seed,
+            )
+
+    def check_driver(self, driver: Any) -> None:
+        """Refuse Flower's DP wrappers unless the model is dense (FedAvg on the whole model).
+
+        Flower's ``DifferentialPrivacy*`` wrappers clip each reply as a whole model and add
+        N(0, (σC/K)²) to the aggregated model: FedAvg's sensitivity. With sparse tables
+        (or in cohort mode) neither holds: a node replies with its rows only (the
+        server-side clip subtracts the full model from them), and FedSubAvg multiplies
+        row m's mean update by N/n_m, so one client's clipped update moves a cold row by up
+        to N/n_m·C/K, far beyond the noise. Without ``sparse_keys`` every n_m = N and the
+        strategy is FedAvg (uniform with ``weighting="clients"``), which the wrappers fit.
+
+        Raises
+        ------
+        ValueError
+            If a Flower DP wrapper drives a strategy with sparse tables or in cohort mode.
+        """
+        if is_flower_dp_wrapper(driver) and (self.cohorts_mode or self.sparse_keys):
+            raise ValueError(
+                f"{type(driver).__name__} cannot wrap {type(self).__name__} with sparse "
+                "tables or cohorts: the wrapper clips whole-model replies and calibrates its "
+                "noise to FedAvg's mean (C/K), while a node replies with its rows only and "
+                "the heat correction N/n_m amplifies one client's update on cold rows up to "
+                "N/n_m times; use fsa-dp-noise (cohort mode: the noise goes into the sum, "
+                "and the correction after it is post-processing) or a dense model (no "
+                "sparse_keys), docs/privacy.md"
             )
 
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
@@ -705,11 +739,11 @@ class FedSubAvgStrategy(RoundStrategy):
     def _secure_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
         """Secure aggregation: the full model and the node's users (no index sets)."""
         messages, self._sent, down = [], {}, 0
-        self._dp_t = int(server_round)
         shared = {"1": Array(self.x.astype(np.float64))}  # the same for every node
         if self.dp is not None:
             sampled = sum(int(u.size) for u, _, _ in self._index_sets.values())
             config = ConfigRecord({**dict(config), **dp_config(self.dp, sampled)})
+            self._dp_sampled = sampled
             shared["2"] = Array(self._heat_support())  # where the clients put their noise
         for node_id, (node_users, _, _) in self._index_sets.items():
             record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
@@ -753,9 +787,11 @@ class FedSubAvgStrategy(RoundStrategy):
         users = int_metric(metrics, "num-examples")
         if users != self._sent[SUMMED_SENDER][0]:
             raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
-        if self.dp is not None:  # noise on the whole heat support: that is the union
+        if self.accountant is not None:  # noise on the whole heat support: that is the union
             rows = self._heat_support()
-            self._round_stats.update(dp_round_info(self.dp, self.k, self.n_clients, self._dp_t))
+            arrived = [u for n in self._summed_nodes if n in self._index_sets
+                       for u in self._index_sets[n][0]]  # fmt: skip
+            self._round_stats.update(self.accountant.record(self._dp_sampled, arrived))
         else:
             rows = np.flatnonzero(dense)
         weight = float(metrics["weight-sum"])

@@ -61,9 +61,9 @@ from flower_app.algorithms.appeal import (
 )
 from flower_app.algorithms.gaussian_dp import (
     DP_ALGORITHMS,
+    GaussianAccountant,
     GaussianDP,
     dp_config,
-    dp_round_info,
     q_sum_floor,
 )
 from flower_app.algorithms.maxfl import (
@@ -82,6 +82,7 @@ from flower_app.strategies.base import (
     RoundCallback,
     RoundStrategy,
     int_metric,
+    is_flower_dp_wrapper,
     sample_nodes,
     to_metric_record,
 )
@@ -259,9 +260,12 @@ class AppealStrategy(RoundStrategy):
     dp : GaussianDP, optional
         Client-level DP with distributed Gaussian noise
         (:mod:`flower_app.algorithms.gaussian_dp`; MaxFL and FedAvg, needs
-        ``secure_aggregation``): every sampled client clips, weights and noises its update;
-        each round's row adds ``dp-epsilon`` (the run so far, RDP accountant) at
-        ``dp-delta``, and no training loss. Default None.
+        ``secure_aggregation``): every sampled client clips, weights and noises its update
+        (noise from its node's OS entropy); each round's row adds ``dp-epsilon`` (against
+        the server: the worst client over the rounds it took part in, no amplification),
+        ``dp-epsilon-outsider`` (amplified by sampling) and the noise that arrived
+        (:class:`~flower_app.algorithms.gaussian_dp.GaussianAccountant`, kept in
+        ``self.accountant``), and no training loss. Default None.
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation (:mod:`flower_app.privacy`):
         nodes then reply with sums only (``q-sum``, ``loss-sum``, ``h-sum`` instead of the
@@ -319,6 +323,8 @@ class AppealStrategy(RoundStrategy):
         if dp is not None and server.algorithm not in DP_ALGORITHMS:
             raise ValueError(f"client-level DP is implemented for {DP_ALGORITHMS}")
         self.dp = dp
+        self.accountant = None if dp is None else GaussianAccountant(dp, sampler.n_seen)
+        self._dp_sampled = 0
         if secure_aggregation is not None and server.rule.reports_met:
             raise ValueError(
                 f"{server.algorithm} does not support secure aggregation: its step needs "
@@ -345,18 +351,26 @@ class AppealStrategy(RoundStrategy):
         """The algorithm's name."""
         return self.server.algorithm
 
-    def checkpoint_state(self) -> tuple[AppealServer, ParticipationSampler, PoolCache]:
+    def checkpoint_state(self) -> tuple[Any, ...]:
         """Return the server (w, the algorithm's state), the client sampler and the pool cache.
+
+        With client-level DP the privacy accountant follows (ε must go on from where it was).
 
         Client-side state (ρ_k) is recomputed by the nodes from their data; algorithms that
         keep per-client state across rounds on the nodes (SCAFFOLD's c_i, Per-FedAvg,
         pFedMe) lose it when the nodes restart, so their resumed run may differ.
         """
+        if self.accountant is not None:
+            return self.server, self.sampler, self._pool, self.accountant
         return self.server, self.sampler, self._pool
 
-    def restore_state(self, state: tuple[AppealServer, ParticipationSampler, PoolCache]) -> None:
+    def restore_state(self, state: tuple[Any, ...]) -> None:
         """Continue from a checkpoint (after ``setup``'s discovery)."""
-        server, sampler, pool = state
+        server, sampler, pool = state[:3]
+        if self.accountant is not None:
+            if len(state) < 4 or not isinstance(state[3], GaussianAccountant):
+                raise TypeError("a DP run resumes only from a checkpoint with its accountant")
+            self.accountant = state[3]
         if not isinstance(server, AppealServer) or not isinstance(sampler, ParticipationSampler):
             raise TypeError("a MaxFL checkpoint holds (AppealServer, ParticipationSampler, ...)")
         self.server, self.sampler, self._pool = server, sampler, pool
@@ -461,6 +475,7 @@ class AppealStrategy(RoundStrategy):
         cfg = dict(self.merged_config(raw, server_round, algorithm=self.algorithm))
         if self.dp is not None:
             cfg.update(dp_config(self.dp, int(users.size)))
+            self._dp_sampled = int(users.size)
         payload = ArrayRecord([np.asarray(a) for a in self.server.payload()])
         messages = self._messages(users, payload, cfg, MessageType.TRAIN, server_round, per_user)
         self._bytes_down = payload.count_bytes() * len(messages)
@@ -557,11 +572,13 @@ class AppealStrategy(RoundStrategy):
         for _, (sums, users, q_sum, loss_sum, h_sum) in checked.accepted:
             outcome.sums, outcome.users = sums, users
             outcome.q_sum, outcome.loss_sum, outcome.h_sum = q_sum, loss_sum, h_sum
-        if self.dp is not None:
+        if self.accountant is not None and self.dp is not None:
             if outcome.q_sum is not None:
                 outcome.q_sum = max(outcome.q_sum, q_sum_floor(self.dp))
+            # the clients whose noisy updates are in the sum: those of the surviving nodes
+            arrived = [u for n in self._summed_nodes for u in self._sent.get(n, [])]
             outcome.info.update(
-                dp_round_info(self.dp, int(self._users.size), self.sampler.n_seen, server_round)
+                self.accountant.record(self._dp_sampled, arrived if checked.accepted else [])
             )
         return self._apply_step(server_round, outcome)
 
@@ -848,6 +865,27 @@ class MaxFLStrategy(AppealStrategy):
         self._eval_rng = random.Random(f"evaluate-{self.seed}")
 
     # ------------------------------------------------------------------ setup
+    def check_driver(self, driver: Any) -> None:
+        """Warn when one of Flower's DP wrappers drives MaxFL: its noise is FedAvg's.
+
+        Flower's ``DifferentialPrivacy*`` wrappers add N(0, (σC/K)²) to the aggregated
+        model, calibrated to FedAvg's uniform mean of K clipped updates (sensitivity C/K).
+        MaxFL's step divides Σ q_k Δ_k by Σ q_k + ε: when the other clients' q_k are near
+        0, one client moves the model by up to η_g·C, so the wrapper's σ is not MaxFL's
+        noise multiplier (at worst it is σ/(K·η_g)). The wrappers run and lose no reply;
+        for a guarantee calibrated to MaxFL use cohort mode with client-level DP
+        (``maxfl-dp-noise``, :mod:`flower_app.algorithms.gaussian_dp`).
+        """
+        if is_flower_dp_wrapper(driver):
+            log(
+                WARNING,
+                "%s drives MaxFLStrategy: its noise sigma*C/K is calibrated for FedAvg's "
+                "uniform mean; MaxFL divides by sum(q_k) + eps, so one client can move the "
+                "model by up to server_lr*C and the wrapper's noise multiplier is not "
+                "MaxFL's (docs/privacy.md, 'Flower's DP wrappers')",
+                type(driver).__name__,
+            )
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Cohort mode: discovery; plain mode: keep w and reset the node sampler."""
         if self.cohort_mode:
