@@ -244,7 +244,7 @@ def test_fedsm_randomiser_cannot_be_regenerated_by_a_seed_holder() -> None:
 
 
 def test_fedsm_debiased_counts_are_unbiased_also_when_reports_are_missing() -> None:
-    """Mean of 400 OS-entropy randomisations of the round, debiased with the reporters of
+    """Mean of 200 OS-entropy randomisations of the round, debiased with the reporters of
     the users whose reports arrived (all, or the first half), is within 5 standard errors
     of those users' true sums Σ_i f_i(e | S) for every element."""
     obj, run = _fedsm()
@@ -259,7 +259,7 @@ def test_fedsm_debiased_counts_are_unbiased_also_when_reports_are_missing() -> N
         runs = np.stack([
             debias_counts(dp_entry_counts(upos, elem, gain, arrived, pool, plan, SEED)[0],
                           reporters, plan.dp_lam, plan.dp_bits, plan.dp_flip)
-            for _ in range(400)
+            for _ in range(200)
         ])  # fmt: skip
         se = runs.std(axis=0, ddof=1) / np.sqrt(runs.shape[0])
         assert np.all(np.abs(runs.mean(axis=0) - truth)[pool] <= 5 * se[pool] + 1e-9)
