@@ -18,7 +18,7 @@ From the declarations come:
 from __future__ import annotations
 
 from flower_app.settings.declarations import MATROIDS, SETTINGS
-from flower_app.settings.parse import defaults, describe_family, parse
+from flower_app.settings.parse import defaults, describe_family, parse, problems
 from flower_app.settings.render import markdown_reference, toml_table
 from flower_app.settings.setting import ConfigError, Setting
 
@@ -32,6 +32,7 @@ __all__ = [
     "help_text",
     "markdown_reference",
     "parse",
+    "problems",
     "toml_table",
 ]
 
