@@ -16,13 +16,21 @@ here is shown as Flower or Ray prints it.
 Ray's ``FutureWarning`` about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``
     Not filtered: the ServerApp module opts in to the announced behaviour by setting that
     variable (unless the user set it), which is what the warning asks for.
+
+Repeated errors (:class:`Collapser`): Flower logs an ERROR or WARNING once per message it
+concerns (e.g. ``No query function registered with name '…'`` for every node asked; each
+simulated node in its own process). ``flower-app run`` shows the first one of each kind as
+it comes (numbers and ids aside) and, at the end of the run, one line with how many more
+there were; the full log keeps every one.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 
-__all__ = ["NOISE", "is_noise", "quiet_flower_logs"]
+__all__ = ["NOISE", "Collapser", "is_noise", "quiet_flower_logs"]
 
 #: message fragment -> why it is noise (see the module docstring for where it is silenced)
 NOISE: dict[str, str] = {
@@ -48,3 +56,41 @@ def quiet_flower_logs() -> None:
     logger = logging.getLogger("flwr")
     if not any(isinstance(f, _DropNoise) for f in logger.filters):
         logger.addFilter(_DropNoise())
+
+
+_LEVEL = re.compile(r"\b(ERROR|WARNING)\b")
+_NUMBER = re.compile(r"\d+")
+_COLOR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Collapser:
+    """Show each kind of ERROR or WARNING line once; count the repeats (see the module doc).
+
+    Lines of other levels pass unchanged. Two lines are of one kind when they are equal once
+    colours and numbers (node ids, rounds) are taken out.
+    """
+
+    def __init__(self) -> None:
+        self.repeats: Counter[str] = Counter()
+        self.first: dict[str, str] = {}
+
+    def feed(self, line: str) -> list[str]:
+        """Return what to print for ``line``: the line, or nothing for a repeat."""
+        plain = _COLOR.sub("", line)
+        if not _LEVEL.search(plain[:12]):
+            return [line]
+        kind = _NUMBER.sub("#", plain.strip())
+        if kind in self.first:
+            self.repeats[kind] += 1
+            return []
+        self.first[kind] = plain.strip()
+        return [line]
+
+    def flush(self) -> list[str]:
+        """Return one line per repeated kind: the first one's text and how many more came."""
+        out = [
+            f"flower-app run: {count} more like: {self.first[kind]}\n"
+            for kind, count in self.repeats.items()
+        ]
+        self.repeats.clear()
+        return out

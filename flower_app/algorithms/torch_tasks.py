@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn import functional
 
 from flower_app.datasets.amazon import AmazonCTR
-from flower_app.datasets.sent140 import Sent140
+from flower_app.datasets.sent140 import GLOVE_25D_FILE, Sent140
 from flower_app.models.din import DIN
 from flower_app.models.lstm import SentimentLSTM
 
@@ -57,8 +57,6 @@ __all__ = [
     "sent140_embedding_init",
 ]
 
-#: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
-GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
 #: how the Sent140 LSTM's embedding may start (``fsa-embedding-init``)
 EMBEDDING_INITS = ("random", "glove", "planted")
 

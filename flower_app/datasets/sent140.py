@@ -46,6 +46,8 @@ import numpy as np
 from flower_app.datasets.paths import open_text
 
 __all__ = [
+    "CSV_NAME",
+    "GLOVE_25D_FILE",
     "PAPER_TABLE1",
     "Sent140",
     "Tweet",
@@ -65,6 +67,8 @@ PAPER_TABLE1 = {"clients": 1473, "samples": 79050, "samples-per-client": 54,
 _URL = re.compile(r"https?://\S+|www\.\S+")
 _MENTION = re.compile(r"@\w+")
 _TOKEN = re.compile(r"<url>|<user>|[a-z0-9']+|[^\sa-z0-9']")
+#: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
+GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
 #: Sentiment140's file name (optionally ``.gz``)
 CSV_NAME = "training.1600000.processed.noemoticon.csv"
 _CSV_FORMAT = (
