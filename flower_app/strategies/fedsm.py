@@ -651,6 +651,24 @@ class FedSMStrategy(RoundStrategy):
         )
 
     # ------------------------------------------------------------------ evaluation
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Plain mode with federated evaluation: f_i(∅) from every node before round 1.
+
+        The ``evaluate`` message is otherwise first sent after the last round: a ClientApp
+        without ``@app.evaluate()`` now fails before round 1, not at the end.
+        """
+        if self.cohort_mode or not self.federated_evaluation or not self.nodes:
+            return []
+        content = RecordDict(
+            {"arrays": selected_record([]), "config": self.merged_config(config, 0)}
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            for n in self.nodes
+        ]
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
