@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import open_text
+from flower_app.datasets.paths import json_object, open_text
 
 __all__ = [
     "AmazonCTR",
@@ -89,7 +89,7 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, object_pairs_hook=json_object)
                 rating = Rating(str(obj["reviewerID"]), str(obj["asin"]),
                                 float(obj["overall"]), int(obj["unixReviewTime"]))  # fmt: skip
                 if not rating.user or not rating.item or not 1 <= rating.rating <= 5:
@@ -167,13 +167,15 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, object_pairs_hook=json_object)
             except json.JSONDecodeError:
                 try:
                     obj = ast.literal_eval(line)
                 except (ValueError, SyntaxError):
                     message = "neither JSON nor a Python literal; expected one product per line"
                     raise ValueError(f"{path}, line {line_no}: {message}") from None
+            except ValueError as err:  # a key twice (json_object)
+                raise ValueError(f"{path}, line {line_no}: {err}") from None
             if not isinstance(obj, dict) or "asin" not in obj:
                 raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
                                  "per line")  # fmt: skip

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import open_text
+from flower_app.datasets.paths import json_object, open_text
 
 __all__ = [
     "CSV_NAME",
@@ -156,13 +156,15 @@ def read_leaf_json(path: str | Path, test: bool | None = None) -> Iterator[Tweet
     path = Path(path)
     try:
         with open_text(path, "utf-8") as fh:
-            data = json.load(fh)
+            data = json.load(fh, object_pairs_hook=json_object)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}, line {err.lineno}: not JSON ({err.msg}); expected "
                          f"{_LEAF_FORMAT}") from None  # fmt: skip
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start}); expected "
                          f"{_LEAF_FORMAT}") from None  # fmt: skip
+    except ValueError as err:  # a key twice (json_object)
+        raise ValueError(f"{path}: {err}; expected {_LEAF_FORMAT}") from None
 
     def fail(what: str) -> ValueError:
         return ValueError(f"{path}: {what}; expected {_LEAF_FORMAT}")
