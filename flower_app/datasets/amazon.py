@@ -73,6 +73,16 @@ class Rating:
     time: int
 
 
+def _lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (gzip or not); a decode error names the file."""
+    with open_text(path) as fh:
+        try:
+            yield from fh
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                             "save it as UTF-8") from None  # fmt: skip
+
+
 def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     """Yield the reviews of a JSON-lines file.
 
@@ -84,22 +94,21 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     path = Path(path)
     fields = ("reviewerID", "asin", "overall", "unixReviewTime")
     expected = "JSON lines with " + ", ".join(fields)
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line, object_pairs_hook=json_object)
-                rating = Rating(str(obj["reviewerID"]), str(obj["asin"]),
-                                float(obj["overall"]), int(obj["unixReviewTime"]))  # fmt: skip
-                if not rating.user or not rating.item or not 1 <= rating.rating <= 5:
-                    raise ValueError("empty id or a rating outside 1..5")
-                if float(obj["unixReviewTime"]) != rating.time:
-                    raise ValueError("unixReviewTime is not whole seconds")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
-                                 f"expected {expected}") from None  # fmt: skip
-            yield rating
+    for line_no, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, object_pairs_hook=json_object)
+            rating = Rating(str(obj["reviewerID"]), str(obj["asin"]),
+                            float(obj["overall"]), int(obj["unixReviewTime"]))  # fmt: skip
+            if not rating.user or not rating.item or not 1 <= rating.rating <= 5:
+                raise ValueError("empty id or a rating outside 1..5")
+            if float(obj["unixReviewTime"]) != rating.time:
+                raise ValueError("unixReviewTime is not whole seconds")
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
+                             f"expected {expected}") from None  # fmt: skip
+        yield rating
 
 
 #: header names of the four columns of a ratings CSV (compared lower-case)
@@ -131,25 +140,24 @@ def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
     """
     path = Path(path)
     expected = "CSV lines uid,item,rating,time (rating 1-5, time unix seconds; header optional)"
-    with open_text(path) as fh:
-        reader = csv.reader(fh)
-        for row in reader:
-            line_no = reader.line_num
-            if not row:
-                continue  # an empty line holds no record
-            if line_no == 1 and _is_header(row):
-                continue
-            if len(row) != 4:
-                raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                                 f"{expected}")  # fmt: skip
-            user, item = row[0].strip(), row[1].strip()
-            try:
-                rating, time = float(row[2]), float(row[3])
-            except ValueError:
-                rating = time = float("nan")
-            if not user or not item or not 1 <= rating <= 5 or not time.is_integer():
-                raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}")
-            yield Rating(user, item, rating, int(time))
+    reader = csv.reader(_lines(path))
+    for row in reader:
+        line_no = reader.line_num
+        if not row:
+            continue  # an empty line holds no record
+        if line_no == 1 and _is_header(row):
+            continue
+        if len(row) != 4:
+            raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
+                             f"{expected}")  # fmt: skip
+        user, item = row[0].strip(), row[1].strip()
+        try:
+            rating, time = float(row[2]), float(row[3])
+        except ValueError:
+            rating = time = float("nan")
+        if not user or not item or not 1 <= rating <= 5 or not time.is_integer():
+            raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}")
+        yield Rating(user, item, rating, int(time))
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -162,28 +170,27 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """
     path = Path(path)
     out: dict[str, str] = {}
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
+    for line_no, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, object_pairs_hook=json_object)
+        except json.JSONDecodeError:
             try:
-                obj = json.loads(line, object_pairs_hook=json_object)
-            except json.JSONDecodeError:
-                try:
-                    obj = ast.literal_eval(line)
-                except (ValueError, SyntaxError):
-                    message = "neither JSON nor a Python literal; expected one product per line"
-                    raise ValueError(f"{path}, line {line_no}: {message}") from None
-            except ValueError as err:  # a key twice (json_object)
-                raise ValueError(f"{path}, line {line_no}: {err}") from None
-            if not isinstance(obj, dict) or "asin" not in obj:
-                raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
-                                 "per line")  # fmt: skip
-            cats = obj.get("categories") or []
-            if cats and isinstance(cats[0], list) and cats[0]:
-                out[str(obj["asin"])] = str(cats[0][-1])
-            elif obj.get("category"):
-                out[str(obj["asin"])] = str(obj["category"][-1])
+                obj = ast.literal_eval(line)
+            except (ValueError, SyntaxError):
+                message = "neither JSON nor a Python literal; expected one product per line"
+                raise ValueError(f"{path}, line {line_no}: {message}") from None
+        except ValueError as err:  # a key twice (json_object)
+            raise ValueError(f"{path}, line {line_no}: {err}") from None
+        if not isinstance(obj, dict) or "asin" not in obj:
+            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
+                             "per line")  # fmt: skip
+        cats = obj.get("categories") or []
+        if cats and isinstance(cats[0], list) and cats[0]:
+            out[str(obj["asin"])] = str(cats[0][-1])
+        elif obj.get("category"):
+            out[str(obj["asin"])] = str(obj["category"][-1])
     return out
 
 
