@@ -201,6 +201,7 @@ def test_ports_are_chosen_once_and_never_another_homes(tmp_path) -> None:
         finally:
             os.killpg(own.pid, signal.SIGTERM)
             own.wait(30)
+        assert local_ports(mine) == (adopted, "")  # kept once it stopped (TIME_WAIT is free)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)

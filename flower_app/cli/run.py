@@ -121,7 +121,13 @@ def _superlinks_on(port: int) -> list[int]:
 
 
 def _port_free(port: int) -> bool:
+    """Return whether nothing listens on ``port``.
+
+    A socket of a stopped SuperLink left in TIME_WAIT does not count (SO_REUSEADDR, as the
+    SuperLink itself binds).
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
