@@ -9,6 +9,9 @@ From the declarations come:
   values), used by :meth:`flower_app.config.AppConfig.from_run_config`. A runner reads its
   family's keys validated and typed with ``cfg.get("fsa-lr")``; only checks that involve
   several keys or the data stay in the runner;
+- :func:`problems`: every problem of a run_config, one line each (what ``flower-app run``
+  and ``--check`` print before Flower starts; :mod:`flower_app.settings.overrides` reads the
+  ``--run-config`` strings as ``flwr run`` does and names their syntax errors);
 - :func:`defaults`: key -> default, of one family or all;
 - ``python -m flower_app.settings --toml`` / ``--markdown``: the ``[tool.flwr.app.config]``
   table of ``pyproject.toml`` and ``docs/configuration.md`` (tests check both are in sync);

@@ -176,7 +176,8 @@ class FedSMStrategy(RoundStrategy):
         After the last round, ask every node for f_i(S) (an ``evaluate`` message; the
         ClientApp needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm.
         fedsm_evaluate`); F(S) goes to ``Result.evaluate_metrics_clientapp`` and the last
-        row's ``objective`` (default False).
+        row's ``objective`` (default False). The nodes are asked once before round 1 too,
+        for f_i(∅), so that a ClientApp without the handler fails then, not after the run.
     cohorts : bool, optional
         Cohort mode (default False: plain mode).
     n_users : int, optional
