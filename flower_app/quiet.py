@@ -17,11 +17,13 @@ Ray's ``FutureWarning`` about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``
     Not filtered: the ServerApp module opts in to the announced behaviour by setting that
     variable (unless the user set it), which is what the warning asks for.
 
-Repeated errors (:class:`Collapser`): Flower logs an ERROR or WARNING once per message it
-concerns (e.g. ``No query function registered with name '…'`` for every node asked; each
-simulated node in its own process). ``flower-app run`` shows the first one of each kind as
-it comes (numbers and ids aside) and, at the end of the run, one line with how many more
-there were; the full log keeps every one.
+Repeated errors: Flower logs an ERROR or WARNING once per message it concerns (e.g.
+``No query function registered with name '…'`` and its traceback for every node asked).
+In each process that imports this app's ServerApp or ClientApp (a plain ``flwr run``
+included), :func:`quiet_flower_logs` lets the first of each kind through (numbers and ids
+aside) and then only the 10th, 100th, ... with the count so far. ``flower-app run``
+(:class:`Collapser`) shows the first one of each kind of its stream and, at the end of the
+run, one line with how many more there were; its full log keeps every one.
 """
 
 from __future__ import annotations
@@ -51,11 +53,38 @@ class _DropNoise(logging.Filter):
         return not is_noise(record.getMessage())
 
 
+class _CollapseRepeats(logging.Filter):
+    """Pass the first WARNING/ERROR of each kind, then the 10th, 100th, ... with a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        kind = _NUMBER.sub("#", record.getMessage()[:300])
+        self.seen[kind] += 1
+        count = self.seen[kind]
+        if count == 1:
+            return True
+        if str(count).strip("0") != "1":  # 10, 100, 1000, ...
+            return False
+        record.msg, record.args = f"{record.getMessage()} [the {count}th of these]", None
+        return True
+
+
 def quiet_flower_logs() -> None:
-    """Drop :data:`NOISE` messages from the ``flwr`` logger of this process (idempotent)."""
+    """Drop :data:`NOISE` and collapse repeats on the ``flwr`` logger of this process.
+
+    Idempotent. Repeated WARNINGs and ERRORs (the same text but for numbers) pass once,
+    then only the 10th, 100th, ... with their count.
+    """
     logger = logging.getLogger("flwr")
     if not any(isinstance(f, _DropNoise) for f in logger.filters):
         logger.addFilter(_DropNoise())
+    if not any(isinstance(f, _CollapseRepeats) for f in logger.filters):
+        logger.addFilter(_CollapseRepeats())
 
 
 _LEVEL = re.compile(r"\b(ERROR|WARNING)\b")

@@ -238,3 +238,25 @@ def test_two_homes_run_at_once_each_on_its_own_superlink(tmp_path) -> None:
         while any(local_superlink_pids(h.resolve()) for h in homes):
             assert time.monotonic() < deadline
             time.sleep(0.2)
+
+
+def test_the_flwr_logger_lets_a_repeated_error_through_once_then_by_powers_of_ten() -> None:
+    import logging
+
+    from flower_app.quiet import _CollapseRepeats
+
+    logger = logging.getLogger("flwr-test-collapse")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    logger.addFilter(_CollapseRepeats())
+    for node in range(120):
+        logger.error("No query function registered with name 'x' (node %d)", node)
+        logger.info("[ROUND %d]", node)
+    errors = [s for s in seen if "No query" in s]
+    assert len(errors) == 3  # the 1st, 10th and 100th
+    assert errors[1].endswith("[the 10th of these]") and errors[2].endswith("[the 100th of these]")
+    assert sum("[ROUND" in s for s in seen) == 120
