@@ -253,10 +253,18 @@ def test_the_flwr_logger_lets_a_repeated_error_through_once_then_by_powers_of_te
     handler.emit = lambda record: seen.append(record.getMessage())
     logger.addHandler(handler)
     logger.addFilter(_CollapseRepeats())
+    import flwr
+
+    flwr_file = str(Path(flwr.__file__).parent / "server" / "superlink" / "vce_api.py")
     for node in range(120):
-        logger.error("No query function registered with name 'x' (node %d)", node)
+        for pathname in (flwr_file, __file__):  # Flower's record, and this app's own
+            record = logger.makeRecord(logger.name, logging.ERROR, pathname, 1,
+                                       "No query function registered (node %d)", (node,), None)
+            logger.handle(record)
         logger.info("[ROUND %d]", node)
-    errors = [s for s in seen if "No query" in s]
-    assert len(errors) == 3  # the 1st, 10th and 100th
-    assert errors[1].endswith("[the 10th of these]") and errors[2].endswith("[the 100th of these]")
+    flowers = [s for s in seen if "No query" in s]
+    assert len(flowers) == 3 + 120  # Flower's: the 1st, 10th and 100th; the app's: all
+    collapsed = [s for s in flowers if "[the " in s]
+    assert collapsed == ["No query function registered (node 9) [the 10th of these]",
+                         "No query function registered (node 99) [the 100th of these]"]
     assert sum("[ROUND" in s for s in seen) == 120
