@@ -16,6 +16,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from flower_app.config import AppConfig
+from flower_app.quiet import quiet_flower_logs
 from flower_app.registry import load_runner
 
 __all__ = ["app"]
@@ -25,6 +26,8 @@ __all__ = ["app"]
 # num_gpus=0; opting in to that future behaviour now is what the warning asks for and is
 # what a CPU-only ClientApp wants. A value set by the user wins.
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+quiet_flower_logs()  # e.g. the simulation's error per node without a handler, once
 
 app = ServerApp()
 

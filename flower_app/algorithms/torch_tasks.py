@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn import functional
 
 from flower_app.datasets.amazon import AmazonCTR
-from flower_app.datasets.sent140 import Sent140
+from flower_app.datasets.sent140 import GLOVE_25D_FILE, Sent140
 from flower_app.models.din import DIN
 from flower_app.models.lstm import SentimentLSTM
 
@@ -57,8 +57,6 @@ __all__ = [
     "sent140_embedding_init",
 ]
 
-#: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
-GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
 #: how the Sent140 LSTM's embedding may start (``fsa-embedding-init``)
 EMBEDDING_INITS = ("random", "glove", "planted")
 
@@ -321,15 +319,6 @@ class AmazonTask(TorchSubmodelTask):
 TORCH_DATASETS = ("sent140", "synthetic-sent140", "amazon", "synthetic-amazon")
 
 
-def _find(folder: Path, names: tuple[str, ...], what: str) -> Path:
-    """Return the first file in ``folder`` matching one of the glob ``names``."""
-    for name in names:
-        found = sorted(folder.glob(name))
-        if found:
-            return found[0]
-    raise FileNotFoundError(f"{what}: none of {list(names)} in {folder}")
-
-
 def sent140_embedding_init(data: Sent140, how: str, data_dir: str = "") -> np.ndarray | None:
     """Return the pre-trained rows ``fsa-embedding-init`` asks for (None for ``random``).
 
@@ -401,9 +390,11 @@ def load_torch_task(
     ----------
     dataset : str
         ``sent140`` reads ``data_dir/sent140/`` (Sentiment140's
-        ``training.1600000.processed.noemoticon.csv[.gz]`` or LEAF's ``*.json[.gz]``);
-        ``amazon`` reads ``data_dir/amazon/`` (``rating_only.csv[.gz]`` or
-        ``reviews_Electronics_5.json[.gz]``, + ``meta_Electronics.json[.gz]`` if present);
+        ``training.1600000.processed.noemoticon.csv[.gz]`` or LEAF's JSON files:
+        :func:`~flower_app.datasets.sent140.find_sent140_files`); ``amazon`` reads
+        ``data_dir/amazon/`` (``rating_only.csv``, ``ratings_Electronics.csv`` or
+        ``reviews_Electronics_5.json``, + ``meta_Electronics.json`` if present:
+        :func:`~flower_app.datasets.amazon.find_amazon_files`);
         the ``synthetic-*`` stand-ins need no files.
     data_dir : str, optional
         Folder holding ``sent140/`` or ``amazon/``.
@@ -447,19 +438,12 @@ def load_torch_task(
         return AmazonTask(data, eval_seed=data_seed)
     root = Path(data_dir).expanduser()
     if dataset == "sent140":
-        path = _find(root / "sent140", ("training.1600000.processed.noemoticon.csv*",
-                                        "*.json", "*.json.gz"), "sent140")  # fmt: skip
-        data = sent140.load_sent140(path, split_seed=data_seed)
+        data = sent140.load_sent140(root / "sent140", split_seed=data_seed)
         init = sent140_embedding_init(data, embedding_init, data_dir)
         return Sent140Task(data, eval_seed=data_seed, embedding_init=init)
     if dataset == "amazon":
-        folder = root / "amazon"
-        path = _find(folder, ("rating_only.csv*", "reviews_Electronics_5.json*"), "amazon")
-        read = (
-            amazon.read_rating_only_csv if "rating_only" in path.name else amazon.read_reviews_json
-        )
-        meta = sorted(folder.glob("meta_Electronics.json*"))
-        categories = amazon.read_metadata(meta[0]) if meta else None
-        return AmazonTask(amazon.build_amazon(read(path), categories=categories),
+        files = amazon.find_amazon_files(root / "amazon")
+        categories = amazon.read_metadata(files.meta) if files.meta else None
+        return AmazonTask(amazon.build_amazon(files.read(), categories=categories),
                           eval_seed=data_seed)  # fmt: skip
     raise ValueError(f"dataset {dataset!r} is not a torch task: choose one of {TORCH_DATASETS}")

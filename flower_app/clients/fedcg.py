@@ -71,6 +71,7 @@ __all__ = [
     "answer_histogram",
     "answer_importance",
     "default_user_id",
+    "fedcg_evaluate",
     "fedcg_reply",
 ]
 
@@ -387,12 +388,53 @@ def fedcg_reply(
     return _ANSWERS[action](msg, context, utility, user_id=user_id)
 
 
+def utility_value(utility: Utility, selected: Iterable[int]) -> float:
+    """Return f_i(S): exact for a score table or coverage, else by the chain of its gains."""
+    chosen = [int(e) for e in selected]
+    value = getattr(utility, "value", None)
+    if callable(value):
+        return float(value(chosen))
+    total = 0.0
+    for k, e in enumerate(chosen):
+        total += float(utility.gains(np.asarray(chosen[:k], dtype=np.int64))[e])
+    return total
+
+
+def fedcg_evaluate(msg: Message, context: Context, utility: Utility) -> Message:
+    """Answer FedCG's ``evaluate`` message with f_i(S) (``metrics`` ``objective``).
+
+    Parameters
+    ----------
+    msg : Message
+        ``arrays`` ``selected`` int64: the set S (the final rounding, or ∅ before round 1).
+    context : Context
+        The node's context (unused).
+    utility : Utility
+        The client's f_i.
+
+    Returns
+    -------
+    Message
+        ``metrics``: ``objective`` f_i(S), ``num-examples`` = 1.
+    """
+    m = int(utility.n_elements)
+    record = msg.content.array_records.get("arrays", ArrayRecord())
+    selected = _int_array(record, "selected", m) if "selected" in record else np.zeros(0, int)
+    metrics = MetricRecord({"objective": utility_value(utility, selected), "num-examples": 1})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
 def add_fedcg_handlers(
     app: ClientApp,
     utility_fn: Callable[[Context], Utility],
     user_id_fn: Callable[[Context], int] | None = None,
+    evaluate: bool = True,
 ) -> ClientApp:
     """Register ``@app.train("direction" | "histogram" | "importance" | "discrete")``.
+
+    With ``evaluate`` (default) also ``@app.evaluate()`` answering f_i(S) of the final set
+    (:func:`fedcg_evaluate`; ``FedCGStrategy(federated_evaluation=True)``, its default),
+    unless the app already has an ``@app.evaluate()`` handler.
 
     Parameters
     ----------
@@ -403,6 +445,9 @@ def add_fedcg_handlers(
     user_id_fn : callable, optional
         ``user_id_fn(context) -> int``: a stable id seeding the client's randomness
         (default :func:`default_user_id`).
+    evaluate : bool, optional
+        Also register ``@app.evaluate()`` with :func:`fedcg_evaluate` (default True; kept
+        off when the app has its own).
 
     Returns
     -------
@@ -417,4 +462,10 @@ def add_fedcg_handlers(
 
         handler.__name__ = f"fedcg_{action}"
         app.train(action)(handler)
+    if evaluate and "evaluate.default" not in getattr(app, "_registered_funcs", {}):
+
+        def evaluate_handler(msg: Message, context: Context) -> Message:
+            return fedcg_evaluate(msg, context, utility_fn(context))
+
+        app.evaluate()(evaluate_handler)
     return app

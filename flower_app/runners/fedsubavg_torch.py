@@ -73,6 +73,7 @@ def run_torch_strategy(
         fraction_train=k / task.n_clients,
         min_train_nodes=k,
         min_available_nodes=task.n_clients,
+        fraction_evaluate=0.0,  # the task is evaluated on the server (evaluate_fn below)
         weighting=spec.weighting,
         seed=spec.seed,
         algorithm=spec.algorithm,

@@ -28,7 +28,9 @@ Loud failures: a round in which *every* reply was rejected raises
 :class:`AllRepliesRejectedError` carrying the first rejection's reason; a round in which fewer
 than ``min_reply_fraction`` of the clients asked were answered for raises
 :class:`TooFewRepliesError`; a node whose ClientApp has no handler for a message raises
-:class:`MissingHandlerError` naming the decorator to add, as soon as its reply arrives.
+:class:`MissingHandlerError` naming the decorator to add, as soon as its reply arrives, and
+before round 1 for the handlers a run needs only later (``probe_messages``: e.g. MaxFL's
+``@app.evaluate("appeal")``, first used after the mandatory rounds).
 
 Node failures (deployment): a node that dies mid-run gets an error reply *from the SuperLink*
 ("node unavailable", after the round timeout or Flower's offline detection); the loop
@@ -674,6 +676,32 @@ class RoundStrategy(Strategy):
     def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
         """Exchange what must precede the round's sampling (default: nothing)."""
 
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Return requests for the handlers the run needs only after round 1 (default none).
+
+        Sent once before round 1, after ``setup``. Each is a real request of its kind (e.g.
+        MaxFL's opt-in test of the initial model), so a ClientApp answers it as it will
+        later; the replies are discarded. A node without the handler stops the run there
+        with :class:`MissingHandlerError` naming the decorator to add.
+        """
+        return []
+
+    def _probe_handlers(self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord) -> None:
+        messages = list(self.probe_messages(grid, arrays, config))
+        if not messages:
+            return
+        kinds = sorted({m.metadata.message_type for m in messages})
+        for reply in self.send(grid, messages, timeout=min(self._timeout, 600.0)):
+            hint = None
+            if reply.has_error():
+                hint = handler_hint(str(reply.error.reason), reply.metadata.message_type)
+            if hint is not None:
+                src = self._sent_ids.get(reply.metadata.reply_to_message_id)
+                raise MissingHandlerError(f"before round 1: node {src}: {hint}")
+        log(INFO, "before round 1: the nodes answer %s", ", ".join(kinds))
+
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Check one train reply and return its decoded content (raise to reject it)."""
         raise NotImplementedError
@@ -1074,6 +1102,7 @@ class RoundStrategy(Strategy):
         self._t0 = time.perf_counter()
         total = int(self.setup(grid, arrays, int(num_rounds)))
         arrays = self.initial_state(arrays)
+        self._probe_handlers(grid, arrays, evaluate_config)
         result = Result()
         first = 1
         if self._resume is not None:

@@ -46,9 +46,18 @@ message type           request                         reply
 (discrete, each        config ``seed``, ``kappa``      int32 + ``"values"`` int64: Σ Δ_i in
 round)                 [#m]_                           2^-20 units; metrics ``participants``,
                                                        ``num-examples``, ``n-elements``
+``evaluate``           ``"selected"`` int64 S (the     metrics ``objective`` (f_i(S), float
+(FedCG plain, after    final rounding; ∅ once before   ≥ 0), ``num-examples`` (1)
+round T [#e]_)         round 1); config: the user's
+                       ``evaluate_config`` +
+                       ``server-round``
 =====================  ==============================  ======================================
 
 .. [#x] shape (0,) = the zero vector while the server does not know m yet (round 1).
+.. [#e] with ``federated_evaluation=True`` (the default, as ``FedAvg`` evaluates by default):
+   F(S) = mean f_i(S) over the nodes goes to ``Result.evaluate_metrics_clientapp[T]``
+   (``objective``, ``nodes``) and the last round's row; the ClientApp answers with
+   :func:`~flower_app.clients.fedcg.fedcg_evaluate` (``add_fedcg_handlers`` registers it).
 .. [#m] plain mode: config ``matroid-k`` (rank of the uniform matroid; 0 for a partition
    matroid) and, for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
    ``"matroid-capacities"`` int64 (G,).
@@ -72,7 +81,9 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Message,
+    MessageType,
     MetricRecord,
+    RecordDict,
 )
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -164,6 +175,13 @@ class FedCGStrategy(RoundStrategy):
         (e.g. the mean F̂(x)); the algorithm never uses it.
     evaluate_every : int, optional
         Call ``objective_fn`` every this many rounds and after the last (default 1).
+    federated_evaluation : bool, optional
+        Plain mode: after round T, ask every node for f_i(S) of the final set (an
+        ``evaluate`` message); F(S), their mean, is ``Result.evaluate_metrics_clientapp[T]
+        ["objective"]``, as ``FedAvg``'s Result carries its evaluation (default True; the
+        ClientApp needs ``@app.evaluate()``, which :func:`~flower_app.clients.fedcg.
+        add_fedcg_handlers` registers, and is asked once before round 1 with S = ∅ so that a
+        missing handler stops the run there).
     discovery_timeout : float, optional
         Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
     on_round : callable, optional
@@ -213,6 +231,7 @@ class FedCGStrategy(RoundStrategy):
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
+        federated_evaluation: bool = True,
     ) -> None:
         super().__init__(
             on_round=on_round,
@@ -248,6 +267,7 @@ class FedCGStrategy(RoundStrategy):
         self.min_available_nodes = int(min_available_nodes)
         self.objective_fn = objective_fn
         self.evaluate_every = max(1, int(evaluate_every))
+        self.federated_evaluation = bool(federated_evaluation) and not self.cohort_mode
         self.discovery_timeout = float(discovery_timeout)
         self.cohorts: CohortMap | None = None
         self.selected: list[int] | None = None
@@ -546,6 +566,61 @@ class FedCGStrategy(RoundStrategy):
             self.selected = server.round_solution()
         chosen = self.selected if server.done else greedy_rounding(server.x, server.matroid)
         return named_record(x=server.x.copy(), selected=np.asarray(chosen, dtype=np.int64))
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate_messages(
+        self, grid: Grid, selected: np.ndarray, config: ConfigRecord, server_round: int
+    ) -> list[Message]:
+        content = RecordDict(
+            {
+                "arrays": named_record(selected=np.asarray(selected, dtype=np.int64)),
+                "config": self.merged_config(config, server_round),
+            }
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
+                    group_id=f"evaluate-{server_round}")
+            for n in sorted(int(n) for n in grid.get_node_ids())
+        ]  # fmt: skip
+
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """With federated evaluation: f_i(∅) from every node, so a missing handler fails now."""
+        if not self.federated_evaluation or self._rounds < 1:
+            return []
+        return self._evaluate_messages(grid, np.zeros(0, np.int64), config, 0)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Plain mode, after round T: ask every node for f_i(S) of the final set."""
+        server = self.server
+        if not self.federated_evaluation or server is None or not server.done:
+            return []
+        if "selected" in arrays:
+            selected = arrays["selected"].numpy()
+        else:
+            selected = self._arrays()["selected"].numpy()
+        return self._evaluate_messages(grid, selected, config, server_round)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Return F(S) = mean f_i(S) over the nodes that answered (and how many did)."""
+
+        def decode(src: int, reply: Message) -> float:
+            value = float(reply.content.metric_records["metrics"]["objective"])
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"objective = {value}: expected a finite f_i(S) >= 0")
+            return value
+
+        checked = self.check(replies, decode, f"round {server_round} (evaluate)",
+                             all_rejected_fails=False)  # fmt: skip
+        if not checked.accepted:
+            return None
+        values = [v for _, v in checked.accepted]
+        return MetricRecord({"objective": float(np.mean(values)), "nodes": len(values)})
 
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return ``{"x", "selected"}`` of the run (the last round already rounded x)."""

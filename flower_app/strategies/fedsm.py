@@ -178,7 +178,8 @@ class FedSMStrategy(RoundStrategy):
         After the last round, ask every node for f_i(S) (an ``evaluate`` message; the
         ClientApp needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm.
         fedsm_evaluate`); F(S) goes to ``Result.evaluate_metrics_clientapp`` and the last
-        row's ``objective`` (default False).
+        row's ``objective`` (default False). The nodes are asked once before round 1 too,
+        for f_i(∅), so that a ClientApp without the handler fails then, not after the run.
     cohorts : bool, optional
         Cohort mode (default False: plain mode).
     n_users : int, optional
@@ -664,6 +665,24 @@ class FedSMStrategy(RoundStrategy):
         )
 
     # ------------------------------------------------------------------ evaluation
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Plain mode with federated evaluation: f_i(∅) from every node before round 1.
+
+        The ``evaluate`` message is otherwise first sent after the last round: a ClientApp
+        without ``@app.evaluate()`` now fails before round 1, not at the end.
+        """
+        if self.cohort_mode or not self.federated_evaluation or not self.nodes:
+            return []
+        content = RecordDict(
+            {"arrays": selected_record([]), "config": self.merged_config(config, 0)}
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            for n in self.nodes
+        ]
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

@@ -137,8 +137,9 @@ class FedSubAvgStrategy(RoundStrategy):
         Plain mode: nodes to wait for before the counting query (default 2).
     fraction_evaluate : float, optional
         Plain mode: fraction of nodes sent the *full* model in an ``evaluate`` message after
-        each round, as Flower's ``FedAvg`` does (default 0.0: none; the full model download
-        is what submodels avoid, prefer ``evaluate_fn``).
+        each round (default 1.0, as Flower's ``FedAvg``: the one-line swap keeps the
+        federated evaluation; 0.0 turns it off, e.g. with an ``evaluate_fn``, since the full
+        model download is what submodels avoid).
     min_evaluate_nodes : int, optional
         Plain mode: least nodes evaluated when ``fraction_evaluate > 0`` (default 2).
     weighting : str, optional
@@ -230,7 +231,7 @@ class FedSubAvgStrategy(RoundStrategy):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
-        fraction_evaluate: float = 0.0,
+        fraction_evaluate: float = 1.0,
         min_evaluate_nodes: int = 2,
         weighting: str = "clients",
         seed: int = 0,

@@ -99,6 +99,28 @@ __all__ = [
 #: train-config keys that hold one value per sampled client (sliced per node)
 PER_USER_KEYS = tuple(sorted({r.share_key for r in RULES.values() if r.share_key}))
 
+#: plain mode's round diagnostics in ``train_metrics_clientapp`` (the app's own train
+#: metrics pass through beside them; one of these names in a reply is not passed through)
+DIAGNOSTICS = frozenset(
+    {"pool-size", "sampled", "nodes", "num-examples", "q-mean", "q-sum", "server-step",
+     "received-loss", "appeal", "bad-replies"}
+)  # fmt: skip
+
+
+def _own_means(decoded: list[tuple], taken: set[str]) -> dict[str, float]:
+    """Average the app's own train metrics over the replies, weighted by ``num-examples``.
+
+    As Flower's ``FedAvg`` does (its ``aggregate_metricrecords``): a metric every accepted
+    reply carries; keys the strategy itself reports are left out.
+    """
+    owns = [own for *_, own in decoded]
+    weights = np.array([n for *_, n, _ in decoded], dtype=np.float64)
+    if not owns or weights.sum() <= 0:
+        return {}
+    keys = [k for k in owns[0] if k not in taken and all(k in o for o in owns)]
+    return {k: float(np.dot(weights, [o[k] for o in owns]) / weights.sum()) for k in keys}
+
+
 #: the opt-in request of plain mode: a ClientApp answers it with ``@app.evaluate("appeal")``
 APPEAL_MESSAGE = f"{MessageType.EVALUATE}.appeal"
 #: cohort mode's metric sums over a node's clients: a node answers ``@app.evaluate("metrics")``
@@ -743,7 +765,9 @@ class MaxFLStrategy(AppealStrategy):
                                                                   ``train-loss`` (float: F_k(w),
                                                                   the *received* model's loss on
                                                                   the local training data),
-                                                                  ``rho`` (float: ρ_k), others kept
+                                                                  ``rho`` (float: ρ_k); the app's
+                                                                  own numbers are averaged into
+                                                                  the Result as ``FedAvg`` does
     plain   evaluate.appeal  ``arrays``: w; ``config``:           ``metrics``: ``train-loss``
                              ``server-round``. To every node      (F_k(w)), ``rho`` (ρ_k); the node
                              each round after                     is in the pool if F_k(w) < ρ_k
@@ -777,16 +801,19 @@ class MaxFLStrategy(AppealStrategy):
 
     Plain mode's client helpers: :mod:`flower_app.clients.maxfl` (``ensure_rho``,
     ``maxfl_metrics``, ``appeal_reply``). A train reply without these records or keys, with
-    other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is
-    logged, counted in ``bad-replies`` and left out; a round in which all are left out
-    raises :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A node without an
+    other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is logged,
+    counted in ``bad-replies`` and left out; a round in which all are left out raises
+    :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A node without an
     ``@app.evaluate("appeal")`` handler raises
-    :class:`~flower_app.strategies.base.MissingHandlerError` naming it. Non-floating
-    arrays (e.g. BatchNorm's ``num_batches_tracked``) are taken from the accepted reply
-    with the most examples. Each round's ``train_metrics_clientapp`` holds ``pool-size``,
+    :class:`~flower_app.strategies.base.MissingHandlerError` naming it before round 1 (flexible
+    participation sends every node the opt-in test of the initial model first). Non-floating
+    arrays (e.g. BatchNorm's ``num_batches_tracked``) are taken from the accepted reply with
+    the most examples. Each round's ``train_metrics_clientapp`` holds ``pool-size``,
     ``sampled``, ``nodes``, ``num-examples``, ``q-mean``, ``q-sum``, ``server-step``,
-    ``train-loss`` (mean F_k(w)), ``appeal`` (fraction of trained nodes with
-    F_k(w) < ρ_k) and ``bad-replies``.
+    ``received-loss`` (mean F_k(w): the loss of the model the nodes *received*, before their
+    training), ``appeal`` (fraction of trained nodes with F_k(w) < ρ_k) and ``bad-replies``;
+    beside them, the app's own train metrics (e.g. ``train_loss`` after training), averaged
+    weighted by ``num-examples`` as ``FedAvg`` does.
     """
 
     def __init__(
@@ -936,15 +963,31 @@ class MaxFLStrategy(AppealStrategy):
         self._pool_size = len(pool)
         self._empty_pool_warned = warn_empty_pool(self._empty_pool_warned, len(pool))
 
-    def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
-        """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Plain flexible mode: the opt-in test of the initial model, to every node.
+
+        ``evaluate.appeal`` is first needed after ``mandatory_rounds``; asking it before
+        round 1 (a real request; the answers are not used) makes a ClientApp without
+        ``@app.evaluate("appeal")`` fail then, not after the mandatory rounds.
+        """
+        if self.cohort_mode or not self.flexible:
+            return []
+        everyone = sample_nodes(
+            grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
+            self._timeout,
+        )  # fmt: skip
+        return self._appeal_messages(0, everyone)
+
+    def _appeal_messages(self, server_round: int, nodes: list[int]) -> list[Message]:
         content = RecordDict(
             {
                 "arrays": self._record(self._global),
                 "config": ConfigRecord({"server-round": int(server_round)}),
             }
         )
-        messages = [
+        return [
             Message(
                 content,
                 dst_node_id=int(n),
@@ -953,6 +996,10 @@ class MaxFLStrategy(AppealStrategy):
             )
             for n in nodes
         ]
+
+    def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
+        """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
+        messages = self._appeal_messages(server_round, nodes)
 
         def decode(src: int, reply: Message) -> bool:
             metrics = _metrics_of(reply)
@@ -1041,7 +1088,12 @@ class MaxFLStrategy(AppealStrategy):
             raise ValueError(f"metrics need 'num-examples' >= 0, got {n!r}")
         loss = _finite(metrics, self.train_loss_key)
         rho = _finite(metrics, self.rho_key)
-        return arrays, loss, rho, n
+        own = {
+            k: v for k, v in metrics.items()
+            if k not in (self.train_loss_key, self.rho_key, "num-examples")
+            and isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
+        }  # fmt: skip
+        return arrays, loss, rho, n, own
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -1060,12 +1112,12 @@ class MaxFLStrategy(AppealStrategy):
             return None, to_metric_record({**row, "nodes": 0, "server-step": 0.0})
         if checked.accepted[0][0] == SUMMED_SENDER:
             return self._step_summed(row, checked.accepted[0][1])
-        losses = np.array([loss for _, (_, loss, _, _) in checked.accepted])
-        rhos = np.array([rho for _, (_, _, rho, _) in checked.accepted])
+        losses = np.array([loss for _, (_, loss, _, _, _) in checked.accepted])
+        rhos = np.array([rho for _, (_, _, rho, _, _) in checked.accepted])
         qs = aggregation_weight(losses, rhos)
         floats = [k for k, w in self._global.items() if w.dtype.kind == "f"]
         sums = [np.zeros(self._global[k].shape, np.float64) for k in floats]
-        for q, (_, (arrays, _, _, _)) in zip(qs, checked.accepted, strict=True):
+        for q, (_, (arrays, _, _, _, _)) in zip(qs, checked.accepted, strict=True):
             for s, k in zip(sums, floats, strict=True):
                 s += q * (self._global[k].astype(np.float64) - arrays[k].astype(np.float64))
         q_sum = float(np.sum(qs))
@@ -1075,14 +1127,15 @@ class MaxFLStrategy(AppealStrategy):
         new = dict(zip(floats, stepped, strict=True))
         largest = max(checked.accepted, key=lambda r: r[1][3])[1][0]
         self._global = {k: new[k] if k in new else largest[k] for k in self._global}
+        row.update(_own_means([r for _, r in checked.accepted], set(row) | DIAGNOSTICS))
         row.update(
             {
                 "nodes": len(checked.accepted),
-                "num-examples": int(sum(n for _, (_, _, _, n) in checked.accepted)),
+                "num-examples": int(sum(n for _, (_, _, _, n, _) in checked.accepted)),
                 "q-mean": float(np.mean(qs)),
                 "q-sum": q_sum,
                 "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
-                "train-loss": float(np.mean(losses)),
+                "received-loss": float(np.mean(losses)),
                 "appeal": float(np.mean(losses < rhos)),
             }
         )
@@ -1106,7 +1159,7 @@ class MaxFLStrategy(AppealStrategy):
                 "q-mean": q_sum / max(nodes, 1),
                 "q-sum": q_sum,
                 "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
-                "train-loss": loss_sum / max(nodes, 1),
+                "received-loss": loss_sum / max(nodes, 1),
                 "appeal": appeal / max(nodes, 1),
             }
         )
@@ -1166,7 +1219,7 @@ class MaxFLStrategy(AppealStrategy):
             return super().round_summary(row)
         return (
             f"pool={row.get('pool-size', '-')} nodes={row.get('nodes', '-')}"
-            f" q̄={_fmt(row.get('q-mean'))} F_k(w)={_fmt(row.get('train-loss'))}"
+            f" q̄={_fmt(row.get('q-mean'))} F_k(w)={_fmt(row.get('received-loss'))}"
             f" appeal={_fmt(row.get('appeal'))}"
         )
 
