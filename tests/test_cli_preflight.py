@@ -37,7 +37,9 @@ BIN = Path(sys.executable).parent
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PORT_ENV}
-    return {**env, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0"}
+    # this environment's flower-superlink starts flower-superexec by name: BIN on PATH
+    path = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, "PATH": path, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0"}
 
 
 def _cli(args: list[str], home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
