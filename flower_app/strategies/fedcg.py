@@ -12,7 +12,7 @@ Two client modes:
 
 *plain* (the default)
     one node is one client i with its own utility f_i (its ClientApp uses the helpers of
-    :mod:`flower_app.clients.fedcg`); nodes are sampled from ``grid.get_node_ids()``
+    ``flower_app.clients.fedcg``); nodes are sampled from ``grid.get_node_ids()``
     like Flower's ``FedAvg``; the ground-set size m comes from the replies (metric
     ``n-elements``; the most common value among the first round's replies is taken and
     replies with another m are left out), or from ``initial_arrays["x"]`` / ``groups``.
@@ -118,8 +118,9 @@ class FedCGStrategy(RoundStrategy):
     continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
     matroid) and replies with the sum of its τ vertices; the server sets
     x ← x + η Σ c_i Δ_i / Σ c_i. After round T, x is rounded without the objective
-    (Remark 4.4). T is ``num_rounds`` of :meth:`start` (cohort mode: the server's T).
-    Message contract: the table of :mod:`flower_app.strategies.fedcg`.
+    (Remark 4.4). T is ``num_rounds`` of :meth:`~flower_app.strategies.RoundStrategy.start`
+    (cohort mode: the server's T). Message contract: the table of
+    :mod:`flower_app.strategies.fedcg`.
 
     Parameters
     ----------
@@ -129,7 +130,8 @@ class FedCGStrategy(RoundStrategy):
     groups : sequence of int, optional
         Block of every element (length m): a partition matroid (m is then known).
     capacities : int, sequence or mapping, optional
-        Block capacities of the partition matroid (see :func:`build_matroid`).
+        Block capacities of the partition matroid (see
+        ``flower_app.strategies.submodular_records.build_matroid``).
     eta : float, optional
         Server step η with η·T ≤ 1; 0 (default) means 1/T.
     local_steps : int, optional
