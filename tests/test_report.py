@@ -15,7 +15,7 @@ import time
 import pytest
 from matplotlib.colors import to_hex
 
-from flower_app.cli.report import draw_figures, load_run, run_colors, write_report
+from flower_app.cli.report import draw_figures, load_run, run_colors, run_styles, write_report
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.results import RunWriter, run_session
@@ -98,21 +98,34 @@ def test_fedcg_beside_fedsm_is_in_every_panel_it_has_and_in_every_legend(runs) -
     assert any("not in this figure" in t and "fedcg (fedcg)" in t for t in texts)
 
 
-def test_a_run_has_one_colour_in_every_png(runs) -> None:
+def test_a_run_has_one_colour_and_style_in_every_png(runs) -> None:
     loaded = _loaded(runs, "fedsm", "fedcg", "resumed")
-    colors = run_colors(loaded)
-    seen: dict[str, set[str]] = {}
+    styles = run_styles(loaded)
+    assert len({(s["color"], s["marker"], s["linestyle"]) for s in styles}) == 3
+    seen: dict[str, set[tuple[str, str, str]]] = {}
     for fig in draw_figures(loaded).values():
         for ax in fig.axes:
             for line in ax.get_lines():
-                run = line.get_gid().split("-")[1]
-                seen.setdefault(run, set()).add(to_hex(line.get_color()))
+                run, *final = line.get_gid().split("-")[1:]
+                style = (to_hex(line.get_color()), line.get_marker(), line.get_linestyle())
+                seen.setdefault(run, set()).add(style[:1] if final else style)
         for handle, text in zip(fig.legends[0].legend_handles, fig.legends[0].get_texts(),
                                 strict=True):  # fmt: skip
             for i, run in enumerate(loaded):
                 if text.get_text().startswith(run["name"] + " ("):
-                    assert to_hex(handle.get_color()) == colors[i]
-    assert seen == {str(i): {colors[i]} for i in range(3)}
+                    assert to_hex(handle.get_color()) == styles[i]["color"]
+                    assert handle.get_marker() == styles[i]["marker"]
+    # one (colour, marker, line style) per run over all PNGs; its final star has its colour
+    for i, style in enumerate(styles):
+        lines = {s for s in seen[str(i)] if len(s) == 3}
+        assert lines == {(style["color"], style["marker"], _mpl_linestyle(style["linestyle"]))}
+        assert {s[0] for s in seen[str(i)]} == {style["color"]}
+
+
+def _mpl_linestyle(style: str) -> str:
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], linestyle=style).get_linestyle()
 
 
 def test_rounds_and_counts_are_integers_every_axis_is_labelled_and_bytes_have_units(

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["draw_figures", "load_run", "run_colors", "write_report"]
+__all__ = ["draw_figures", "load_run", "run_colors", "run_styles", "write_report"]
 
 #: headline metrics by round, in panel order: key -> (panel title, y-axis label)
 QUALITY = {
@@ -183,6 +183,36 @@ def run_colors(runs: Sequence[dict[str, Any]]) -> list[str]:
     return [to_hex(cmap(i % cmap.N)) for i in range(len(runs))]
 
 
+#: per-run marker and line style (by position, with the colour), so that runs whose curves
+#: coincide (e.g. two runs with the same users per round) stay distinguishable
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+_LINES = ("-", "--", "-.", ":")
+
+
+def run_styles(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return each run's ``color``, ``marker``, ``linestyle`` and sizes, the same in every figure.
+
+    Earlier runs are drawn with larger markers and wider lines, so a later run drawn on top of
+    the same values (e.g. the same users per round) leaves the earlier one visible around it.
+
+    Parameters
+    ----------
+    runs : sequence of dict
+        Loaded runs (:func:`load_run`), in the order given on the command line.
+
+    Returns
+    -------
+    list of dict
+        Matplotlib keyword arguments per run.
+    """
+    return [
+        {"color": color, "marker": _MARKERS[i % len(_MARKERS)],
+         "linestyle": _LINES[(i // len(_MARKERS) + i) % len(_LINES)],
+         "markersize": max(3.0, 7.0 - 1.5 * i), "linewidth": max(1.0, 2.6 - 0.6 * i)}
+        for i, color in enumerate(run_colors(runs))
+    ]  # fmt: skip
+
+
 def _numeric(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -224,7 +254,7 @@ def _round_range(runs: list[dict[str, Any]]) -> tuple[float, float]:
 def _draw(
     runs: list[dict[str, Any]],
     labels: list[str],
-    colors: list[str],
+    styles: list[dict[str, str]],
     panels: dict[str, tuple[str, str]],
     title: str,
     kind: str,
@@ -250,14 +280,15 @@ def _draw(
         for i, run in enumerate(runs):
             xs, ys = _series(run, key)
             if xs:
-                marker = ("o" if len(xs) == 1 else ".") if len(xs) <= 60 else None
-                ax.plot(xs, ys, color=colors[i], marker=marker, markersize=5, linewidth=1.4,
-                        gid=f"run-{i}")  # fmt: skip
+                style = dict(styles[i])
+                if len(xs) > 60:  # a long curve: the line alone
+                    style["marker"] = None
+                ax.plot(xs, ys, gid=f"run-{i}", **style)
                 drawn.add(i)
                 top = max(top, *ys)
             final = _final_point(run, key)
             if final is not None:
-                ax.plot([final[0]], [final[1]], color=colors[i], marker="*", markersize=12,
+                ax.plot([final[0]], [final[1]], color=styles[i]["color"], marker="*", markersize=12,
                         linestyle="none", gid=f"run-{i}-final")  # fmt: skip
                 drawn.add(i)
                 finals = True
@@ -277,10 +308,7 @@ def _draw(
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
-    handles = [
-        Line2D([], [], color=colors[i], marker=".", linewidth=1.4, label=labels[i])
-        for i in sorted(drawn)
-    ]
+    handles = [Line2D([], [], label=labels[i], **styles[i]) for i in sorted(drawn)]
     if finals:
         handles.append(
             Line2D(
@@ -293,8 +321,8 @@ def _draw(
                 label="F(S) of the rounded set, after the last round",
             )  # fmt: skip
         )
-    legend_rows = math.ceil(len(handles) / 3)
-    fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), fontsize=8,
+    legend_rows = math.ceil(len(handles) / 4)
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8,
                frameon=False)  # fmt: skip
     missing = [labels[i] for i in range(len(runs)) if i not in drawn]
     if missing:
@@ -318,14 +346,15 @@ def draw_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Figure]:
     -------
     dict
         PNG file name (``quality.png``, ``bytes.png``, ``participants.png``) -> matplotlib
-        ``Figure``, for the figures any run has data for. Run ``i`` has colour
-        ``run_colors(runs)[i]`` and its lines the ``gid`` ``"run-<i>"`` in every figure.
+        ``Figure``, for the figures any run has data for. Run ``i`` has the style
+        ``run_styles(runs)[i]`` (colour, marker, line style) and its lines the ``gid``
+        ``"run-<i>"`` in every figure.
     """
     runs = list(runs)
-    labels, colors = _labels(runs), run_colors(runs)
+    labels, styles = _labels(runs), run_styles(runs)
     out = {}
     for name, (panels, title, kind) in FIGURES.items():
-        fig = _draw(runs, labels, colors, panels, title, kind)
+        fig = _draw(runs, labels, styles, panels, title, kind)
         if fig is not None:
             out[name] = fig
     return out
