@@ -1,7 +1,7 @@
 """FedCGStrategy (FedCG Alg. 1, FedCG+ Alg. 2), and the message contract of the ICML 2024 paper.
 
 The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which lives in
-:mod:`flower_app.strategies.discrete_greedy`.
+``flower_app.strategies.discrete_greedy``.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
 lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
@@ -30,11 +30,11 @@ direction request adds ``"1"`` int64 user ids and ``"2"`` float64 weights c_i.
 =====================  ==============================  ======================================
 message type           request                         reply
 =====================  ==============================  ======================================
-``train.direction``    ``"x"`` float64 (m,) [#x]_;      ``"values"`` float64 (m,), or ``"ids"``
+``train.direction``    ``"x"`` float64 (m,) [#x]_;     ``"values"`` float64 (m,), or ``"ids"``
 (FedCG, each round)    config ``seed``,                int32 + ``"values"`` float64: the sum
                        ``local-steps``, ``gradient``,  of the τ LMO vertices (cohort: τ·Σ c_i
                        ``gradient-samples``,           Δ_i); metrics ``num-examples``,
-                       ``fill-base`` (0/1) [#m]_        ``ids-sent``, ``n-elements`` (m;
+                       ``fill-base`` (0/1) [#m]_       ``ids-sent``, ``n-elements`` (m;
                                                        plain), ``weight`` (Σ c_i; cohort)
 ``train.histogram``    no arrays                       ``"values"`` float64 (m,) or sparse:
 (discrete, setup)                                      Σ_i O_i, O_i = (f_i({j}))_j; metrics
