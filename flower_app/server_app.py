@@ -53,6 +53,6 @@ def _accepted_at(grid: Grid) -> float | None:
     try:
         stamp = grid.run.pending_at
         accepted = datetime.fromisoformat(stamp).timestamp() if stamp else None
-    except (AttributeError, TypeError, ValueError):
+    except Exception:  # a grid without run details: count from now (timing only, never fatal)
         return None
     return accepted if accepted is not None and accepted <= time.time() else None
