@@ -18,7 +18,7 @@ from flwr.app import Context
 from flower_app.config import AppConfig
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
-from flower_app.results import RunWriter
+from flower_app.results import RunWriter, run_session
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
@@ -253,7 +253,8 @@ def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
     dict
         The run's summary (as in ``summary.json``).
     """
-    return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
+    with run_session():  # summary.json's run-wall-time counts from here
+        return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
 
 
 def partition_of(context: Context) -> tuple[int, int]:

@@ -10,6 +10,13 @@ Ctrl-C, an out-of-memory kill) loses nothing. Forcing it to the disk (``fsync``)
 milliseconds, as much as a whole short round, so it happens at most once per ``sync_every``
 seconds (default 1 s) and at the end: a machine that loses power may lose the last second of
 rounds, and resuming then continues from the last checkpoint that reached the disk.
+
+Two times are recorded in ``summary.json``: ``wall-time``, the rounds' (from the strategy's
+start to its end, as each family's runner measures it), and ``run-wall-time``, the whole run's:
+from the start of the session (:func:`run_session`: the SuperLink accepting the run under
+``flwr run``, the call of :func:`flower_app.experiment.run_direct`), through loading data, the
+greedy reference and discovery, to the summary. A resumed run adds each earlier session's time
+up to its last checkpoint (kept in ``checkpoint.pkl``), and ``run-sessions`` counts them.
 """
 
 from __future__ import annotations
@@ -19,17 +26,55 @@ import math
 import os
 import pickle
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKPOINT", "ResumeError", "RunWriter", "read_metrics", "to_jsonable"]
+__all__ = [
+    "CHECKPOINT",
+    "ResumeError",
+    "RunWriter",
+    "read_metrics",
+    "run_session",
+    "to_jsonable",
+]
 
 #: the checkpoint file of a run folder
 CHECKPOINT = "checkpoint.pkl"
 #: config keys that may differ between an interrupted run and its resumption
 RESUME_MAY_CHANGE = ("resume", "round-timeout", "discovery-timeout", "min-reply-fraction")
+#: checkpoint key of the run's time so far (seconds, all sessions up to that checkpoint)
+_ELAPSED = "run-elapsed"
+#: when the current session started (Unix time), set by :func:`run_session`
+_SESSION_START: ContextVar[float | None] = ContextVar("flower_app_session_start", default=None)
+
+
+@contextmanager
+def run_session(started_at: float | None = None) -> Iterator[float]:
+    """Mark the start of a run session for the :class:`RunWriter` opened inside it.
+
+    Parameters
+    ----------
+    started_at : float, optional
+        Unix time the session started (e.g. when the SuperLink accepted the run); default:
+        now. A writer opened outside any session counts from its own creation.
+
+    Yields
+    ------
+    float
+        The start time used.
+    """
+    start = time.time() if started_at is None else float(started_at)
+    token = _SESSION_START.set(start)
+    try:
+        yield start
+    finally:
+        _SESSION_START.reset(token)
 
 
 class ResumeError(ValueError):
@@ -91,12 +136,18 @@ class RunWriter:
         self.folder = Path(folder)
         self.sync_every = float(sync_every)
         self._synced = {"metrics": time.monotonic(), "checkpoint": time.monotonic()}
+        started = _SESSION_START.get()
+        self._session_start = time.time() if started is None else started
+        self._elapsed_before = 0.0  # earlier sessions' time (a resumed run)
+        self._sessions = 1
         self.folder.mkdir(parents=True, exist_ok=True)
         #: the loaded checkpoint (``resume``), else None
         self.checkpoint: dict[str, Any] | None = None
         kept: list[dict[str, Any]] = []
         if resume:
             self.checkpoint = self._load_checkpoint(config)
+            self._elapsed_before = float(self.checkpoint.get(_ELAPSED, 0.0))
+            self._sessions = int(self.checkpoint.get("run-sessions", 1)) + 1
             last = int(self.checkpoint["server-round"])
             kept = [r for r in _complete_rows(self.folder) if int(r.get("server-round", 0)) <= last]
         _atomic_write(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
@@ -106,6 +157,10 @@ class RunWriter:
         self._metrics = (self.folder / "metrics.jsonl").open("a", encoding="utf-8")
         #: merged into ``summary.json`` (e.g. a Flower run's node failures)
         self.extra_summary: dict[str, Any] = {}
+
+    def run_elapsed(self) -> float:
+        """Return the run's time so far in seconds: this session's plus earlier sessions'."""
+        return self._elapsed_before + max(0.0, time.time() - self._session_start)
 
     def _due(self, what: str) -> bool:
         """Return whether ``what`` should be synced now (and note that it is)."""
@@ -155,8 +210,11 @@ class RunWriter:
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
         """Replace ``checkpoint.pkl`` atomically with ``payload`` (a strategy's state).
 
-        When a sync is due, the metrics are synced first, then the checkpoint.
+        When a sync is due, the metrics are synced first, then the checkpoint. The run's
+        time so far and its session count are stored beside the strategy's state, so that a
+        resumed run's ``run-wall-time`` counts the interrupted session too.
         """
+        payload = {**payload, _ELAPSED: self.run_elapsed(), "run-sessions": self._sessions}
         tmp = self.folder / (CHECKPOINT + ".tmp")
         sync = self._due("checkpoint")
         if sync:
@@ -187,6 +245,11 @@ class RunWriter:
             self._metrics.close()
         if self.checkpoint is not None:
             summary["resumed-from-round"] = int(self.checkpoint["server-round"])
+        summary["run-wall-time"] = self.run_elapsed()
+        summary["run-sessions"] = self._sessions
+        summary["session-started-at"] = datetime.fromtimestamp(
+            self._session_start, UTC
+        ).isoformat(timespec="seconds")
         summary.update(self.extra_summary)
         path = self.folder / "summary.json"
         _atomic_write(path, json.dumps(to_jsonable(summary), indent=2))

@@ -74,4 +74,8 @@ def test_the_summary_may_be_written_again_with_more_keys(tmp_path) -> None:
     writer.log_round({"server-round": 1})
     writer.write_summary({"a": 1})
     writer.write_summary({"a": 1, "b": 2})
-    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"a": 1, "b": 2}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # the writer adds the run's time (all sessions) and its session count
+    assert summary.pop("run-sessions") == 1 and summary.pop("run-wall-time") >= 0
+    assert summary.pop("session-started-at").endswith("+00:00")
+    assert summary == {"a": 1, "b": 2}

@@ -65,7 +65,7 @@ class GainsUtility:
         Size m of the ground set E = {0, .., m−1} (every node must use the same).
     value_fn : callable, optional
         ``value_fn(selected) -> float``: f_i(S). Default: the sum of the gains along S
-        (f_i(∅) = 0 assumed), |S| calls of ``gains_fn``.
+        (f_i(∅) = 0 assumed), ``|S|`` calls of ``gains_fn``.
     """
 
     def __init__(

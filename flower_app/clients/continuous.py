@@ -1,7 +1,7 @@
 """ContinuousClient: a node's cohort of users for FedCG, FedCG+ and the discrete greedy.
 
 Cohort mode: a NumPyClient over the cohort's rows only (row j = global user
-``first_user + j``); a node that is one client uses :mod:`flower_app.clients.fedcg`
+``first_user + j``); a node that is one client uses ``flower_app.clients.fedcg``
 instead. It extends :class:`~flower_app.clients.submodular.SubmodularClient` (same
 ``get_properties`` for discovery and ``evaluate``) with four kinds of ``fit``, chosen by
 ``config["kind"]``, which :func:`~flower_app.clients.adapter.numpy_client_app` sets to the

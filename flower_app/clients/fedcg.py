@@ -25,7 +25,7 @@ or, inside handlers of your own, ``return fedcg_reply(msg, context, utility)``.
 
 The client's random stream is ``default_rng([seed, round, user_id])`` with ``user_id`` the
 node's ``partition-id`` (node_config) when it has one, else its node id
-(:func:`default_user_id`); pass ``user_id_fn`` to choose another stable id. The
+(``default_user_id``); pass ``user_id_fn`` to choose another stable id. The
 importance-factor protocol keeps the broadcast histogram O in ``context.state`` (record
 :data:`~flower_app.clients.continuous.HISTOGRAM_RECORD`).
 """
@@ -236,7 +236,7 @@ def answer_direction(
     utility : Utility
         The client's f_i.
     user_id : int, optional
-        Seeds the client's stream (default :func:`default_user_id`).
+        Seeds the client's stream (default ``default_user_id``).
 
     Returns
     -------
@@ -318,7 +318,7 @@ def answer_discrete(
     utility : Utility
         The client's f_i.
     user_id : int, optional
-        Seeds the client's coin (default :func:`default_user_id`).
+        Seeds the client's coin (default ``default_user_id``).
 
     Returns
     -------
@@ -375,7 +375,7 @@ def fedcg_reply(
     utility : Utility
         The client's f_i (:class:`ScoreTable`, :class:`Coverage`, :class:`SetFunction`).
     user_id : int, optional
-        Seeds the client's randomness (default :func:`default_user_id`).
+        Seeds the client's randomness (default ``default_user_id``).
 
     Returns
     -------
@@ -444,7 +444,7 @@ def add_fedcg_handlers(
         ``utility_fn(context) -> Utility``: the node's f_i (cache it if it is costly).
     user_id_fn : callable, optional
         ``user_id_fn(context) -> int``: a stable id seeding the client's randomness
-        (default :func:`default_user_id`).
+        (default ``default_user_id``).
     evaluate : bool, optional
         Also register ``@app.evaluate()`` with :func:`fedcg_evaluate` (default True; kept
         off when the app has its own).

@@ -17,7 +17,7 @@ default) needs two lines per handler::
     def evaluate(msg, context):
         return fedsm_evaluate(msg, context, ScoreTable(my_scores, n_elements=M))
 
-The utility f_i is the same object the FedCG helpers take (:mod:`flower_app.clients.fedcg`):
+The utility f_i is the same object the FedCG helpers take (``flower_app.clients.fedcg``):
 
 * ``ScoreTable(scores, n_elements)`` — item → score data, facility location
   f_i(S) = max_{j ∈ S} score_j (also given directly as ``{item: score}`` or a dense vector);
@@ -154,7 +154,7 @@ def fedsm_reply(
         so the server numbers the users by it (the user id then comes with every round).
     utility : utility, mapping, numpy.ndarray or callable
         The user's f_i: ``ScoreTable``, ``Coverage``, ``SetFunction`` (of
-        :mod:`flower_app.clients.fedcg`), a :class:`GainsUtility`, or directly ``{item:
+        ``flower_app.clients.fedcg``), a :class:`GainsUtility`, or directly ``{item:
         score}``, a dense score vector, or a ``gains(S)`` callable (see :func:`as_utility`).
     groups : sequence of int, optional
         Group of every element, for a partition matroid (``FedSMStrategy(capacities=...)``);

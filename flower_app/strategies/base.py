@@ -520,8 +520,9 @@ class RoundStrategy(Strategy):
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation
         (:mod:`flower_app.privacy`): the server obtains only the sum of the nodes'
-        replies; the nodes' ClientApps need :func:`~flower_app.privacy.
-        secure_aggregation_mod`. Default None (replies in the clear). Strategies whose
+        replies; the nodes' ClientApps need
+        :func:`~flower_app.privacy.secure_aggregation_mod`. Default None (replies in the
+        clear). Strategies whose
         aggregate is not a sum of replies refuse it (``supports_secure_aggregation``).
     """
 
@@ -532,7 +533,8 @@ class RoundStrategy(Strategy):
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
     #: the round's aggregate is a function of the sum of the train replies (see
-    #: :meth:`merge_senders`), so secure aggregation can replace the replies by their sum
+    #: :meth:`RoundStrategy.merge_senders`), so secure aggregation can replace the replies
+    #: by their sum
     supports_secure_aggregation: bool = False
     #: metrics of a train reply sent in the clear under secure aggregation (every node
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
@@ -741,7 +743,7 @@ class RoundStrategy(Strategy):
         return ""
 
     def refresh_nodes(self, grid: Grid) -> None:
-        """Before each round: re-discover cohorts (cohort mode), see :func:`refresh_cohorts`.
+        """Before each round: re-discover cohorts (cohort mode), see ``refresh_cohorts``.
 
         Mapped nodes that left the grid are marked offline (their users are skipped and
         recorded as missing); a node that rejoined under a new id and serves an offline
@@ -838,7 +840,7 @@ class RoundStrategy(Strategy):
         Pushes the messages and pulls replies every ``POLL_FAST`` (5 ms) for the first
         ``POLL_FAST_FOR`` (1 s), then with an interval growing ×1.5 up to 0.5 s, until
         every message is answered or ``timeout`` (default: ``start``'s) has passed; the
-        messages expire ``TTL_MARGIN`` s after that (:func:`expire_after`).
+        messages expire ``TTL_MARGIN`` s after that (``expire_after``).
         Flower's gRPC grid sleeps a fixed 3 s between pulls (every deployment round was a
         multiple of 3 s); a growing interval from the start added up to a third of a
         short round's time in simulation, where a pull is a lookup in memory. Replies are

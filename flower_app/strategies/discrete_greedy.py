@@ -68,9 +68,10 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     sends S; each user participates with probability κ_i = min(1, κ w_i) and sends its
     marginal gains / κ_i (fixed point, 2^-20 units); the server adds the argmax.
 
-    **The protocol fixes its length**: it runs k rounds (k − |S₀| with a starting set S₀
-    in ``initial_arrays``), whatever ``num_rounds`` of :meth:`start` says; a different
-    ``num_rounds`` is logged as not used. Message contract: the table of
+    **The protocol fixes its length**: it runs k rounds (k − ``|S₀|`` with a starting set
+    S₀ in ``initial_arrays``), whatever ``num_rounds`` of
+    :meth:`~flower_app.strategies.RoundStrategy.start` says; a different ``num_rounds`` is
+    logged as not used. Message contract: the table of
     :mod:`flower_app.strategies.fedcg`.
 
     Parameters
@@ -81,7 +82,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     groups : sequence of int, optional
         Block of every element (length m): a partition matroid.
     capacities : int, sequence or mapping, optional
-        Block capacities (see :func:`build_matroid`).
+        Block capacities (see ``flower_app.strategies.submodular_records.build_matroid``).
     kappa : float, optional
         κ > 0 of Alg. 3 (default 50): larger asks more users per round.
     min_available_nodes : int, optional
@@ -207,7 +208,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
 
     # ------------------------------------------------------------------ setup
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
-        """Discovery (cohort mode) or the node set (plain), then Algs. 4/5; return k − |S₀|.
+        """Discovery (cohort mode) or the node set (plain), then Algs. 4/5; return k − ``|S₀|``.
 
         ``initial_arrays`` is empty (S starts empty) or has ``"selected"`` int64: S₀.
         """

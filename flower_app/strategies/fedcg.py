@@ -1,7 +1,7 @@
 """FedCGStrategy (FedCG Alg. 1, FedCG+ Alg. 2), and the message contract of the ICML 2024 paper.
 
 The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which lives in
-:mod:`flower_app.strategies.discrete_greedy`.
+``flower_app.strategies.discrete_greedy``.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
 lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
@@ -12,7 +12,7 @@ Two client modes:
 
 *plain* (the default)
     one node is one client i with its own utility f_i (its ClientApp uses the helpers of
-    :mod:`flower_app.clients.fedcg`); nodes are sampled from ``grid.get_node_ids()``
+    ``flower_app.clients.fedcg``); nodes are sampled from ``grid.get_node_ids()``
     like Flower's ``FedAvg``; the ground-set size m comes from the replies (metric
     ``n-elements``; the most common value among the first round's replies is taken and
     replies with another m are left out), or from ``initial_arrays["x"]`` / ``groups``.
@@ -30,11 +30,11 @@ direction request adds ``"1"`` int64 user ids and ``"2"`` float64 weights c_i.
 =====================  ==============================  ======================================
 message type           request                         reply
 =====================  ==============================  ======================================
-``train.direction``    ``"x"`` float64 (m,) [#x]_;      ``"values"`` float64 (m,), or ``"ids"``
+``train.direction``    ``"x"`` float64 (m,) [#x]_;     ``"values"`` float64 (m,), or ``"ids"``
 (FedCG, each round)    config ``seed``,                int32 + ``"values"`` float64: the sum
                        ``local-steps``, ``gradient``,  of the τ LMO vertices (cohort: τ·Σ c_i
                        ``gradient-samples``,           Δ_i); metrics ``num-examples``,
-                       ``fill-base`` (0/1) [#m]_        ``ids-sent``, ``n-elements`` (m;
+                       ``fill-base`` (0/1) [#m]_       ``ids-sent``, ``n-elements`` (m;
                                                        plain), ``weight`` (Σ c_i; cohort)
 ``train.histogram``    no arrays                       ``"values"`` float64 (m,) or sparse:
 (discrete, setup)                                      Σ_i O_i, O_i = (f_i({j}))_j; metrics
@@ -129,8 +129,9 @@ class FedCGStrategy(RoundStrategy):
     continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
     matroid) and replies with the sum of its τ vertices; the server sets
     x ← x + η Σ c_i Δ_i / Σ c_i. After round T, x is rounded without the objective
-    (Remark 4.4). T is ``num_rounds`` of :meth:`start` (cohort mode: the server's T).
-    Message contract: the table of :mod:`flower_app.strategies.fedcg`.
+    (Remark 4.4). T is ``num_rounds`` of :meth:`~flower_app.strategies.RoundStrategy.start`
+    (cohort mode: the server's T). Message contract: the table of
+    :mod:`flower_app.strategies.fedcg`.
 
     Parameters
     ----------
@@ -140,7 +141,8 @@ class FedCGStrategy(RoundStrategy):
     groups : sequence of int, optional
         Block of every element (length m): a partition matroid (m is then known).
     capacities : int, sequence or mapping, optional
-        Block capacities of the partition matroid (see :func:`build_matroid`).
+        Block capacities of the partition matroid (see
+        ``flower_app.strategies.submodular_records.build_matroid``).
     eta : float, optional
         Server step η with η·T ≤ 1; 0 (default) means 1/T.
     local_steps : int, optional

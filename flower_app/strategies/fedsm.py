@@ -123,13 +123,13 @@ def _array(value: np.ndarray) -> Array:
 
 
 class FedSMStrategy(RoundStrategy):
-    r"""Federated submodular maximisation: pick S, |S| ≤ k, maximising F = (1/n) Σ_i f_i.
+    r"""Federated submodular maximisation: pick S, \|S\| ≤ k, maximising F = (1/n) Σ_i f_i.
 
     Algorithm 1 (``mode="alg1"``, default): each communication round t the server samples K
     users uniformly without replacement (its own ``numpy.random.Generator`` seeded by
-    ``seed``) and sends them S; each sampled user draws d distinct elements of E \ S from its
+    ``seed``) and sends them S; each sampled user draws d distinct elements of E ∖ S from its
     own stream ``default_rng([seed, t, user])`` and reports f_i(e | S) for them; the server
-    scales the sum by |E \ S| / (dK) (Eq. 3) and adds the feasible element with the largest
+    scales the sum by \|E ∖ S\| / (dK) (Eq. 3) and adds the feasible element with the largest
     estimate. **Algorithm 1 runs k rounds, one element each: ``start(num_rounds=...)`` is
     not used** (logged when it differs). Algorithm 2 (``mode="alg2"``) adds blocks of
     elements in O(log m) rounds; amplification (``mode="amplified"``) runs 1/η steps of
@@ -139,7 +139,7 @@ class FedSMStrategy(RoundStrategy):
 
     * **plain** (default): one node is one client (user) i with its own utility f_i, e.g.
       a ClientApp whose ``@app.train()`` returns
-      :func:`flower_app.clients.fedsm.fedsm_reply`. Before round 1 the strategy waits for
+      :func:`flower_app.clients.fedsm_reply`. Before round 1 the strategy waits for
       ``min_available_nodes`` nodes; the n nodes connected then are the users (user id =
       position of the node in the order of its ``partition-id``, if its node_config has
       one, then of its node id), and one ``train`` exchange with
@@ -153,17 +153,17 @@ class FedSMStrategy(RoundStrategy):
     Parameters
     ----------
     k : int, optional
-        Largest |S| (default 10); Algorithm 1 runs k − |S₀| rounds.
+        Largest \|S\| (default 10); Algorithm 1 runs k − \|S₀\| rounds.
     clients_per_round : int or float, optional
         K: users per round, a count or a fraction of n (default 0.1; at least 1). It plays
         the role of FedAvg's ``fraction_train``.
     elements_per_client : int or float, optional
         d: elements each sampled user reports, a count or a fraction of m (default 0.1;
-        capped at |E \ S|); Algorithm 2: pairs per user (int cap, or fraction of |X|·r').
+        capped at \|E ∖ S\|); Algorithm 2: pairs per user (int cap, or fraction of \|X\|·r').
     mode : str, optional
         ``"alg1"`` (default), ``"alg2"`` or ``"amplified"``.
     capacities : int or mapping, optional
-        None (default): the uniform matroid |S| ≤ k. Otherwise a partition matroid: at most
+        None (default): the uniform matroid \|S\| ≤ k. Otherwise a partition matroid: at most
         ``capacities[g]`` elements of group g (an int: the same for every group; a group
         missing from the mapping has capacity 0). Element e's group is ``groups[e]``.
     groups : sequence of int, optional
@@ -175,11 +175,11 @@ class FedSMStrategy(RoundStrategy):
         Plain mode: nodes to wait for before the setup exchange (default 2); the nodes
         connected then are the n users.
     federated_evaluation : bool, optional
-        After the last round, ask every node for f_i(S) (an ``evaluate`` message; the
-        ClientApp needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm.
-        fedsm_evaluate`); F(S) goes to ``Result.evaluate_metrics_clientapp`` and the last
-        row's ``objective`` (default False). The nodes are asked once before round 1 too,
-        for f_i(∅), so that a ClientApp without the handler fails then, not after the run.
+        After the last round, ask every node for f_i(S) (an ``evaluate`` message; the ClientApp
+        needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm_evaluate`); F(S) goes to
+        ``Result.evaluate_metrics_clientapp`` and the last row's ``objective`` (default False).
+        The nodes are asked once before round 1 too, for f_i(∅), so that a ClientApp
+        without the handler fails then, not after the run.
     cohorts : bool, optional
         Cohort mode (default False: plain mode).
     n_users : int, optional
@@ -225,14 +225,14 @@ class FedSMStrategy(RoundStrategy):
     ============  ==========  ===============================================================
     message       mode        records (name: key dtype (shape))
     ============  ==========  ===============================================================
-    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S₀|,). ``"config"``:
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (\|S₀\|,). ``"config"``:
     (setup)                   ``stage="setup"``, ``server-round=0``, ``seed`` int.
     reply         plain       ``"metrics"``: ``num-examples`` = 1, ``num-elements`` int m,
                               ``max-singleton`` float λ_i, ``objective`` float f_i(S₀),
                               ``partition-id`` int (optional: orders the users);
                               ``"arrays"``: empty, or ``element-groups`` int64 (m,).
-    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S|,) (T inside an
-    (round t)                 amplification step); Alg. 2 adds ``pool`` int32 X (|X|,),
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (\|S\|,) (T inside an
+    (round t)                 amplification step); Alg. 2 adds ``pool`` int32 X (\|X\|,),
                               ``sequence`` int64 a_1..a_r' (r',); amplification adds
                               ``x-ids`` int32, ``x-values`` float64 (non-zeros of x).
                               ``"config"``: ``stage="round"``, ``server-round`` t,
@@ -241,7 +241,7 @@ class FedSMStrategy(RoundStrategy):
                               ``surrogate`` str, ``eta`` float, ``samples`` int;
                               ``FedSMParams(rng="batched")`` adds ``rng`` str.
     reply         plain       ``"arrays"``: ``ids`` int32 + ``values`` float64 (sparse) or
-                              ``values`` float64 (L,) (dense), L = m (Alg. 1) or |X|·r'
+                              ``values`` float64 (L,) (dense), L = m (Alg. 1) or \|X\|·r'
                               (Alg. 2: pair (e, j) at pos_X(e)·r' + j − j-from).
                               ``"metrics"``: ``num-examples`` = 1, ``num-elements`` = m,
                               ``user-values``, ``positive-entries`` int.
@@ -654,7 +654,7 @@ class FedSMStrategy(RoundStrategy):
         return int(self._sent.get(node_id, 1))
 
     def round_summary(self, row: dict[str, Any]) -> str:
-        """Return '+e -> |S|=s/k  F=...  users=.. nodes=..  up=.. B down=.. B'."""
+        """Return the round's log line: ``+e -> |S|=s/k  F=...  users=..``, nodes and bytes."""
         objective = _fmt(row.get("objective"))
         if row.get("server-round", 0) == 0:
             return f"F={objective}"

@@ -175,45 +175,46 @@ class FedSubAvgStrategy(RoundStrategy):
 
     Notes
     -----
-    Message contract (``<key>`` a sparse array of shape (R, *d), r the node's rows of it;
+    Message contract (``<key>`` a sparse array of shape ``(R, *d)``, r the node's rows of it;
     ``<dense>`` any other array; k the node's sampled users):
 
-    ===============  ==================================  ==================================
-    message (mode)   server → node                       node → server
-    ===============  ==================================  ==================================
-    ``query.``       ``"config"``: ``sparse-keys``       ``"arrays"``: ``"<key>.rows"``
-    ``feature_heat`` list[str]                           int64 (r,) distinct rows per
-    (plain)                                              sparse key; ``"metrics"``:
-                                                         ``num-examples`` int (+ optional
-                                                         ``partition-id`` int: then the
-                                                         sample is drawn over partitions)
-    ``train``        ``"arrays"``: ``"<key>"`` (r, *d)   ``"arrays"``: the same keys, rows
-    (plain)          model dtype, ``"<key>.rows"``       and shapes, updated values;
-                     int64 (r,) sorted, ``"<dense>"``    ``"metrics"``: ``num-examples``
-                     whole; ``"config"``: the user's     int (> 0 for ``"samples"``);
-                     ``train_config`` + ``server-round`` other numbers are averaged by
-                     (+ ``proximal-mu`` float, FedProx)  ``num-examples``
-    ``evaluate``     ``"arrays"``: the full model (the   ``"metrics"``: ``num-examples`` +
-    (plain, if       initial keys); ``"config"``:        numbers, averaged by
-    fraction_eval.)  ``evaluate_config`` + server-round  ``num-examples``
-    ``query.cohort`` ``"config"``: ``kind`` = cohort     ``"properties"``: ``partition-id``,
-    (cohort)                                             ``num-partitions``, ``first-user``,
-                                                         ``num-users``, ``n-users-total``,
-                                                         ``n-elements`` (int)
-    ``query.``       ``"config"``: ``kind`` =            ``"properties"``: ``rows``,
-    ``feature_heat`` ``"feature-heat"``                  ``clients``, ``samples`` list[int],
-    (cohort)                                             ``num-users``, ``num-samples`` int
-    ``query.``       ``"config"``: ``kind``, ``users``   ``"properties"``: ``users``,
-    ``submodel``     list[int]                           ``offsets`` (k+1), ``rows``
-    (cohort)                                             list[int]: S(i) concatenated
-    ``train``        ``"arrays"``: ``"0"`` int64 users   ``"arrays"``: ``"0"`` int64 rows
-    (cohort)         (k,), ``"1"`` int64 offsets (k+1,), (sorted, ⊆ ∪S(i)), ``"1"`` float64
-                     ``"2"`` int32 rows, ``"3"`` float64 Σ_i c_i Δx_i; ``"metrics"``:
-                     values; ``"config"``: ``seed``,     ``num-examples`` (= k),
-                     ``local-iters``, ``batch-size``,    ``weight-sum`` (Σ c_i),
-                     ``lr``, ``proximal-mu``,            ``samples``
-                     ``weighting``, ``server-round``
-    ===============  ==================================  ==================================
+    =================  ====================================  ==================================
+    message (mode)     server → node                         node → server
+    =================  ====================================  ==================================
+    ``query.``         ``"config"``: ``sparse-keys``         ``"arrays"``: ``"<key>.rows"``
+    ``feature_heat``   list[str]                             int64 (r,) distinct rows per
+    (plain)                                                  sparse key; ``"metrics"``:
+                                                             ``num-examples`` int (+ optional
+                                                             ``partition-id`` int: then the
+                                                             sample is drawn over partitions)
+    ``train``          ``"arrays"``: ``"<key>"``             ``"arrays"``: the same keys, rows
+    (plain)            ``(r, *d)`` model dtype,              and shapes, updated values;
+                       ``"<key>.rows"`` int64 (r,) sorted,   ``"metrics"``: ``num-examples``
+                       ``"<dense>"`` whole; ``"config"``:    int (> 0 for ``"samples"``);
+                       the user's ``train_config`` +         other numbers are averaged by
+                       ``server-round`` (+ ``proximal-mu``   ``num-examples``
+                       float, FedProx)
+    ``evaluate``       ``"arrays"``: the full model (the     ``"metrics"``: ``num-examples`` +
+    (plain, if         initial keys); ``"config"``:          numbers, averaged by
+    fraction_eval.)    ``evaluate_config`` + server-round    ``num-examples``
+    ``query.cohort``   ``"config"``: ``kind`` = cohort       ``"properties"``: ``partition-id``,
+    (cohort)                                                 ``num-partitions``, ``first-user``,
+                                                             ``num-users``, ``n-users-total``,
+                                                             ``n-elements`` (int)
+    ``query.``         ``"config"``: ``kind`` =              ``"properties"``: ``rows``,
+    ``feature_heat``   ``"feature-heat"``                    ``clients``, ``samples`` list[int],
+    (cohort)                                                 ``num-users``, ``num-samples`` int
+    ``query.``         ``"config"``: ``kind``, ``users``     ``"properties"``: ``users``,
+    ``submodel``       list[int]                             ``offsets`` (k+1), ``rows``
+    (cohort)                                                 list[int]: S(i) concatenated
+    ``train``          ``"arrays"``: ``"0"`` int64 users     ``"arrays"``: ``"0"`` int64 rows
+    (cohort)           (k,), ``"1"`` int64 offsets (k+1,),   (sorted, ⊆ ∪S(i)), ``"1"`` float64
+                       ``"2"`` int32 rows, ``"3"`` float64   Σ_i c_i Δx_i; ``"metrics"``:
+                       values; ``"config"``: ``seed``,       ``num-examples`` (= k),
+                       ``local-iters``, ``batch-size``,      ``weight-sum`` (Σ c_i),
+                       ``lr``, ``proximal-mu``,              ``samples``
+                       ``weighting``, ``server-round``
+    =================  ====================================  ==================================
 
     A reply with an error, rows other than those sent, non-finite values, the wrong shape
     or count is logged, counted in ``bad-replies`` and left out (K in the formulas is the

@@ -14,7 +14,7 @@ Two modes:
 ``FedAvg``. Nodes are sampled from ``grid.get_node_ids()`` (``fraction_train``,
 ``min_train_nodes``, seeded by ``seed``); the client replies FedAvg's ``arrays`` plus two
 metrics (the received model's loss on its training data and its requirement ρ_k) and the
-server computes q_k and Δw_k itself. Client helpers: :mod:`flower_app.clients.maxfl`.
+server computes q_k and Δw_k itself. Client helpers: ``flower_app.clients.maxfl``.
 
 *Cohort* (``MaxFLStrategy(cohorts=True, ...)`` and :class:`AppealStrategy`, which also runs
 the baselines fedavg, fedprox, qffl, scaffold, mwfed, perfedavg and pfedme): a node serves a
@@ -300,7 +300,7 @@ class AppealStrategy(RoundStrategy):
     -----
     Message contract: the table of :class:`MaxFLStrategy` (rows "cohort"); the client
     side is :class:`flower_app.clients.learning.LearningClient` behind
-    :func:`flower_app.clients.adapter.numpy_client_app`.
+    :func:`flower_app.clients.numpy_client_app`.
 
     A train reply with an error, a missing record, other clients than sent, a wrong number
     or shape of arrays, non-finite values, q_k outside [0, 1/4] or (MW-Fed) a missing or
@@ -475,7 +475,7 @@ class AppealStrategy(RoundStrategy):
         """Build one ``train`` message per node serving the round's sampled clients.
 
         The clients are those sampled in :meth:`before_round`, unless ``config`` holds
-        ``users`` (list of int); a key of :data:`PER_USER_KEYS` (``mw-share``) then holds
+        ``users`` (list of int); a key of ``PER_USER_KEYS`` (``mw-share``) then holds
         one value per entry of ``users``. Each node receives its own clients' values.
         """
         raw = dict(config)
@@ -508,7 +508,7 @@ class AppealStrategy(RoundStrategy):
         return len(self._sent[node_id]) if node_id in self._sent else 1
 
     def decode_train_reply(self, src: int, reply: Message) -> Any:
-        """Check one node's train reply (see :func:`decode_cohort_reply`)."""
+        """Check one node's train reply (see ``decode_cohort_reply``)."""
         if src == SUMMED_SENDER:
             return decode_summed_reply(
                 reply, len(self._sent[src]), self.server.shapes, noisy=self.dp is not None
@@ -791,15 +791,15 @@ class MaxFLStrategy(AppealStrategy):
                                                                   ``loss`` (lists of float, q_k ∈
                                                                   [0, 1/4]), ``h-sum`` (float),
                                                                   MW-Fed: ``met`` (list of 0/1)
-    cohort  evaluate.appeal  ``arrays``: w; ``config``: ``users``  ``metrics``: ``appealing`` (list
-                             (the node's seen clients),           of int: F_k(w) < ρ_k)
-                             ``server-round``
+    cohort  evaluate.appeal  ``arrays``: w; ``config``:           ``metrics``: ``appealing`` (list
+                             ``users`` (the node's seen           of int: F_k(w) < ρ_k)
+                             clients), ``server-round``
     cohort  evaluate.        ``arrays``: w; ``config``:           ``metrics``: per-group sums
             metrics          ``server-round``, ``tuned`` (int     ``seen-count``, ``seen-acc``,
                              0/1)                                 ..., ``unseen-*``
     ======  ===============  ===================================  ==================================
 
-    Plain mode's client helpers: :mod:`flower_app.clients.maxfl` (``ensure_rho``,
+    Plain mode's client helpers: ``flower_app.clients.maxfl`` (``ensure_rho``,
     ``maxfl_metrics``, ``appeal_reply``). A train reply without these records or keys, with
     other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is logged,
     counted in ``bad-replies`` and left out; a round in which all are left out raises

@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main"]
+from flower_app.sweeps import runnable_datasets
+
+__all__ = ["DATASETS_RUN", "build_parser", "main"]
 
 COLUMNS = [
     "dataset", "epsilon", "delta", "seed", "k", "clients-per-round", "elements-per-client",
@@ -326,53 +328,95 @@ def _groups(rows: list[dict[str, Any]], key: str) -> dict[Any, list[dict[str, An
     return groups
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the subcommand and run it."""
+#: the torch tasks (Sent140 LSTM, Amazon DIN) refuse fsa-dp-noise > 0 (runners.fedsubavg_torch)
+TORCH_TASKS = ("sent140", "synthetic-sent140", "amazon", "synthetic-amazon")
+#: --dataset choices of each subcommand (none has --data-file: not your own files)
+DATASETS_RUN = {
+    "fedsm-dp": runnable_datasets("fedsm"),
+    "maxfl-dp": runnable_datasets("maxfl"),
+    "fedsubavg-dp": runnable_datasets("fedsubavg", exclude=TORCH_TASKS),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of ``run_sim.py privacy`` (fedsm-dp, maxfl-dp, fedsubavg-dp)."""
     from flower_app.settings import help_text
 
-    parser = argparse.ArgumentParser(prog="run_sim.py privacy", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    dp = sub.add_parser("fedsm-dp", help="FedSM ratio to greedy against ε′")
-    dp.add_argument("--dataset", default="movielens", help=help_text("dataset"))
-    dp.add_argument("--data-dir", default="", help=help_text("data-dir"))
-    dp.add_argument("--k", type=int, default=10)
-    dp.add_argument("--clients", type=float, default=0.1, help="K as a fraction of users")
-    dp.add_argument("--elements", type=float, default=0.1, help="d as a fraction of |E|")
-    dp.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
-    dp.add_argument("--delta", type=float, default=1e-6)
-    dp.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    dp.add_argument("--out", required=True)
-    dp.add_argument("--reproducible-noise", action="store_true",
-                    help="research mode: DP noise keyed by the seed (no privacy against the "
-                    "server; the recorded tables)")
-    mx = sub.add_parser("maxfl-dp", help="MaxFL accuracy and GM-Appeal against σ")
-    mx.add_argument("--dataset", default="fmnist", help=help_text("dataset"))
-    mx.add_argument("--data-dir", default="", help=help_text("data-dir"))
-    mx.add_argument("--algorithm", default="maxfl", choices=["maxfl", "fedavg"])
-    mx.add_argument("--rounds", type=int, default=30)
-    mx.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0])
-    mx.add_argument("--clip", type=float, default=1.0)
-    mx.add_argument("--delta", type=float, default=1e-5)
-    mx.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    mx.add_argument("--out", required=True)
-    mx.add_argument("--reproducible-noise", action="store_true",
-                    help="research mode: DP noise keyed by the seed (no privacy against the "
-                    "server; the recorded tables)")
-    fs = sub.add_parser("fedsubavg-dp", help="FedSubAvg train loss and accuracy against σ")
-    fs.add_argument("--dataset", default="movielens-rating", help=help_text("dataset"))
-    fs.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    def dataset(p: argparse.ArgumentParser, command: str, default: str) -> None:
+        p.add_argument("--dataset", default=default, choices=DATASETS_RUN[command],
+                       help=help_text("dataset") + f" (default: {default})")  # fmt: skip
+        p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                       help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+        p.add_argument("--out", required=True, help="results folder (run folders in <out>/runs/)")
+        p.add_argument("--reproducible-noise", action="store_true",
+                       help="research mode: DP noise keyed by the seed (no privacy against the "
+                       "server; the recorded tables)")  # fmt: skip
+
+    parser = argparse.ArgumentParser(
+        prog="run_sim.py privacy",
+        description="Utility against privacy on the direct engine: each command runs every "
+        "seed without DP and at every privacy level, and writes a CSV, a Markdown table "
+        "(mean and std over seeds, with the run's epsilon) and a PNG into --out. The "
+        "mechanisms and their trust assumptions: docs/privacy.md.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dp = sub.add_parser(
+        "fedsm-dp", help="FedSM ratio to greedy against ε′ (shuffle-model DP): dp.csv/.md/.png",
+        description="FedSM Algorithm 1 without DP and with fedsm-dp-epsilon = each ε′ (per "
+        "sum query, δ′ = --delta): ratio to greedy, bits per value, composed (ε, δ).",
+    )  # fmt: skip
+    dataset(dp, "fedsm-dp", "movielens")
+    dp.add_argument("--k", type=int, default=10, help="set size k (default: 10)")
+    dp.add_argument("--clients", type=float, default=0.1,
+                    help="K as a fraction of users (default: 0.1)")  # fmt: skip
+    dp.add_argument("--elements", type=float, default=0.1,
+                    help="d as a fraction of |E| (default: 0.1)")  # fmt: skip
+    dp.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1, 2, 4, 8],
+                    help="ε′ per sum query (default: 0.5 1 2 4 8)")  # fmt: skip
+    dp.add_argument("--delta", type=float, default=1e-6, help=help_text("fedsm-dp-delta"))
+    common(dp)
+    mx = sub.add_parser(
+        "maxfl-dp", help="MaxFL accuracy and GM-Appeal against σ: maxfl-dp.csv/.md/.png",
+        description="MaxFL (or FedAvg) with every sampled client taking part, without DP and "
+        "with client-level Gaussian DP at each noise multiplier σ (maxfl-dp-noise, clipping "
+        "--clip): final seen and unseen accuracy and GM-Appeal, ε at δ = --delta.",
+    )  # fmt: skip
+    dataset(mx, "maxfl-dp", "fmnist")
+    mx.add_argument("--algorithm", default="maxfl", choices=["maxfl", "fedavg"],
+                    help="maxfl or fedavg (default: maxfl)")  # fmt: skip
+    mx.add_argument("--rounds", type=int, default=30, help="rounds per run (default: 30)")
+    mx.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0],
+                    help="noise multipliers σ (default: 0.01 0.03 0.1 0.3 1)")  # fmt: skip
+    mx.add_argument("--clip", type=float, default=1.0, help=help_text("maxfl-dp-clip"))
+    mx.add_argument("--delta", type=float, default=1e-5, help=help_text("maxfl-dp-delta"))
+    common(mx)
+    fs = sub.add_parser(
+        "fedsubavg-dp", help="FedSubAvg train loss and accuracy against σ: "
+        "fedsubavg-dp.csv/.md/.png",
+        description="A FedSubAvg-family algorithm without DP and with client-level Gaussian "
+        "DP at each σ (fsa-dp-noise; weighting by clients): final train loss and test "
+        "accuracy. The LSTM and DIN tasks (Sent140, Amazon) do not support DP yet.",
+    )  # fmt: skip
+    dataset(fs, "fedsubavg-dp", "movielens-rating")
     fs.add_argument("--algorithm", default="fedsubavg",
                     choices=["fedsubavg", "fedavg-sub", "fedprox-sub", "fedadam-sub",
-                             "scaffold-sub"])  # fmt: skip
-    fs.add_argument("--rounds", type=int, default=50)
-    fs.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0])
-    fs.add_argument("--clip", type=float, default=1.0)
-    fs.add_argument("--delta", type=float, default=1e-5)
-    fs.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    fs.add_argument("--out", required=True)
-    fs.add_argument("--reproducible-noise", action="store_true",
-                    help="research mode: DP noise keyed by the seed (no privacy against the "
-                    "server; the recorded tables)")
+                             "scaffold-sub"],
+                    help="the algorithm (default: fedsubavg)")  # fmt: skip
+    fs.add_argument("--rounds", type=int, default=50, help="rounds per run (default: 50)")
+    fs.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0],
+                    help="noise multipliers σ (default: 0.01 0.03 0.1 0.3 1)")  # fmt: skip
+    fs.add_argument("--clip", type=float, default=1.0, help=help_text("fsa-dp-clip"))
+    fs.add_argument("--delta", type=float, default=1e-5, help=help_text("fsa-dp-delta"))
+    common(fs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the subcommand and run it."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "fedsm-dp":
         return fedsm_dp(args)
