@@ -433,8 +433,9 @@ def add_fedcg_handlers(
     """Register ``@app.train("direction" | "histogram" | "importance" | "discrete")``.
 
     With ``evaluate`` (default) also ``@app.evaluate()`` answering f_i(S) of the final set
-    (:func:`fedcg_evaluate`; ``FedCGStrategy(federated_evaluation=True)``, its default),
-    unless the app already has an ``@app.evaluate()`` handler.
+    (:func:`~flower_app.clients.fedcg_evaluate`;
+    ``FedCGStrategy(federated_evaluation=True)``, its default), unless the app already has
+    an ``@app.evaluate()`` handler.
 
     Parameters
     ----------
@@ -446,8 +447,9 @@ def add_fedcg_handlers(
         ``user_id_fn(context) -> int``: a stable id seeding the client's randomness
         (default ``default_user_id``).
     evaluate : bool, optional
-        Also register ``@app.evaluate()`` with :func:`fedcg_evaluate` (default True; kept
-        off when the app has its own).
+        Also register ``@app.evaluate()`` with
+        :func:`~flower_app.clients.fedcg_evaluate` (default True; kept off when the app
+        has its own).
 
     Returns
     -------

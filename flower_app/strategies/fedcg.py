@@ -57,7 +57,7 @@ round T [#e]_)         round 1); config: the user's
 .. [#e] with ``federated_evaluation=True`` (the default, as ``FedAvg`` evaluates by default):
    F(S) = mean f_i(S) over the nodes goes to ``Result.evaluate_metrics_clientapp[T]``
    (``objective``, ``nodes``) and the last round's row; the ClientApp answers with
-   :func:`~flower_app.clients.fedcg.fedcg_evaluate` (``add_fedcg_handlers`` registers it).
+   :func:`~flower_app.clients.fedcg_evaluate` (``add_fedcg_handlers`` registers it).
 .. [#m] plain mode: config ``matroid-k`` (rank of the uniform matroid; 0 for a partition
    matroid) and, for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
    ``"matroid-capacities"`` int64 (G,).
@@ -181,9 +181,9 @@ class FedCGStrategy(RoundStrategy):
         Plain mode: after round T, ask every node for f_i(S) of the final set (an
         ``evaluate`` message); F(S), their mean, is ``Result.evaluate_metrics_clientapp[T]
         ["objective"]``, as ``FedAvg``'s Result carries its evaluation (default True; the
-        ClientApp needs ``@app.evaluate()``, which :func:`~flower_app.clients.fedcg.
-        add_fedcg_handlers` registers, and is asked once before round 1 with S = ∅ so that a
-        missing handler stops the run there).
+        ClientApp needs ``@app.evaluate()``, which
+        :func:`~flower_app.clients.add_fedcg_handlers` registers, and is asked once before
+        round 1 with S = ∅ so that a missing handler stops the run there).
     discovery_timeout : float, optional
         Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
     on_round : callable, optional
