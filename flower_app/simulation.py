@@ -276,7 +276,13 @@ class LocalSimulation:
         match = re.search(r"Successfully started run (\d+)", output)
         if not match:
             raise RuntimeError(f"flwr run did not start a run:\n{output[-4000:]}")
-        status, details = self.status(int(match.group(1)))
+        run_id = int(match.group(1))
+        status, details = self.status(run_id)
+        # the stream can end just before the run's status flips to finished
+        deadline = time.monotonic() + 120.0
+        while not status.startswith("finished") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status, details = self.status(run_id)
         return FlwrRun(output, status, details, Path(cfg["output-dir"]) / name)
 
     def status(self, run_id: int) -> tuple[str, str]:

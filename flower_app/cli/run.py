@@ -134,7 +134,7 @@ def run_app(
         print(f"flower-app run: flwr run did not start a run (exit code {code})", file=sys.stderr)
         return code or 1
     status, details = _status(run_id, superlink, env)
-    deadline = time.monotonic() + 30.0  # the stream can end just before the status flips
+    deadline = time.monotonic() + 120.0  # the stream can end just before the status flips
     while not status.startswith("finished") and time.monotonic() < deadline:
         time.sleep(0.5)
         status, details = _status(run_id, superlink, env)
