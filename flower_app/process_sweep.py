@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,7 +129,9 @@ def sweep(token: str, grace: float = 20.0, exclude: Iterable[int] = ()) -> dict[
     return found
 
 
-def spawn_reaper(token: str, owner: int, report: Path | None = None) -> subprocess.Popen:
+def spawn_reaper(
+    token: str, owner: int, report: Path | None = None, remove: Iterable[str] = ()
+) -> subprocess.Popen:
     """Start a watchdog that sweeps ``token`` once process ``owner`` has exited.
 
     The watchdog runs in a session of its own (a ``timeout`` or Ctrl-C aimed at the owner's
@@ -141,6 +145,9 @@ def spawn_reaper(token: str, owner: int, report: Path | None = None) -> subproce
         PID to outlive (the test run's main process).
     report : pathlib.Path, optional
         File the watchdog writes the survivors it stopped to (one ``pid command`` a line).
+    remove : iterable of str, optional
+        Glob patterns (absolute) of the run's scratch folders to delete after the sweep
+        (e.g. Ray heads' temp dirs, which a killed run cannot delete itself).
 
     Returns
     -------
@@ -151,6 +158,8 @@ def spawn_reaper(token: str, owner: int, report: Path | None = None) -> subproce
     cmd = [sys.executable, "-m", __name__, "--token", token, "--after", str(owner)]
     if report is not None:
         cmd += ["--report", str(report)]
+    for pattern in remove:
+        cmd += ["--remove", pattern]
     return subprocess.Popen(
         cmd,
         env=env,
@@ -184,10 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=int, required=True, help="PID to wait for")
     parser.add_argument("--report", type=Path, help="write the survivors found here")
     parser.add_argument("--grace", type=float, default=20.0)
+    parser.add_argument("--remove", action="append", default=[], help="glob to delete after")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the run
     _wait_for_exit(args.after)
     found = sweep(args.token, args.grace)
+    for pattern in args.remove:
+        for path in glob.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
     if args.report is not None:
         args.report.write_text("".join(f"{pid} {cmd}\n" for pid, cmd in sorted(found.items())))
     return 0

@@ -145,11 +145,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         dep.stop()
 
 
+def _ray_prefix() -> str:
+    """Name prefix of this run's Ray head folders (the watchdog deletes them)."""
+    return f"fa-ray-{os.environ[process_sweep.TOKEN_VAR][-8:]}"
+
+
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[LoopbackRayCluster]:
     """One Ray head (2 CPUs) per test process, shared by every ``flower_cli`` run."""
     # short root: Ray's socket paths live under it and must fit in 107 characters
-    root = Path(tempfile.mkdtemp(prefix="fa-ray-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix=f"{_ray_prefix()}-", dir="/tmp"))
     cluster = LoopbackRayCluster(root, num_nodes=1, num_cpus=2, object_store_mib=256)
     try:
         with cluster:
@@ -191,7 +196,10 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[OWNER_VAR] = str(os.getpid())
         report = os.environ.get(REPORT_VAR)
         process_sweep.spawn_reaper(
-            os.environ[process_sweep.TOKEN_VAR], os.getpid(), Path(report) if report else None
+            os.environ[process_sweep.TOKEN_VAR],
+            os.getpid(),
+            Path(report) if report else None,
+            remove=[f"/tmp/{_ray_prefix()}-*"],
         )
     if os.environ.get("FLOWER_APP_REALDATA") == "1" and config.option.markexpr == DEFAULT_MARKEXPR:
         config.option.markexpr = "not slow"
