@@ -178,6 +178,8 @@ class LoopbackRayCluster:
             ],
         )
         self._wait_log(0, deadline)
+        if self.num_nodes == 1:  # `ray start` logs "Ray runtime started" once the head is up
+            return self
         for i in range(1, self.num_nodes):
             self._ray_start(i, ["--address", self.address])
         for i in range(1, self.num_nodes):

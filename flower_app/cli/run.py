@@ -430,7 +430,7 @@ def run_app(
                   f"{log_path})", file=sys.stderr)  # fmt: skip
             return code or 1
         status, details = _status(run_id, superlink, env)
-        deadline = time.monotonic() + 30.0  # the stream can end just before the status flips
+        deadline = time.monotonic() + 120.0  # the stream can end just before the status flips
         while not status.startswith("finished") and time.monotonic() < deadline:
             time.sleep(0.5)
             status, details = _status(run_id, superlink, env)
