@@ -67,6 +67,9 @@ class SecureFederation:
     node_env : mapping, optional
         Extra environment of every SuperNode (and so of its superexec and ClientApps), e.g.
         ``{"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}``.
+    die_with_parent : bool, optional
+        Every process started here gets SIGTERM if the thread that started it ends (see
+        :func:`~flower_app.deploy.processes.start_process`): start them from the main thread.
     """
 
     def __init__(
@@ -79,8 +82,10 @@ class SecureFederation:
         memory: int | None = None,
         cpus: float | None = None,
         node_env: Mapping[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.root, self.num_nodes, self.connection = root, num_nodes, connection
+        self.die_with_parent = die_with_parent
         self.devices, self.memory, self.cpus = devices, memory, cpus
         self.node_env = dict(node_env or {})
         self.link: Host = devices.link if devices is not None else Host(host, label="superlink")
@@ -151,7 +156,7 @@ class SecureFederation:
         cmd = superlink_command(self.certificates, self.database, self.port, self.listen)
         self.superlink = start_process(
             "superlink", cmd, self.logs, flwr_env(self.root / "superlink-home"),
-            host=self.link,
+            host=self.link, die_with_parent=self.die_with_parent,
         )  # fmt: skip
         wait_for_listen(self.superlink, self.port, timeout)
         deadline = time.monotonic() + timeout
@@ -213,7 +218,9 @@ class SecureFederation:
         env = flwr_env(folder / "home")
         env["FLOWER_APP_CACHE"] = str(folder / "cache")
         env.update(self.node_env)
-        proc = start_process(name, cmd, self.logs, env, host=host)
+        proc = start_process(
+            name, cmd, self.logs, env, host=host, die_with_parent=self.die_with_parent
+        )
         self.nodes[index if key is None else -1 - len(self.nodes)] = proc
         return proc
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -406,6 +407,7 @@ def start_process(
     env: Mapping[str, str],
     cwd: Path | None = None,
     host: Host | None = None,
+    die_with_parent: bool = False,
 ) -> ManagedProcess:
     """Start ``cmd`` in a new session with its output in ``log_dir/name.log``.
 
@@ -424,6 +426,10 @@ def start_process(
     host : Host, optional
         Run it there (its network namespace and cgroup, :mod:`flower_app.deploy.isolation`);
         default: here.
+    die_with_parent : bool, optional
+        The process gets SIGTERM when the *thread* that started it ends (``setpriv
+        --pdeathsig``, where installed): a test session or script killed outright does
+        not leave it running (its own children follow it: Flower's ``--parent-pid``).
 
     Returns
     -------
@@ -432,6 +438,8 @@ def start_process(
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
+    if die_with_parent and (setpriv := shutil.which("setpriv")):
+        cmd = [setpriv, "--pdeathsig", "TERM", *cmd]
     if host is not None:
         cmd = host.command(cmd)
     with log.open("a") as fh:

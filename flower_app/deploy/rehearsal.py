@@ -84,6 +84,10 @@ class Rehearsal:
         Extra environment of the SuperNodes (e.g. ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``).
     say : callable, optional
         Where notes go (default: print to stderr).
+    die_with_parent : bool, optional
+        Processes get SIGTERM when the thread that started them ends (default True: a
+        killed test session or command leaves nothing running; start and restart nodes
+        from the main thread).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class Rehearsal:
         isolate: bool = True,
         node_env: dict[str, str] | None = None,
         say: Any = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         root.mkdir(parents=True, exist_ok=True)
@@ -123,6 +128,7 @@ class Rehearsal:
                 memory=None if self.device is None else self.device.memory,
                 cpus=None if self.device is None else self.device.cpus,
                 node_env=node_env,
+                die_with_parent=die_with_parent,
             )
         except BaseException:
             self.close_devices()
@@ -134,11 +140,14 @@ class Rehearsal:
         """Number of SuperNodes."""
         return self.federation.num_nodes
 
-    def start(self, data: tuple[Path, str] | None = None, timeout: float = 180.0) -> Rehearsal:
+    def start(
+        self, data: tuple[Path, str] | None = None, timeout: float = 180.0, nodes: bool = True
+    ) -> Rehearsal:
         """Start the SuperLink and register and start every SuperNode; wait until online.
 
         ``data = (export folder, extension)``: node i holds ``node-i.<ext>`` of the export
-        (see :meth:`provision`).
+        (see :meth:`provision`). ``nodes=False``: register the keys only (the first
+        :meth:`provision` starts the nodes).
         """
         fed = self.federation
         try:
@@ -148,7 +157,7 @@ class Rehearsal:
             fed.node_ids = dict(enumerate(ids))
             if data is not None:
                 self.provision(*data, timeout=timeout)
-            else:
+            elif nodes:
                 for i in range(self.nodes):
                     fed.start_node(i)
                 fed.wait_online(timeout)
