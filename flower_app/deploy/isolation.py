@@ -204,6 +204,21 @@ class Cgroup:
             return int(path.read_text().split()[0])
         return 0
 
+    def set_cpus(self, cpus: float) -> None:
+        """Change the CPU quota (cores) of the running cgroup."""
+        quota = max(1000, int(round(cpus * CPU_PERIOD_US)))
+        if self.version == 2:
+            (self.dirs[0] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (self.dirs[1] / "cpu.cfs_quota_us").write_text(str(quota))
+        self.cpus = cpus
+
+    def reset_peak(self) -> None:
+        """Start :meth:`peak` over from the current usage (where the kernel allows it)."""
+        path = self._memory_file("memory.max_usage_in_bytes", "memory.peak")
+        with contextlib.suppress(OSError):
+            path.write_text("0")
+
     def oom_kills(self) -> int:
         """Return how many processes the kernel killed for exceeding the memory limit."""
         path = self._memory_file("memory.oom_control", "memory.events")

@@ -195,6 +195,30 @@ class Rehearsal:
         self.data = (Path(folder), ext)
         fed.wait_online(timeout)
 
+    def set_node_env(self, env: dict[str, str], timeout: float = 180.0) -> None:
+        """Restart every running SuperNode with ``env`` added to its environment.
+
+        E.g. ``{"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}``: the SuperNode's superexec
+        reads it at start. A no-op when the nodes already run with ``env``.
+        """
+        fed = self.federation
+        if fed.node_env == env:
+            return
+        fed.node_env = dict(env)
+        running = [i for i in range(self.nodes) if i in fed.nodes and fed.nodes[i].alive()]
+        for i in running:
+            fed.stop_node(i)
+        for i in running:
+            fed.start_node(i, **fed.node_configs.get(i, {}))
+        if running:
+            fed.wait_online(timeout)
+
+    def reset_peaks(self) -> None:
+        """Start the nodes' cgroup peak memory over (before a measured run)."""
+        for host in self.federation.hosts.values():
+            if host.cgroup is not None:
+                host.cgroup.reset_peak()
+
     def run_line(self, run_config: dict[str, Any] | None = None) -> str:
         """Return the operator's ``flwr run`` command line for this federation."""
         fed = self.federation
