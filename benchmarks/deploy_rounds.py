@@ -71,8 +71,8 @@ MAXFL = {
     "algorithm": "maxfl",
     "dataset": "fmnist",
     "clients-per-round": 5,
-    "maxfl-rounds": 6,
-    "maxfl-eval-every": 6,
+    "maxfl-rounds": 4,
+    "maxfl-eval-every": 4,
     "seed": 0,
     "round-timeout": 900.0,
 }

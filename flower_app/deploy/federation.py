@@ -156,6 +156,7 @@ class SecureFederation:
         cmd = superlink_command(self.certificates, self.database, self.port, self.listen)
         self.superlink = start_process(
             "superlink", cmd, self.logs, flwr_env(self.root / "superlink-home"),
+            cwd=self.database.parent,  # the ServerApp's cwd: a relative output-dir lands here
             host=self.link, die_with_parent=self.die_with_parent,
         )  # fmt: skip
         wait_for_listen(self.superlink, self.port, timeout)
