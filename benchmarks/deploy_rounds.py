@@ -127,6 +127,27 @@ def _family(reh: Rehearsal, config: dict, name: str) -> list[dict]:
     return [r for r in rows if r.get("server-round", 0) >= 1]
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """Return the table of docs/deployment.md ("Rounds at Flower's floor") for ``result``."""
+    lines = [
+        "| family (poll interval) | median round | FedAvg anchor round | ratio-to-fedavg | "
+        "÷ anchor's train exchange | node tree | FedAvg node tree | Δ tree | cgroup peak "
+        "(FedAvg) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, s in result["summary"].items():
+        family, poll = key.split("/poll-")
+        lines.append(
+            f"| {'FedSM' if family == 'fedsm' else 'MaxFL'} ({poll} s) | "
+            f"{s['family-median-round']:.1f} s | {s['fedavg-median-round']:.1f} s | "
+            f"**{s['ratio-to-fedavg']:.2f}** | {s['ratio-to-fedavg-exchange']:.2f} | "
+            f"{s['family-node-tree-mib']:.0f} MiB | {s['fedavg-node-tree-mib']:.0f} MiB | "
+            f"{s['node-tree-minus-fedavg-mib']:+.0f} MiB | {s['family-cgroup-peak-mib']:.0f} "
+            f"({s['fedavg-cgroup-peak-mib']:.0f}) MiB |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; write ``--out``; print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -247,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
     print(f"\nflwr {flwr.__version__}, {args.nodes} nodes, {device.describe()}")
     print(f"{'family / poll':<18}{'round s':>9}{'FedAvg s':>10}{'ratio':>7}{'÷exch':>7}"
           f"{'tree MiB':>10}{'FedAvg':>8}{'Δ MiB':>7}")  # fmt: skip

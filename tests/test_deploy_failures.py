@@ -10,9 +10,10 @@ exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr run
   ``degraded``, and uses both nodes again after they are restarted under the same key (the
   killed one once the SuperLink lists it offline, the terminated one at once: it
   deactivated itself).
-* The SuperLink and the ServerApp it runs are SIGKILLed after round 3; the SuperLink is
-  started again on its database, the nodes reconnect by themselves, and ``resume=true``
-  finishes with the uninterrupted run's S; afterwards no node holds a ClientApp.
+* The SuperLink and the ServerApp it runs are SIGKILLed after round 3, while a node serves a
+  message; the SuperLink is started again on its database, the nodes reconnect by themselves,
+  and ``resume=true`` finishes with the uninterrupted run's S; afterwards no node holds a
+  ClientApp (the one left waiting for its message's content when the SuperLink died is gone).
 
 Markers ``deploy`` and ``realdata`` (FLOWER_APP_DATA with ml-1m/).
 """
@@ -131,12 +132,16 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     config = {**FEDSM, "data-dir": str(data_root()), "k": 6, "run-name": "superlink-killed"}
     run = BackgroundRun(fed, config)
     run.wait_for_round(3)
-    server_side = process_tree(fed.superlink.pid)  # SuperLink, superexec, flwr-serverapp
+    deadline = time.monotonic() + 300  # kill it while a node serves a message (the worst case)
+    while not any(_clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)):
+        assert time.monotonic() < deadline and run.thread.is_alive(), "no message in flight"
+        time.sleep(0.05)
+    server_side = fed.kill_superlink()  # SuperLink, superexec, flwr-serverapp: SIGKILL
     assert len(server_side) >= 3
-    fed.kill_superlink()  # SIGKILL of its process group
     _wait_gone(server_side)
     assert not (run.folder / "summary.json").exists()
-    # what the nodes hold while the SuperLink is away
+    # what the nodes hold while the SuperLink is away: a ClientApp whose message content
+    # never arrived waits (heartbeating) for it
     apps = {i: _clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)}
     print("ClientApps running while the SuperLink is down:", apps)
     fed.start_superlink()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -173,10 +175,20 @@ class SecureFederation:
             time.sleep(0.1)
         return self.superlink
 
-    def kill_superlink(self) -> None:
-        """SIGKILL the SuperLink's process group: the SuperLink and the ServerApp it runs."""
-        if self.superlink is not None:
-            self.superlink.kill()
+    def kill_superlink(self) -> list[int]:
+        """SIGKILL the SuperLink and the ServerApp it runs (a crash of machine A's software).
+
+        Its process group gets SIGKILL, then every process of its tree as seen just before
+        (by PID: a process that left the group dies too). Returns the PIDs killed.
+        """
+        if self.superlink is None:
+            return []
+        tree = process_tree(self.superlink.pid)
+        self.superlink.kill()
+        for pid in tree[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return tree
 
     def register(self, key: NodeKey, timeout: float = 60.0) -> int:
         """Register a public key with ``flwr supernode register`` (retried until ready)."""
