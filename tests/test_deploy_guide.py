@@ -20,7 +20,6 @@ folder) by the ``node_export`` fixture; the systemd unit is not run (no systemd 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -156,7 +155,8 @@ def test_operator_commands_run_as_written_on_the_rehearsal(rehearsal, node_expor
     assert node_id in listed
     _shell(_one("flwr supernode unregister").replace("NODE_ID", node_id), tmp_path, env,
            fed.cli.prefix)  # fmt: skip
-    assert str(node_id) not in json.dumps(fed.supernodes())
+    status = {str(r["node-id"]): r["status"] for r in fed.supernodes()}
+    assert status.get(node_id, "unregistered") == "unregistered", status
     _shell(_one('flwr run . edge --stream --run-config "k=3'), PROJECT, env, fed.cli.prefix)
     runs = _shell(_one("flwr ls edge"), PROJECT, env, fed.cli.prefix)
     assert "finished:completed" in runs
