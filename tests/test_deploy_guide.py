@@ -157,9 +157,12 @@ def test_operator_commands_run_as_written_on_the_rehearsal(rehearsal, node_expor
            fed.cli.prefix)  # fmt: skip
     status = {str(r["node-id"]): r["status"] for r in fed.supernodes()}
     assert status.get(node_id, "unregistered") == "unregistered", status
-    _shell(_one('flwr run . edge --stream --run-config "k=3'), PROJECT, env, fed.cli.prefix)
-    runs = _shell(_one("flwr ls edge"), PROJECT, env, fed.cli.prefix)
-    assert "finished:completed" in runs
+    before = set(fed.runs())
+    out = _shell(_one('flwr run . edge --stream --run-config "k=3'), PROJECT, env, fed.cli.prefix)
+    run_id = re.search(r"Successfully started run (\d+)", out).group(1)
+    assert run_id not in before
+    _shell(_one("flwr ls edge"), PROJECT, env, fed.cli.prefix)  # a table (wraps its cells)
+    assert fed.runs()[run_id] == "finished:completed"  # the same list, as JSON
 
 
 @pytest.mark.deploy
