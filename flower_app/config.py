@@ -51,12 +51,11 @@ def combination_problems(values: Mapping[str, Any]) -> list[str]:
     if values["resume"] and (
         values["algorithm"] == "central-sgd"
         or family not in ("fedsm", "fedcg", "maxfl", "fedsubavg")
-        or values["server-data"] != "full"
     ):
         found.append(
             "run_config 'resume' = true is implemented for every federated algorithm (not "
-            f"central-sgd) with server-data = 'full', not for algorithm "
-            f"{values['algorithm']!r} (server-data {values['server-data']!r})"
+            "central-sgd, which trains inside the ServerApp), not for algorithm "
+            f"{values['algorithm']!r}"
         )
     if values["secure-aggregation"] and (
         family not in SECURE_FAMILIES or values["algorithm"] in NOT_SECURE

@@ -141,6 +141,9 @@ class LocalSimulation:
         if ray_address is not None:
             self.env["RAY_ADDRESS"] = ray_address
         self.superlink: subprocess.Popen | None = None
+        #: put before every ``flwr`` command (e.g. ``ip netns exec NS`` to run the CLI in
+        #: the network namespace of a rehearsal's SuperLink, flower_app.deploy.rehearsal)
+        self.prefix: list[str] = []
 
     @property
     def superlink_log(self) -> Path:
@@ -260,7 +263,8 @@ class LocalSimulation:
         name = run_config.get("run-name") or f"run-{time.monotonic_ns()}"
         cfg = {"output-dir": str(self.output_dir), **run_config, "run-name": name}
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
-        cmd = [str(BIN / "flwr"), "run", ".", *([connection] if connection else [])]
+        cmd = [*self.prefix, str(BIN / "flwr"), "run", "."]
+        cmd += [connection] if connection else []
         cmd += ["--stream", "--run-config", overrides]
         if num_supernodes is not None:
             fed = {
@@ -288,7 +292,7 @@ class LocalSimulation:
     def status(self, run_id: int) -> tuple[str, str]:
         """Return ``(status, status-details)`` of a run from ``flwr ls --format json``."""
         proc = subprocess.run(
-            [str(BIN / "flwr"), "ls", "--format", "json"],
+            [*self.prefix, str(BIN / "flwr"), "ls", "--format", "json"],
             cwd=self.project,
             env=self.env,
             capture_output=True,

@@ -16,15 +16,10 @@ against SuperLinks it owns, and a sweep of every process it started, however it 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +39,7 @@ from hypothesis import settings  # noqa: E402
 from flower_app import process_sweep  # noqa: E402
 from flower_app.inprocess_simulation import InProcessSimulation  # noqa: E402
 from flower_app.ray_cluster import LoopbackRayCluster  # noqa: E402
-from flower_app.simulation import FlwrRun, LocalSimulation  # noqa: E402
+from flower_app.simulation import LocalSimulation  # noqa: E402
 
 #: set by the process that starts the test run (xdist workers inherit it): the PID the
 #: watchdog outlives
@@ -64,85 +59,8 @@ BIN = Path(sys.executable).parent  # flower-superlink / flower-supernode of this
 FlowerCLI = LocalSimulation
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Deployment:
-    """A real SuperLink and SuperNodes (deployment mode, no simulation) on loopback."""
-
-    def __init__(self, root: Path, num_nodes: int, node_config=None) -> None:
-        """``node_config(p)``: node p's ``--node-config`` string (default: its partition)."""
-        self.root = root
-        self.port = _free_port()
-        self.procs: list[subprocess.Popen] = []
-        home = root / "home"
-        home.mkdir()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        self.cli = FlowerCLI(home, root / "runs")
-        self.cli.env.pop("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT")
-        self._start(
-            "superlink", [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port)]
-        )
-        for p in range(num_nodes):
-            node_home = root / f"node-{p}"
-            node_home.mkdir()
-            self._start(
-                f"supernode-{p}",
-                [
-                    str(BIN / "flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--port",
-                    str(_free_port()),
-                    "--node-config",
-                    (
-                        f"partition-id={p} num-partitions={num_nodes}"
-                        if node_config is None
-                        else node_config(p)
-                    ),
-                ],
-                FLWR_HOME=str(node_home),
-            )
-
-    def _start(self, name: str, cmd: list[str], **env: str) -> None:
-        log = (self.root / f"{name}.log").open("w")
-        self.procs.append(
-            subprocess.Popen(
-                cmd,
-                env={**self.cli.env, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        time.sleep(1.0)
-
-    def run(self, run_config: dict, timeout: float = 600) -> FlwrRun:
-        return self.cli.run(run_config, num_supernodes=None, timeout=timeout)
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    dep = Deployment(tmp_path_factory.mktemp("deployment"), num_nodes=3)
-    try:
-        yield dep
-    finally:
-        dep.stop()
+# the deployment fixtures (the shared edge-device rehearsal, exports, loopback deployment)
+from tests.deployment import Deployment, deployment, node_export, rehearsal  # noqa: E402, F401
 
 
 def _ray_prefix() -> str:

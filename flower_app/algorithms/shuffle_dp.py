@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
 
 __all__ = [
     "ShuffleDP",
@@ -96,7 +95,20 @@ def hockey_stick(p: np.ndarray, q: np.ndarray, epsilon: float) -> float:
     return float(np.maximum(p - math.exp(epsilon) * q, 0.0).sum())
 
 
+def _stats():  # noqa: ANN202 - scipy.stats, imported on first use
+    """Return ``scipy.stats``, imported only when a privacy bound is computed.
+
+    Importing it pulls in scipy.optimize, linalg, spatial and more (≈ 65 MiB and seconds of
+    CPU): a node's ClientApp process, which imports this module with every FedSM runner but
+    computes no bound, should not pay that per message (docs/deployment.md §9).
+    """
+    from scipy import stats
+
+    return stats
+
+
 def _delta_given_blanket(blanket: int, k: int, flip: float, epsilon: float) -> float:
+    stats = _stats()
     coins = stats.binom.pmf(np.arange(blanket + 1), blanket, 0.5)
     high = np.convolve(coins, stats.binom.pmf(np.arange(k + 1), k, 1.0 - flip / 2.0))
     low = np.convolve(coins, stats.binom.pmf(np.arange(k + 1), k, flip / 2.0))
@@ -126,6 +138,7 @@ def query_delta(n: int, k: int, flip: float, epsilon: float) -> float:
     if others <= 0:
         return _delta_given_blanket(0, k, flip, epsilon)
     # Pr[R < r] for r = 0..others; pick R* minimising δ_{R*} + Pr[R < R*] among quantiles
+    stats = _stats()
     best = 1.0
     for tail in (1e-3, 1e-5, 1e-7, 1e-9, 1e-11, 1e-13):
         r = int(stats.binom.ppf(tail, others, flip))

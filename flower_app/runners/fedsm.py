@@ -58,6 +58,7 @@ from flower_app.experiment import (
     finish_run,
     open_remote_run,
     open_run,
+    remote_checkpoint_fn,
     summary_line,
 )
 from flower_app.node_data import load_node_rows, node_partition
@@ -295,6 +296,10 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=exp.writer.log_round,
         secure_aggregation=cfg.secure,
     )
+    # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
+    strategy.checkpoint_fn = remote_checkpoint_fn(exp.writer, problem)
+    if exp.writer.checkpoint is not None:
+        strategy.resume_from(exp.writer.checkpoint)
     result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
     exp.writer.record_failures(strategy.failure_summary())
     assert strategy.run is not None

@@ -55,6 +55,7 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
+from flower_app.experiment import check_remote_resume, remote_checkpoint_fn
 from flower_app.node_data import (
     RATING_SOURCE_KEYS,
     load_node_ratings,
@@ -277,7 +278,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         "task": {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements},
         "clients-per-round-resolved": k,
     }
-    writer = RunWriter(cfg.run_folder(), config)
+    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    check_remote_resume(writer, problem)
     log(INFO, "run folder: %s (server-data = none)", writer.folder)
     if spec.dp is not None and spec.dp.reproducible:
         warn_no_privacy()
@@ -300,6 +302,14 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(values)
 
+    # resumable: the checkpoint holds x, the server step's state, the sampler, the nodes'
+    # n and model size, and the round-0 federated metrics (a resumed run does not redo them)
+    strategy.checkpoint_fn = remote_checkpoint_fn(
+        writer, problem, lambda: {"initial-metrics": dict(initial)}
+    )
+    if writer.checkpoint is not None:
+        initial.update(writer.checkpoint.get("initial-metrics", {}))
+        strategy.resume_from(writer.checkpoint)
     strategy.start(grid=grid, num_rounds=spec.rounds, timeout=cfg.round_timeout,
                    evaluate_fn=evaluate_fn)  # fmt: skip
     writer.record_failures(strategy.failure_summary())

@@ -103,7 +103,8 @@ _DECLARED = (
     Setting(
         "resume", "bool", False, _COMMON,
         "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
-        "(same run_config; FedSM and MaxFL family on flwr run); finished rounds are not redone",
+        "(same run_config; every federated algorithm on flwr run, server-data full or none); "
+        "finished rounds are not redone",
     ),
     Setting(
         "server-data", "choice", "full", _COMMON,
