@@ -89,14 +89,19 @@ def test_the_test_command_is_what_ci_runs() -> None:
 
 def test_install_is_what_ci_installs() -> None:
     parts = _readme_first_line()
-    assert parts[:2] == ["python3 -m venv .venv", ". .venv/bin/activate"]
-    readme = re.fullmatch(r'pip install "(torch==[\d.]+)" -e "\.\[([\w,]+)\]"', parts[2])
+    # the environment beside the checkout, .venv a link to it, as .ci/run makes it
+    assert parts[:3] == ['python3 -m venv "$PWD.venv"', 'ln -sfn "$PWD.venv" .venv',
+                         ". .venv/bin/activate"]  # fmt: skip
+    ci_text = (ROOT / ".ci" / "run").read_text()
+    assert 'ln -s "$PWD.venv" .venv' in ci_text
+    assert 'python3 -m venv "$(readlink -f .venv)"' in ci_text
+    readme = re.fullmatch(r'pip install "(torch==[\d.]+)" -e "\.\[([\w,]+)\]"', parts[3])
     ci = re.search(r'pip install .*"(torch==[\d.]+)" -e "\.\[([\w,]+)\]"',
                    (ROOT / ".ci" / "run").read_text())  # fmt: skip
-    assert readme and ci, (parts[2], ci)
+    assert readme and ci, (parts[3], ci)
     assert readme.group(1) == ci.group(1)  # the same torch pin
     assert set(readme.group(2).split(",")) <= set(ci.group(2).split(","))  # extras
-    assert parts[3].startswith("export ") and parts[4] == "flwr run . --stream"
+    assert parts[4].startswith("export ") and parts[5] == "flower-app run ."
 
 
 def test_getting_started_install_is_the_readmes() -> None:
@@ -180,9 +185,9 @@ def test_flwr_run_blocks(tmp_path) -> None:
     port = _free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(port)  # never the machine-wide default
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
-    exports = _readme_first_line()[3]
+    exports = _readme_first_line()[4]
     runs = {
-        "main job": " && ".join(_readme_first_line()[3:]),
+        "main job": " && ".join(_readme_first_line()[4:]),
         "README simulation": f"{exports} && {_block(README, 1).strip()}",
         "getting started": f"{exports} && {_block(GETTING_STARTED, 1).strip()}",
     }
