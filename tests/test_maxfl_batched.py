@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_app.algorithms.learning import (
+from flower_app.algorithms.maxfl.learning import (
     local_sgd,
     local_sgd_batched,
     make_model,
@@ -131,7 +131,11 @@ def test_direct_engine_batched_run_matches_one_by_one(algorithm) -> None:
 
 
 def test_solo_models_trained_together_match_one_by_one() -> None:
-    from flower_app.algorithms.learning import LocalConfig, solo_requirement, solo_requirements
+    from flower_app.algorithms.maxfl.learning import (
+        LocalConfig,
+        solo_requirement,
+        solo_requirements,
+    )
     from flower_app.datasets.federated import ClientData
 
     raw = _clients([40, 45, 60], seed=4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from flower_app.algorithms.learning import (
+from flower_app.algorithms.maxfl.learning import (
     LocalConfig,
     local_sgd,
     make_model,

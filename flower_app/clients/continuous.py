@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.continuous import LocalSteps, UserEntries, user_direction_sum
+from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
     histogram_sum,
     importance_factors,
     participation_probabilities,
 )
-from flower_app.algorithms.fedcg import LocalSteps, UserEntries, user_direction_sum
 from flower_app.clients.submodular import SubmodularClient, encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -91,7 +91,7 @@ class ContinuousClient(SubmodularClient):
         The node's ``context.state`` (keeps the histogram O between rounds); a private
         RecordDict when None.
     cache : dict, optional
-        Per-process cache for :class:`~flower_app.algorithms.fedcg.UserEntries`.
+        Per-process cache for :class:`~flower_app.algorithms.fedcg.continuous.UserEntries`.
     """
 
     def __init__(

@@ -40,19 +40,19 @@ import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.continuous import (
+    LocalSteps,
+    matroid_from_spec,
+    set_function_direction,
+    user_direction_sum,
+)
+from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
     histogram_sum,
     importance_factors,
     participation_probabilities,
     set_function_importance,
     set_function_report,
-)
-from flower_app.algorithms.fedcg import (
-    LocalSteps,
-    matroid_from_spec,
-    set_function_direction,
-    user_direction_sum,
 )
 from flower_app.clients.continuous import HISTOGRAM_RECORD, encode_int_report
 from flower_app.clients.submodular import encode_report

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.fedsm import ENTRY_BYTES
-from flower_app.algorithms.fedsm_amplify import SURROGATES
-from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
-from flower_app.algorithms.fedsm_sampling import check_scheme
+from flower_app.algorithms.fedsm.amplify import SURROGATES
+from flower_app.algorithms.fedsm.core import ENTRY_BYTES
+from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
+from flower_app.algorithms.fedsm.sampling import check_scheme
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
@@ -122,7 +122,7 @@ class SubmodularClient(NumPyClient):
         """Report the summed values of the sampled users for one FedSM round.
 
         Algorithm 1 (lines 6-12), Algorithm 2 (lines 10-13), or either on the amplification
-        surrogate; the math is :func:`~flower_app.algorithms.fedsm_modes.cohort_report`.
+        surrogate; the math is :func:`~flower_app.algorithms.fedsm.modes.cohort_report`.
 
         Parameters
         ----------

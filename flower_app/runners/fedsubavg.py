@@ -37,8 +37,9 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.dp_noise import warn_no_privacy
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import warn_no_privacy
+from flower_app.algorithms.common.gaussian_dp import GaussianDP, privacy_summary
+from flower_app.algorithms.fedsubavg.core import (
     ALGORITHM_NAMES,
     VALUE_BYTES,
     AdamConfig,
@@ -48,9 +49,8 @@ from flower_app.algorithms.fedsubavg import (
     client_bytes,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.gaussian_dp import GaussianDP, privacy_summary
-from flower_app.algorithms.torch_tasks import TORCH_DATASETS
+from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
+from flower_app.algorithms.fedsubavg.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError

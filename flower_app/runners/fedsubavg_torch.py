@@ -2,7 +2,7 @@
 
 :func:`run_torch_strategy` runs :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`
 in plain mode (named arrays, one client per node) with the same settings the direct engine
-(:func:`~flower_app.algorithms.fedsubavg_torch.run_torch_direct`) takes, and evaluates the
+(:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`) takes, and evaluates the
 full model centrally after each round (``evaluate_fn``) with the same task method, so both
 return the same rows for the same seed. The nodes run the app's ClientApp, which routes the
 messages to :class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
@@ -24,15 +24,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import AdamConfig, resolve_clients_per_round
-from flower_app.algorithms.fedsubavg_torch import (
+from flower_app.algorithms.fedsubavg.core import AdamConfig, resolve_clients_per_round
+from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
     TorchRunSpec,
     initial_state,
     load_values,
     run_torch_direct,
 )
-from flower_app.algorithms.torch_tasks import METRIC_KEYS, TorchSubmodelTask, load_torch_task
+from flower_app.algorithms.fedsubavg.torch_tasks import (
+    METRIC_KEYS,
+    TorchSubmodelTask,
+    load_torch_task,
+)
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter

@@ -1,7 +1,7 @@
 """FedDiscreteGreedyStrategy: the federated discrete greedy with importance factors.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting", Algs. 3-5.
-The math lives in :mod:`flower_app.algorithms.discrete_greedy`; the message contract is the
+The math lives in :mod:`flower_app.algorithms.fedcg.discrete_greedy`; the message contract is the
 table of :mod:`flower_app.strategies.fedcg` (rows ``train.histogram``, ``train.importance``,
 ``train.discrete``).
 """
@@ -23,8 +23,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,

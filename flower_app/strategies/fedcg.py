@@ -4,8 +4,9 @@ The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which live
 ``flower_app.strategies.discrete_greedy``.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
-lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
-this module moves it over Flower's Message API on
+lives in :mod:`flower_app.algorithms.fedcg.continuous` and
+:mod:`flower_app.algorithms.fedcg.discrete_greedy`; this module moves it over Flower's
+Message API on
 :class:`~flower_app.strategies.base.RoundStrategy`.
 
 Two client modes:
@@ -88,8 +89,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
-from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.algorithms.fedcg.continuous import ROUNDINGS, FedCGServer, LocalSteps
+from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,

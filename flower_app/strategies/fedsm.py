@@ -3,8 +3,8 @@
 Rafiey, Namani & Charalambides (2025), "Federated Submodular Maximization: Improved
 Communication Rounds and Bit Complexity": Algorithm 1 (k rounds), Algorithm 2 (O(log m)
 rounds) and Algorithm 3 (amplification). The math lives in :mod:`flower_app.algorithms`
-(:mod:`~flower_app.algorithms.fedsm_modes` ties the modes together,
-:mod:`~flower_app.algorithms.fedsm_user` is one user with any utility); this module moves it
+(:mod:`~flower_app.algorithms.fedsm.modes` ties the modes together,
+:mod:`~flower_app.algorithms.fedsm.user` is one user with any utility); this module moves it
 over Flower's Message API, on the loop of :class:`~flower_app.strategies.base.RoundStrategy`.
 """
 
@@ -29,8 +29,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm import decode_report
-from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.algorithms.fedsm.core import decode_report
+from flower_app.algorithms.fedsm.modes import MODES, FedSMParams, FedSMRun, RoundPlan
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -191,7 +191,7 @@ class FedSMStrategy(RoundStrategy):
         All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
         replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
         (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
-        proportional, same law; :mod:`flower_app.algorithms.fedsm_sampling`) is sent to the
+        proportional, same law; :mod:`flower_app.algorithms.fedsm.sampling`) is sent to the
         nodes with every round.
     lam : float, optional
         λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode

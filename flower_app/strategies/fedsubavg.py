@@ -3,8 +3,8 @@
 Ding et al. (NeurIPS 2022), "Federated Submodel Optimization for Hot and Cold Data
 Features", Algorithm 1, and the baselines of Section 5.1 on the same message contract:
 FedAvg, FedProx (μ = 0.01), FedAdam (Table 5) and the server-side SCAFFOLD approximation of
-Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg` (server steps on a
-flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg_named` (a model of named
+Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg.core` (server steps on a
+flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg.named` (a model of named
 arrays mapped onto that vector); this module moves it over Flower's Message API on the loop
 of :class:`~flower_app.strategies.base.RoundStrategy`.
 
@@ -38,7 +38,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
+from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     AdamConfig,
     ClientSampler,
@@ -51,13 +52,12 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import (
+from flower_app.algorithms.fedsubavg.named import (
     NamedLayout,
     named_heat,
     named_heat_from_counts,
     rows_key,
 )
-from flower_app.algorithms.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,

@@ -24,8 +24,8 @@ from flwr.app import (
 )
 from flwr.common import log
 
-from flower_app.algorithms.fedcg import matroid_spec
-from flower_app.algorithms.fedsm import decode_report
+from flower_app.algorithms.fedcg.continuous import matroid_spec
+from flower_app.algorithms.fedsm.core import decode_report
 from flower_app.strategies.base import (
     AllRepliesRejectedError,
     CheckedReplies,

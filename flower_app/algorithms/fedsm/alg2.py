@@ -44,9 +44,9 @@ from typing import Protocol
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm import user_rng
-from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw, support_draw
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.fedsm.core import user_rng
+from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw, support_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -266,9 +266,9 @@ def pair_report_sum(
     replace=False)``. ``"batched"``: when ``gains`` has ``support(users, pool)`` (the
     elements of X where user i can gain; its pairs are those elements × every prefix), only
     D_i ∩ A_i is drawn for all users at once
-    (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`, the same law in time
+    (:func:`~flower_app.algorithms.fedsm.sampling.support_draw`, the same law in time
     proportional to |A_i|); otherwise D_i is drawn densely from the keyed generator
-    (:func:`~flower_app.algorithms.fedsm_sampling.dense_draw`).
+    (:func:`~flower_app.algorithms.fedsm.sampling.dense_draw`).
 
     Parameters
     ----------

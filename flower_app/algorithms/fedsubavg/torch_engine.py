@@ -2,14 +2,14 @@
 
 Both engines run :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`'s plain-mode
 rounds (one client per node, its submodel = the declared rows of each sparse table + the
-dense arrays, :mod:`flower_app.algorithms.fedsubavg_named`):
+dense arrays, :mod:`flower_app.algorithms.fedsubavg.named`):
 
 1. the counting query: each client declares its rows and n_c (:func:`named_heat`);
 2. each round the server samples K clients uniformly without replacement
    (``random.Random(seed)``, over clients ordered by partition id), sends each its submodel,
    the client runs :func:`local_train` and returns its rows; the server sums c·(x_c − x)
-   by row in client order (:func:`~flower_app.algorithms.fedsubavg.merge_updates`) and
-   applies the algorithm's step (:func:`~flower_app.algorithms.fedsubavg.make_server_update`);
+   by row in client order (:func:`~flower_app.algorithms.fedsubavg.core.merge_updates`) and
+   applies the algorithm's step (:func:`~flower_app.algorithms.fedsubavg.core.make_server_update`);
 3. the full model is evaluated centrally after every round (:meth:`TorchSubmodelTask.evaluate`).
 
 :func:`run_torch_direct` does it in one process; :func:`run_torch_strategy` drives the real
@@ -18,7 +18,7 @@ strategy over a Flower ``Grid`` whose nodes run
 seed (tested): same clients, same batches (``client_rng(seed, t, c)``), same float order.
 
 Local training (:func:`local_train`) is plain SGD, I iterations of batch B sampled as
-:func:`~flower_app.algorithms.fedsubavg.batch_schedule` does (the MovieLens task's stream),
+:func:`~flower_app.algorithms.fedsubavg.core.batch_schedule` does (the MovieLens task's stream),
 with the options the authors' Amazon code uses: learning rate γ·decay^(t−1) and global-norm
 gradient clipping (their 0.999 and 5). FedProx adds μ(x − x¹) to the gradient. Torch runs on
 one thread inside :func:`local_train` so results do not depend on the thread count (Ray's
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.fedsubavg.core import (
     CENTRAL_STREAM,
     AdamConfig,
     batch_schedule,
@@ -47,8 +47,8 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat
-from flower_app.algorithms.torch_tasks import TorchSubmodelTask
+from flower_app.algorithms.fedsubavg.named import NamedLayout, named_heat
+from flower_app.algorithms.fedsubavg.torch_tasks import TorchSubmodelTask
 
 __all__ = [
     "TORCH_ALGORITHMS",

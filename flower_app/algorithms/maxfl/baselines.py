@@ -4,7 +4,7 @@ All updates use Δw_k = w − w_k^(τ) (what a client moved *down* its loss), as
 
 * FedAvg (McMahan et al. 2017): w ← w − η_g · (1/|S|) Σ Δw_k (uniform over the sampled
   clients, so that MaxFL with equal gaps is exactly a FedAvg step; see
-  :mod:`flower_app.algorithms.maxfl`).
+  :mod:`flower_app.algorithms.maxfl.core`).
 * FedProx (Li et al. 2020): the FedAvg server step; the clients add (μ/2)‖w_k − w‖².
 * q-FFL / q-FedAvg (Li et al. 2019, ICLR 2020): with L = 1/η_l,
   Δ_k = F_k(w)^q · L·Δw_k and h_k = q F_k(w)^{q−1} ‖L·Δw_k‖² + L F_k(w)^q;

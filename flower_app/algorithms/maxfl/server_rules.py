@@ -2,8 +2,8 @@
 
 A :class:`ServerRule` says what the sampled clients receive, which per-client settings go
 with them, which reply values are valid, and how the summed replies move the server's
-state (:class:`~flower_app.algorithms.appeal.AppealServer` holds the state; a rule holds
-none; the clients' side is :class:`flower_app.algorithms.learning.LocalRule`).
+state (:class:`~flower_app.algorithms.maxfl.appeal.AppealServer` holds the state; a rule holds
+none; the clients' side is :class:`flower_app.algorithms.maxfl.learning.LocalRule`).
 :data:`RULES` maps each algorithm name of the run_config to its rule, so the protocol and
 the strategy ask the rule instead of comparing names:
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from flower_app.algorithms.fl_baselines import (
+from flower_app.algorithms.maxfl.baselines import (
     check_mw_eta,
     fedavg_update,
     mwfed_reweight,
@@ -35,10 +35,10 @@ from flower_app.algorithms.fl_baselines import (
     qffl_update,
     scaffold_control_update,
 )
-from flower_app.algorithms.maxfl import Q_MAX, adaptive_server_lr, maxfl_update
+from flower_app.algorithms.maxfl.core import Q_MAX, adaptive_server_lr, maxfl_update
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flower_app.algorithms.appeal import AppealServer, TrainOutcome
+    from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome
 
 __all__ = [
     "RULES",

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from flower_app.algorithms.fl_baselines import mwfed_local_steps, qffl_delta_h
-from flower_app.algorithms.maxfl import aggregation_weight
+from flower_app.algorithms.maxfl.baselines import mwfed_local_steps, qffl_delta_h
+from flower_app.algorithms.maxfl.core import aggregation_weight
 from flower_app.datasets.federated import ClientData
 from flower_app.models.mlp import MLP, layer_sizes
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
+from flower_app.algorithms.common.counts import resolve_count
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, local_sgd, log_loss, logits, sigmoid
 

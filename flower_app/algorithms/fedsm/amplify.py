@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from flower_app.algorithms.fedsm_alg2 import support_elements
+from flower_app.algorithms.fedsm.alg2 import support_elements
 from flower_app.submodular.multilinear import entry_gradients, sampled_entry_gradients
 from flower_app.submodular.objectives import MaxRowObjective
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm_sampling import check_scheme, support_draw
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -127,7 +127,7 @@ def sampled_entry_sum(
     With ``rng="per-user"`` the draw of user ``ids[p]`` is ``user_rng(seed, server_round,
     ids[p]).choice(|pool|, d, replace=False)`` (positions in ``pool``); with ``"batched"``
     only D_i ∩ A_i is drawn, A_i the user's positive entries in ``pool``, for all users at
-    once (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`: the same law, time
+    once (:func:`~flower_app.algorithms.fedsm.sampling.support_draw`: the same law, time
     proportional to |A_i|). Either way the sum over any set of users does not depend on how
     the users are split over nodes. Users without a positive entry in ``pool`` report only
     zeros whatever they draw, so their draw is skipped.
@@ -154,7 +154,7 @@ def sampled_entry_sum(
     n_elements : int
         Ground-set size m (length of the result).
     rng : str, optional
-        ``"per-user"`` (default) or ``"batched"`` (:mod:`~flower_app.algorithms.fedsm_sampling`).
+        ``"per-user"`` (default) or ``"batched"`` (:mod:`~flower_app.algorithms.fedsm.sampling`).
 
     Returns
     -------

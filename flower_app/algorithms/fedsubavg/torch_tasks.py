@@ -1,7 +1,7 @@
 """FedSubAvg's non-linear tasks as torch models with sparse tables: Sent140 (LSTM), Amazon (DIN).
 
 A :class:`TorchSubmodelTask` binds a federated dataset to a model whose embedding tables are
-FedSubAvg's sparse submodels (:mod:`flower_app.algorithms.fedsubavg_named` maps such a model
+FedSubAvg's sparse submodels (:mod:`flower_app.algorithms.fedsubavg.named` maps such a model
 onto the flat vector the server steps act on). It says, for client c (0..N−1):
 
 * which rows of each sparse table its training data touches (:meth:`client_rows`: its
@@ -11,7 +11,7 @@ onto the flat vector the server steps act on). It says, for client c (0..N−1):
   addressed by their global training index, so CentralSGD's pooled batches use it too);
 
 and evaluates a full model centrally (:meth:`evaluate`). Both engines
-(:mod:`flower_app.algorithms.fedsubavg_torch`) use exactly these methods.
+(:mod:`flower_app.algorithms.fedsubavg.torch_engine`) use exactly these methods.
 
 Tasks
 =====

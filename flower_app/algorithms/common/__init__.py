@@ -1,0 +1,12 @@
+"""What several algorithm families use.
+
+=================  ============================================================================
+module             what it holds
+=================  ============================================================================
+``counts``         counts given as fractions or absolute numbers (K clients, d elements)
+``dp_noise``       where DP noise comes from: OS entropy on the node (a seed only in the
+                   research mode ``dp-reproducible-noise``)
+``gaussian_dp``    client-level DP by clipping and distributed Gaussian noise, and its
+                   Rényi-DP accountant (MaxFL's and FedSubAvg's families)
+=================  ============================================================================
+"""

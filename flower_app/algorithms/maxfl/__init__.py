@@ -1,0 +1,21 @@
+"""MaxFL (Cho, Jhunjhunwala, Li, Smith & Joshi, TMLR 2024) and the baselines of its paper.
+
+=================  ============================================================================
+module             what it holds
+=================  ============================================================================
+``core``           MaxFL's math: the aggregation weight q_k (Eq. 4), the adaptive global
+                   learning rate and server step (Algorithm 1), the objective (Eq. 3) and
+                   GM-Appeal (Eq. 1)
+``baselines``      the baselines' server steps: FedAvg, FedProx, q-FFL, SCAFFOLD, MW-Fed
+``server_rules``   one :class:`~.server_rules.ServerRule` per algorithm: what the clients
+                   receive, which replies are valid, how the sums move the server's state
+``learning``       the clients' side: local SGD (one by one or batched), Per-FedAvg and
+                   pFedMe steps, the solo model that sets ρ_k, one
+                   :class:`~.learning.LocalRule` per algorithm, the tuned evaluation
+``participation``  which seen clients train in a round (flexible participation, Section 3,
+                   Table 1)
+``appeal``         the round protocol written once for both engines (opt-in, sampling,
+                   training, step, evaluation) and the server state
+                   (:class:`~.appeal.AppealServer`)
+=================  ============================================================================
+"""
