@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.maxfl.learning import (
+    TRAIN,
     local_sgd,
     local_sgd_batched,
     make_model,
     single_thread,
-    user_rng,
 )
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
@@ -46,7 +47,7 @@ def _one_by_one(data, prox_mu=0.0, corrections=None, steps=10, b=8) -> list[list
         for k, (x, y) in enumerate(data):
             model = make_model(_init(), 5, 0.3)
             local_sgd(
-                model, x, y, steps, 0.1, b, user_rng(3, 1, k), prox_mu=prox_mu,
+                model, x, y, steps, 0.1, b, user_rng(3, 1, k, TRAIN), prox_mu=prox_mu,
                 correction=None if corrections is None else corrections[k],
             )  # fmt: skip
             out.append(model.get_weights())
@@ -57,7 +58,8 @@ def _batched(data, users, prox_mu=0.0, corrections=None, steps=10, b=8):
     models = [make_model(_init(), 5, 0.3) for _ in users]
     with single_thread():
         local_sgd_batched(
-            models, [data[k] for k in users], steps, 0.1, b, [user_rng(3, 1, k) for k in users],
+            models, [data[k] for k in users], steps, 0.1, b,
+            [user_rng(3, 1, k, TRAIN) for k in users],
             prox_mu=prox_mu,
             corrections=None if corrections is None else [corrections[k] for k in users],
         )  # fmt: skip

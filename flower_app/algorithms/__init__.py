@@ -16,7 +16,8 @@ subpackage    what lives there
 ``fedsubavg`` FedSubAvg (Ding et al., NeurIPS 2022, Algorithm 1) and its baselines on
               submodels: server steps, the direct engine, named-array models, DP, the torch
               tasks (Sent140 LSTM, Amazon DIN)
-``common``    what several families use: counts given as fractions, where DP noise comes
-              from, client-level Gaussian DP with its accountant
+``common``    what several families use: counts given as fractions, the users' random
+              streams, where DP noise comes from, client-level Gaussian DP with its
+              accountant
 ============  ==============================================================================
 """

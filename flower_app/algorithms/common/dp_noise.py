@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from flower_app.algorithms.common.streams import user_rng
+
 __all__ = ["DP_NOISE", "DP_STREAM", "NO_PRIVACY_NOTE", "NoiseSource", "warn_no_privacy"]
 
 #: the fourth word of a client's Gaussian noise key in the reproducible research mode
@@ -69,7 +71,7 @@ class NoiseSource:
         ``stream`` do not enter it).
         """
         if self.reproducible:
-            return np.random.default_rng([self.seed, int(server_round), int(user), int(stream)])
+            return user_rng(self.seed, server_round, user, stream)
         if self._fresh is None:
             self._fresh = np.random.default_rng()
         return self._fresh

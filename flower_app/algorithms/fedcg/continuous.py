@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
-from flower_app.algorithms.fedsm.core import user_rng
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from flower_app.submodular.polytope import (

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.fedsm.core import user_rng
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 

@@ -45,7 +45,7 @@ from typing import Protocol
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
-from flower_app.algorithms.fedsm.core import user_rng
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw, support_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective

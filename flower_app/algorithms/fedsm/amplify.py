@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.alg2 import support_elements
 from flower_app.submodular.multilinear import entry_gradients, sampled_entry_gradients
 from flower_app.submodular.objectives import MaxRowObjective
@@ -73,7 +74,7 @@ def user_uniforms(
     """
     counts = np.diff(rows.indptr)
     parts = [
-        np.random.default_rng([int(seed), int(server_round), int(u), 1]).random((c, samples))
+        user_rng(seed, server_round, u, 1).random((c, samples))
         for u, c in zip(ids.tolist(), counts.tolist(), strict=True)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, samples))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -45,18 +46,12 @@ __all__ = [
     "run_fedsm_direct",
     "sampled_entry_sum",
     "user_report_sum",
-    "user_rng",
 ]
 
 #: bytes of one sparse report entry on the wire: int32 element id + float64 value
 ENTRY_BYTES = 12
 #: users processed together when building the membership masks (bounds memory)
 _CHUNK = 2048
-
-
-def user_rng(seed: int, server_round: int, user: int) -> np.random.Generator:
-    """Return user ``user``'s random stream for round ``server_round`` (DESIGN principle 4)."""
-    return np.random.default_rng([int(seed), int(server_round), int(user)])
 
 
 def user_report_sum(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
-from flower_app.algorithms.fedsm.core import user_rng
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.alg2 import pair_report_sum
-from flower_app.algorithms.fedsm.core import user_rng
 from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
 from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw
 from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts

@@ -15,7 +15,7 @@ dense arrays, :mod:`flower_app.algorithms.fedsubavg.named`):
 :func:`run_torch_direct` does it in one process; :func:`run_torch_strategy` drives the real
 strategy over a Flower ``Grid`` whose nodes run
 :func:`flower_app.clients.torch_tasks.torch_task_client_app`. They agree exactly for the same
-seed (tested): same clients, same batches (``client_rng(seed, t, c)``), same float order.
+seed (tested): same clients, same batches (``user_rng(seed, t, c)``), same float order.
 
 Local training (:func:`local_train`) is plain SGD, I iterations of batch B sampled as
 :func:`~flower_app.algorithms.fedsubavg.core.batch_schedule` does (the MovieLens task's stream),
@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsubavg.core import (
     CENTRAL_STREAM,
     AdamConfig,
     batch_schedule,
-    client_rng,
     make_server_update,
     merge_updates,
     resolve_clients_per_round,
@@ -162,10 +162,10 @@ def local_train(
 ) -> float:
     """Run client ``client``'s I local SGD steps on ``model`` (in place); return the mean loss.
 
-    Batches come from ``client_rng(seed, server_round, client)`` as in the MovieLens task.
+    Batches come from ``user_rng(seed, server_round, client)`` as in the MovieLens task.
     """
     n = task.n_train(client)
-    batches = batch_schedule(client_rng(seed, server_round, client), n, local.iters, local.batch)
+    batches = batch_schedule(user_rng(seed, server_round, client), n, local.iters, local.batch)
     batches += int(task.train_ptr[client])
     params = [p for p in model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params] if local.proximal_mu > 0 else []
@@ -237,7 +237,7 @@ def sample_clients(rng: random.Random, n_clients: int, k: int) -> list[int]:
 
 def _central_round(task, model, spec: TorchRunSpec, k: int, server_round: int) -> float:
     """CentralSGD: I steps of batch K·B from the pooled training set (Section 5.1)."""
-    rng = client_rng(spec.seed, server_round, CENTRAL_STREAM)
+    rng = user_rng(spec.seed, server_round, CENTRAL_STREAM)
     local = spec.local
     batches = batch_schedule(rng, task.n_train_total, local.iters, k * local.batch)
     lr = local.lr * local.lr_decay ** (server_round - 1)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.maxfl.baselines import mwfed_local_steps, qffl_delta_h
 from flower_app.algorithms.maxfl.core import aggregation_weight
 from flower_app.datasets.federated import ClientData
@@ -58,7 +59,6 @@ __all__ = [
     "solo_requirement",
     "train_user",
     "tuned_eval",
-    "user_rng",
 ]
 
 TRAIN, SOLO, TUNE, BYZANTINE = 0, 1, 2, 3
@@ -136,11 +136,6 @@ class LocalConfig:
             raise ValueError("perfedavg_alpha, pfedme_lambda and pfedme_lr must be > 0")
         if self.pfedme_k < 1:
             raise ValueError("pfedme_k must be >= 1")
-
-
-def user_rng(seed: int, server_round: int, user: int, purpose: int = TRAIN) -> np.random.Generator:
-    """Return client ``user``'s stream for ``server_round`` and ``purpose`` (principle 4)."""
-    return np.random.default_rng([int(seed), int(server_round), int(user), int(purpose)])
 
 
 @contextlib.contextmanager
