@@ -56,13 +56,13 @@ from flower_app.algorithms.common.gaussian_dp import (
     dp_settings,
     privatize,
 )
+from flower_app.algorithms.common.threads import single_thread
 from flower_app.algorithms.maxfl.learning import (
     LOCAL_RULES,
     LocalConfig,
     SoloResult,
     evaluate,
     make_model,
-    single_thread,
     solo_requirement,
     solo_requirements,
     train_users,

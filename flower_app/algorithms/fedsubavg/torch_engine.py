@@ -27,10 +27,9 @@ actors run on one).
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 
 from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.common.threads import single_thread
 from flower_app.algorithms.fedsubavg.core import (
     CENTRAL_STREAM,
     AdamConfig,
@@ -59,7 +59,6 @@ __all__ = [
     "local_train",
     "model_values",
     "run_torch_direct",
-    "torch_threads",
 ]
 
 #: algorithms of the torch tasks (CentralSGD runs in the direct engine only)
@@ -112,17 +111,6 @@ class TorchLocalConfig:
         )
 
 
-@contextlib.contextmanager
-def torch_threads(n: int = 1) -> Iterator[None]:
-    """Run the block with ``n`` torch threads (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def initial_state(task: TorchSubmodelTask, seed: int) -> dict[str, np.ndarray]:
     """Return the initial model's named arrays (torch seeded with ``seed``)."""
     torch.manual_seed(int(seed))
@@ -172,7 +160,7 @@ def local_train(
     lr = local.lr * local.lr_decay ** (server_round - 1)
     losses = []
     model.train()
-    with torch_threads(1):
+    with single_thread():
         for batch in batches:
             model.zero_grad(set_to_none=True)
             loss = task.batch_loss(model, batch)

@@ -25,8 +25,7 @@ Choices where the paper is silent (also in the README):
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.common.threads import single_thread
 from flower_app.algorithms.maxfl.baselines import mwfed_local_steps, qffl_delta_h
 from flower_app.algorithms.maxfl.core import aggregation_weight
 from flower_app.datasets.federated import ClientData
@@ -55,7 +55,6 @@ __all__ = [
     "make_model",
     "perfedavg_steps",
     "pfedme_steps",
-    "single_thread",
     "solo_requirement",
     "train_user",
     "tuned_eval",
@@ -136,17 +135,6 @@ class LocalConfig:
             raise ValueError("perfedavg_alpha, pfedme_lambda and pfedme_lr must be > 0")
         if self.pfedme_k < 1:
             raise ValueError("pfedme_k must be >= 1")
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one thread inside the block (reproducible sums, no oversubscription)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def make_model(weights: Sequence[np.ndarray], n_classes: int, dropout: float) -> MLP:
