@@ -14,7 +14,7 @@ from local_grid import LocalGrid
 from maxfl_configs import SMALL as MAXFL_SMALL
 
 from flower_app import registry
-from flower_app.algorithms.maxfl.learning import local_sgd, local_sgd_batched, make_model
+from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched, make_model
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import federation_from_clients
 from flower_app.datasets.images import LabelledImages

@@ -61,13 +61,12 @@ from flower_app.algorithms.maxfl.learning import (
     LOCAL_RULES,
     LocalConfig,
     SoloResult,
-    evaluate,
-    make_model,
     solo_requirement,
     solo_requirements,
     train_users,
     tuned_eval,
 )
+from flower_app.algorithms.maxfl.local_steps import evaluate, make_model
 from flower_app.algorithms.maxfl.server_rules import rule_for
 from flower_app.datasets.federated import Federation
 from flower_app.models.mlp import MLP

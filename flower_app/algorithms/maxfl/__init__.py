@@ -9,9 +9,12 @@ module             what it holds
 ``baselines``      the baselines' server steps: FedAvg, FedProx, q-FFL, SCAFFOLD, MW-Fed
 ``server_rules``   one :class:`~.server_rules.ServerRule` per algorithm: what the clients
                    receive, which replies are valid, how the sums move the server's state
-``learning``       the clients' side: local SGD (one by one or batched), Per-FedAvg and
-                   pFedMe steps, the solo model that sets ρ_k, one
-                   :class:`~.learning.LocalRule` per algorithm, the tuned evaluation
+``learning``       the clients' side of a round: one :class:`~.learning.LocalRule` per
+                   algorithm (which local steps, what the client sends), the solo model
+                   that sets ρ_k, the locally-tuned evaluation (Table 3)
+``local_steps``    the clients' optimisers on the MLP: local SGD (with FedProx's and
+                   SCAFFOLD's terms; one by one or batched), Per-FedAvg's and pFedMe's
+                   steps
 ``participation``  which seen clients train in a round (flexible participation, Section 3,
                    Table 1)
 ``appeal``         the round protocol written once for both engines (opt-in, sampling,
