@@ -17,7 +17,8 @@ subpackage    what lives there
               submodels: server steps, the direct engine, named-array models, DP, the torch
               tasks (Sent140 LSTM, Amazon DIN)
 ``common``    what several families use: counts given as fractions, the users' random
-              streams, torch on one thread, where DP noise comes from, client-level
-              Gaussian DP with its accountant
+              streams, the greedy servers' step (best feasible element), torch on one
+              thread, where DP noise comes from, client-level Gaussian DP with its
+              accountant
 ============  ==============================================================================
 """

@@ -45,6 +45,7 @@ from typing import Protocol
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.greedy_step import check_greedy_run
 from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw, support_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
@@ -453,12 +454,7 @@ class FedSMAlg2Server:
     rounds: list[Alg2Round] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be a positive int")
-        if self.k > self.matroid.rank:
-            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        check_greedy_run(self.seed, self.k, self.matroid)
         if not (math.isfinite(self.epsilon) and 0.0 < self.epsilon < 1.0):
             raise ValueError(f"epsilon={self.epsilon} must lie in (0, 1)")
         m = self.matroid.n_elements

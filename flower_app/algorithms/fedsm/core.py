@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
 from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw
 from flower_app.submodular.matroids import Matroid
@@ -246,12 +247,7 @@ class FedSMServer:
     rng: np.random.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be a positive int")
-        if self.k > self.matroid.rank:
-            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        check_greedy_run(self.seed, self.k, self.matroid)
         m = self.matroid.n_elements
         self.K = resolve_count(self.clients_per_round, self.n_users, "clients-per-round")
         self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
@@ -290,10 +286,7 @@ class FedSMServer:
         if report_sum.shape != (m,) or not np.all(np.isfinite(report_sum)):
             raise ValueError(f"report sum must be a finite vector of length {m}")
         d = self.round_d()
-        feasible = self.matroid.feasible_mask(self.selected)
-        if not feasible.any():
-            raise RuntimeError("no feasible element left: k exceeds the rank")
-        e = int(np.argmax(np.where(feasible, report_sum, -np.inf)))
+        e = best_feasible(report_sum, self.matroid, self.selected)
         scale = (m - len(self.selected)) / (d * max(users, 1))
         record = FedSMRound(
             server_round=len(self.selected) + 1,
