@@ -31,7 +31,6 @@ from flower_app.algorithms.maxfl.baselines import (
     fedavg_update,
     mwfed_reweight,
     mwfed_shares,
-    mwfed_update,
     qffl_update,
     scaffold_control_update,
 )
@@ -209,7 +208,7 @@ class MWFedRule(ServerRule):
         if missing:
             raise ValueError(f"MW-Fed: clients {missing} were not sent a weight this round")
         share_sum = float(sum(shares[u] for u in sorted(outcome.ids)))  # engine-free order
-        server.weights = mwfed_update(server.weights, outcome.sums, share_sum, server.server_lr)
+        server.weights = fedavg_update(server.weights, outcome.sums, share_sum, server.server_lr)
         ids = np.asarray(outcome.ids, dtype=np.int64)
         unmet = ~np.asarray(outcome.met, dtype=bool)
         server.mw_weights[ids] = mwfed_reweight(server.mw_weights[ids], unmet, server.mw_eta)
