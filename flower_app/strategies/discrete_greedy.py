@@ -42,14 +42,13 @@ from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
     decode_int_report,
-    drop_replies,
-    majority_m,
     matroid_entries,
     named_record,
     positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
+    resolve_m,
     train_message,
 )
 
@@ -363,15 +362,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             raise AllRepliesRejectedError(
                 f"importance factors: no usable histogram; first: {checked.first_error}"
             )
-        m = majority_m(checked, lambda value: value[3])
-        drop_replies(
-            checked,
-            lambda s, v: None if v[3] == m else f"histogram for m={v[3]}; the run has m={m}",
-            "importance factors",
-        )
-        checked.accepted = [
-            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
-        ]
+        m = resolve_m(checked, lambda value: value[3], "histogram", "importance factors")
         matroid = build_matroid(m, self.k, self.groups, self.capacities)
         self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
         senders = [src for src, _ in checked.accepted]

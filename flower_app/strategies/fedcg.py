@@ -106,13 +106,13 @@ from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
     drop_replies,
-    majority_m,
     matroid_entries,
     named_record,
     positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
+    resolve_m,
     train_message,
 )
 from flower_app.submodular.rounding import check_in_polytope, greedy_rounding
@@ -505,18 +505,8 @@ class FedCGStrategy(RoundStrategy):
 
     def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
         """Plain mode, first replies: fix m and the matroid; leave out the others."""
-        m = majority_m(checked, lambda value: value[5])
         context = f"round {server_round}"
-        drop_replies(
-            checked,
-            lambda _, value: (
-                None if value[5] == m else f"reply for m={value[5]}; the run has m={m}"
-            ),
-            context,
-        )
-        checked.accepted = [
-            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
-        ]
+        m = resolve_m(checked, lambda value: value[5], "reply", context)
         self.server = self._build_server(m, grid_nodes)
 
         def keep(src: int, value: tuple) -> str | None:
