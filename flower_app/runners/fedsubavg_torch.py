@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg.core import AdamConfig, resolve_clients_per_round
+from flower_app.algorithms.fedsubavg.core import resolve_clients_per_round
 from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
     TorchRunSpec,
@@ -40,6 +40,7 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter
+from flower_app.runners.fedsubavg import adam_config, resolved_config
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
 __all__ = [
@@ -161,12 +162,7 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
         clip_norm=cfg.get("fsa-clip-norm"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = AdamConfig(
-        eta=cfg.get("fsa-adam-eta"),
-        beta1=cfg.get("fsa-adam-beta1"),
-        beta2=cfg.get("fsa-adam-beta2"),
-        tau=cfg.get("fsa-adam-tau"),
-    )
+    adam = adam_config(cfg)
     return TorchRunSpec(
         algorithm=cfg.algorithm,
         rounds=cfg.get("fsa-rounds"),
@@ -182,12 +178,7 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
 def _open(cfg: AppConfig, engine: str) -> tuple[TorchRunSpec, TorchSubmodelTask, RunWriter, int]:
     spec = torch_spec(cfg)
     task = _cached_task(cfg)
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {**cfg.to_dict(), "engine": engine, "task": {"name": task.name, **task.stats()},
-              "clients-per-round-resolved": k}  # fmt: skip
+    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
     return spec, task, RunWriter(cfg.run_folder(), config), k
 
 
