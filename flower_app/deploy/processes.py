@@ -41,6 +41,7 @@ __all__ = [
     "connection_toml",
     "flwr_env",
     "free_port",
+    "kill_tree",
     "register_node",
     "start_process",
     "superlink_command",
@@ -464,3 +465,19 @@ class PeakRSS:
             }
             for label in self.roots
         }
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it at once: a crash, as a power loss would be.
+
+    The tree is read from ``/proc`` (Linux) before the first signal; processes that already
+    exited are skipped.
+    """
+    victims, todo = [], [int(pid)]
+    while todo:
+        current = todo.pop()
+        victims.append(current)
+        todo += _children(current)
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
