@@ -54,7 +54,7 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
     set_function_importance,
     set_function_report,
 )
-from flower_app.clients.continuous import HISTOGRAM_RECORD, encode_int_report
+from flower_app.clients.continuous import HISTOGRAM_RECORD
 from flower_app.clients.submodular import encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -349,7 +349,7 @@ def answer_discrete(
         )
     metrics = {"participants": int(count), "num-examples": 1, "n-elements": m}
     dense = bool(_config(msg).get("secure-aggregation", 0))
-    return _reply(msg, encode_int_report(total, dense), **metrics)
+    return _reply(msg, encode_report(total, dense, np.int64), **metrics)
 
 
 _ANSWERS: dict[str, Callable[..., Message]] = {
