@@ -398,6 +398,14 @@ class FedSMStrategy(RoundStrategy):
             return f"uniform(k={self.k})"
         return f"partition(capacities={self.capacities})"
 
+    def _new_run(self, initial: list[int]) -> None:
+        """Start the server state (n, m and λ known) from the starting set S₀ = ``initial``."""
+        assert self.n_users is not None and self.matroid is not None
+        self.run = FedSMRun(
+            self.n_users, self.matroid, self.k, self.params, self.lam, seed=self.seed,
+            initial=initial,
+        )  # fmt: skip
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Discover cohorts (cohort mode) or learn n, m, λ (plain mode); return the rounds."""
         initial = _initial_set(arrays)
@@ -405,15 +413,7 @@ class FedSMStrategy(RoundStrategy):
         if self.cohort_mode:
             assert self.n_users is not None and self.matroid is not None
             if initial:
-                self.run = FedSMRun(
-                    self.n_users,
-                    self.matroid,
-                    self.k,
-                    self.params,
-                    self.lam,
-                    seed=self.seed,
-                    initial=initial,
-                )
+                self._new_run(initial)
             self.cohorts = discover_cohorts(
                 grid, self.n_users, self.matroid.n_elements, timeout=self.discovery_timeout
             )
@@ -468,15 +468,7 @@ class FedSMStrategy(RoundStrategy):
         self.lam = max(lam_i for _, (_, lam_i, _, _) in checked.accepted)
         reported = [g for _, (_, _, g, _) in checked.accepted if g is not None]
         self.matroid = self._build_matroid(m, reported)
-        self.run = FedSMRun(
-            self.n_users,
-            self.matroid,
-            self.k,
-            self.params,
-            self.lam,
-            seed=self.seed,
-            initial=initial,
-        )
+        self._new_run(initial)
         log(
             INFO,
             "setup: n=%d users (nodes), m=%d elements, λ=%.6g, matroid=%s",
