@@ -155,27 +155,45 @@ def local_train(
     n = task.n_train(client)
     batches = batch_schedule(user_rng(seed, server_round, client), n, local.iters, local.batch)
     batches += int(task.train_ptr[client])
-    params = [p for p in model.parameters() if p.requires_grad]
-    start = [p.detach().clone() for p in params] if local.proximal_mu > 0 else []
-    lr = local.lr * local.lr_decay ** (server_round - 1)
-    losses = []
     model.train()
     with single_thread():
-        for batch in batches:
-            model.zero_grad(set_to_none=True)
-            loss = task.batch_loss(model, batch)
-            loss.backward()
-            with torch.no_grad():
-                for p, p0 in zip(params, start, strict=False):
-                    if p.grad is not None:
-                        p.grad.add_(p - p0, alpha=local.proximal_mu)
-                if local.clip_norm > 0:
-                    nn.utils.clip_grad_norm_(params, local.clip_norm)
-                for p in params:
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-lr)
-            losses.append(float(loss.detach()))
+        losses = _sgd_steps(task, model, batches, local, server_round, local.proximal_mu)
     return float(np.mean(losses)) if losses else 0.0
+
+
+def _sgd_steps(
+    task: TorchSubmodelTask,
+    model: nn.Module,
+    batches: np.ndarray,
+    local: TorchLocalConfig,
+    server_round: int,
+    proximal_mu: float,
+) -> list[float]:
+    """One SGD step per batch on ``model`` in place; return the batches' losses.
+
+    Learning rate γ·decay^(t−1); FedProx's μ(x − x¹) added to the gradient when
+    ``proximal_mu`` > 0; the gradient clipped to global norm ``local.clip_norm`` when > 0.
+    Clients' local training and CentralSGD both step this way.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params] if proximal_mu > 0 else []
+    lr = local.lr * local.lr_decay ** (server_round - 1)
+    losses = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss = task.batch_loss(model, batch)
+        loss.backward()
+        with torch.no_grad():
+            for p, p0 in zip(params, start, strict=False):
+                if p.grad is not None:
+                    p.grad.add_(p - p0, alpha=proximal_mu)
+            if local.clip_norm > 0:
+                nn.utils.clip_grad_norm_(params, local.clip_norm)
+            for p in params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
+        losses.append(float(loss.detach()))
+    return losses
 
 
 @dataclass(frozen=True)
@@ -228,21 +246,7 @@ def _central_round(task, model, spec: TorchRunSpec, k: int, server_round: int) -
     rng = user_rng(spec.seed, server_round, CENTRAL_STREAM)
     local = spec.local
     batches = batch_schedule(rng, task.n_train_total, local.iters, k * local.batch)
-    lr = local.lr * local.lr_decay ** (server_round - 1)
-    params = [p for p in model.parameters() if p.requires_grad]
-    losses = []
-    for batch in batches:
-        model.zero_grad(set_to_none=True)
-        loss = task.batch_loss(model, batch)
-        loss.backward()
-        with torch.no_grad():
-            if local.clip_norm > 0:
-                nn.utils.clip_grad_norm_(params, local.clip_norm)
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-        losses.append(float(loss.detach()))
-    return float(np.mean(losses))
+    return float(np.mean(_sgd_steps(task, model, batches, local, server_round, 0.0)))
 
 
 def run_torch_direct(
