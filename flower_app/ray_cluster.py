@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from flower_app import procfs
 from flower_app.simulation import BIN, _free_port
 
 __all__ = ["LoopbackRayCluster"]
@@ -251,22 +252,15 @@ class LoopbackRayCluster:
     def _own_pids(self) -> list[int]:
         """PIDs in this cluster's sessions or whose command line names its root."""
         sessions = {p.pid for p in self.procs}
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        found = []
+        for pid in procfs.pids():
+            fields, argv = procfs.stat_fields(pid), procfs.argv(pid)
+            if fields is None or argv is None or fields[0] == "Z":  # Z: exited, unreaped
                 continue
-            try:
-                stat = (proc / "stat").read_text()
-                argv = (proc / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            # fields after the parenthesised command: state ppid pgrp session ...
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] == "Z":  # exited, only waiting to be reaped by its parent
-                continue
-            if int(fields[3]) in sessions or f"{self.root}{os.sep}" in argv:
-                pids.append(int(proc.name))
-        return pids
+            # fields: state ppid pgrp session ...
+            if int(fields[3]) in sessions or any(f"{self.root}{os.sep}" in a for a in argv):
+                found.append(pid)
+        return found
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every process this cluster started: SIGTERM per session, then SIGKILL."""

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flower_app import procfs
+
 __all__ = ["FlwrRun", "LocalSimulation", "superlink_pids", "toml_value"]
 
 _log = logging.getLogger(__name__)
@@ -58,17 +60,12 @@ def toml_value(value: Any) -> str:
 
 def superlink_pids(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes listening on ``port``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any("flower-superlink" in a for a in argv) and str(port) in argv:
-            pids.append(int(proc.name))
-    return pids
+    found = []
+    for pid in procfs.pids():
+        argv = procfs.argv(pid)
+        if argv and any("flower-superlink" in a for a in argv) and str(port) in argv:
+            found.append(pid)
+    return found
 
 
 @dataclass
@@ -331,18 +328,11 @@ class LocalSimulation:
     def _own_pids(self, groups: list[int]) -> list[int]:
         """Live PIDs in process ``groups`` or with this ``FLWR_HOME`` in their environment."""
         marker = f"FLWR_HOME={self.home}".encode()
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        found = []
+        for pid in procfs.pids():
+            fields, environ = procfs.stat_fields(pid), procfs.environ(pid)
+            if fields is None or environ is None or fields[0] == "Z":
                 continue
-            try:
-                stat = (proc / "stat").read_text()
-                environ = (proc / "environ").read_bytes()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] == "Z":
-                continue
-            if int(fields[2]) in groups or marker in environ.split(b"\0"):
-                pids.append(int(proc.name))
-        return pids
+            if int(fields[2]) in groups or marker in environ:  # fields[2]: process group
+                found.append(pid)
+        return found

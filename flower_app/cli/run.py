@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flower_app import procfs
 from flower_app.quiet import Collapser, is_noise
 
 __all__ = [
@@ -76,26 +77,22 @@ def flwr_home() -> Path:
 def local_superlink_pids(home: Path | None = None) -> list[int]:
     """Return the PIDs of ``flower-superlink`` daemons whose database is in ``home``."""
     marker = f"{home or flwr_home()}/local-superlink/"
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(a.endswith("flower-superlink") for a in argv[:2]) and any(
-            a.startswith(marker) for a in argv
-        ):
-            pids.append(int(proc.name))
-    return sorted(pids)
+    return sorted(
+        pid
+        for pid in procfs.pids()
+        if _is_superlink(argv := procfs.argv(pid)) and any(a.startswith(marker) for a in argv)
+    )
+
+
+def _is_superlink(argv: list[str] | None) -> bool:
+    """Return whether a command line is a ``flower-superlink`` process's."""
+    return argv is not None and any(a.endswith("flower-superlink") for a in argv[:2])
 
 
 def _superlink_ports(pid: int) -> dict[str, int]:
     """Return the ports a ``flower-superlink`` process was started with (``--port``, control)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+    argv = procfs.argv(pid)
+    if argv is None:
         return {}
     out = {}
     for flag, key in (("--port", "http-api-port"), ("--control-api-address", "control-api-port")):
@@ -108,16 +105,11 @@ def _superlink_ports(pid: int) -> dict[str, int]:
 
 def _superlinks_on(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes started with HTTP API ``port``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and _superlink_ports(int(proc.name)).get("http-api-port") == port:
-            try:
-                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if any(a.endswith("flower-superlink") for a in argv[:2]):
-                pids.append(int(proc.name))
-    return pids
+    return [
+        pid
+        for pid in procfs.pids()
+        if _superlink_ports(pid).get("http-api-port") == port and _is_superlink(procfs.argv(pid))
+    ]
 
 
 def _port_free(port: int) -> bool:
@@ -482,12 +474,4 @@ def stop_local_superlink(home: Path | None = None, timeout: float = 15.0) -> int
 
 
 def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":  # a zombie has exited (its parent has not reaped it yet)
-            out.append(pid)
-    return out
+    return [pid for pid in pids if procfs.alive(pid)]
