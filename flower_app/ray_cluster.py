@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from flower_app import procfs
-from flower_app.simulation import BIN, _free_port
+from flower_app.simulation import BIN, free_port
 
 __all__ = ["LoopbackRayCluster"]
 
@@ -91,8 +91,8 @@ class LoopbackRayCluster:
         self.root, self.num_nodes, self.num_cpus = root, num_nodes, num_cpus
         self.object_store_bytes = object_store_mib * 1024 * 1024
         self.ips = [f"127.0.0.{2 + i}" for i in range(num_nodes)]
-        self.port = _free_port()
-        self.client_port = _free_port()
+        self.port = free_port()
+        self.client_port = free_port()
         self.procs: list[subprocess.Popen] = []
         self.env = {
             **os.environ,
@@ -132,7 +132,7 @@ class LoopbackRayCluster:
             "--temp-dir",
             str(node_dir / "tmp"),
             "--dashboard-agent-listen-port",
-            str(_free_port()),
+            str(free_port()),
         ]
         with (node_dir / "ray-start.log").open("w") as log:
             self.procs.append(
@@ -175,7 +175,7 @@ class LoopbackRayCluster:
                 "--include-dashboard",
                 "false",
                 "--dashboard-port",
-                str(_free_port()),
+                str(free_port()),
             ],
         )
         self._wait_log(0, deadline)

@@ -33,7 +33,7 @@ from typing import Any
 
 from flower_app import procfs
 
-__all__ = ["FlwrRun", "LocalSimulation", "superlink_pids", "toml_value"]
+__all__ = ["FlwrRun", "LocalSimulation", "free_port", "superlink_pids", "toml_value"]
 
 _log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """Return a TCP port of 127.0.0.1 that is free right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -122,8 +123,8 @@ class LocalSimulation:
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
-        self.http_port = _free_port()
-        self.control_port = _free_port()
+        self.http_port = free_port()
+        self.control_port = free_port()
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
