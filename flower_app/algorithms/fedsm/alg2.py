@@ -46,8 +46,7 @@ import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import check_greedy_run
-from flower_app.algorithms.common.streams import user_rng
-from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw, support_draw
+from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -312,15 +311,7 @@ def pair_report_sum(
     active = gains.active(np.arange(len(users)), pool) if len(users) else np.zeros(0, int)
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
-        if batched:
-            draws = np.stack([dense_draw(ids[a], n_pairs, d, seed, server_round) for a in chunk])
-        else:
-            draws = np.stack(
-                [
-                    user_rng(seed, server_round, ids[a]).choice(n_pairs, d, replace=False)
-                    for a in chunk
-                ]
-            )
+        draws = np.stack([user_draw(ids[a], n_pairs, d, seed, server_round, rng) for a in chunk])
         upos = np.repeat(np.arange(chunk.size), d)
         pair = draws.ravel()
         value = gains.evaluate(chunk, upos, pool[pair // r_prime], pair % r_prime)

@@ -34,8 +34,7 @@ import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
-from flower_app.algorithms.common.streams import user_rng
-from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw
+from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -172,9 +171,7 @@ def sampled_entry_sum(
     hits = 0
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
-        draws = np.stack(
-            [user_rng(seed, server_round, ids[a]).choice(n_pool, d, replace=False) for a in chunk]
-        )
+        draws = np.stack([user_draw(ids[a], n_pool, d, seed, server_round) for a in chunk])
         mask = np.zeros((chunk.size, n_pool), dtype=bool)
         mask[np.arange(chunk.size)[:, None], draws] = True
         lo, hi = np.searchsorted(upos, [chunk[0], chunk[-1] + 1])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
-from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
 
 if TYPE_CHECKING:
@@ -34,9 +34,7 @@ _CHUNK = 1024
 
 
 def _draws(ids: np.ndarray, n_pool: int, d: int, seed: int, server_round: int) -> np.ndarray:
-    return np.stack(
-        [user_rng(seed, server_round, int(u)).choice(n_pool, d, replace=False) for u in ids]
-    )
+    return np.stack([user_draw(int(u), n_pool, d, seed, server_round) for u in ids])
 
 
 def dp_reporters(plan: RoundPlan, seed: int, users: np.ndarray | None = None) -> np.ndarray:

@@ -30,10 +30,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
-from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.fedsm.alg2 import pair_report_sum
 from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
-from flower_app.algorithms.fedsm.sampling import check_scheme, dense_draw
+from flower_app.algorithms.fedsm.sampling import check_scheme, user_draw
 from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -216,10 +215,7 @@ def user_report(
     pool = np.setdiff1d(np.arange(m), plan.selected)
     if not 1 <= plan.d <= pool.size:
         raise ValueError(f"d={plan.d} must lie in 1..|E \\ S| = {pool.size}")
-    if check_scheme(plan.rng) == "batched":
-        elements = pool[dense_draw(int(user_id), pool.size, plan.d, seed, t)]
-    else:
-        elements = pool[user_rng(seed, t, int(user_id)).choice(pool.size, plan.d, replace=False)]
+    elements = pool[user_draw(int(user_id), pool.size, plan.d, seed, t, check_scheme(plan.rng))]
     values = utility.gains(plan.selected, elements)
     out = np.zeros(m)
     if plan.dp_bits:  # shuffle-model DP: k randomised bits per drawn value, counts of ones
