@@ -194,7 +194,29 @@ def support_elements(
     return row_of[keep], xpos[keep]
 
 
-class PlainPairGains:
+class SequencePairs:
+    """What pair values are computed from: the users' rows, the sequence a_1..a_r' and j₀.
+
+    The base of :class:`PlainPairGains` and of the amplification's
+    :class:`~flower_app.algorithms.fedsm.amplify.SurrogatePairGains`.
+    """
+
+    def __init__(
+        self, objective: MaxRowObjective, users: np.ndarray, sequence: np.ndarray, j_from: int
+    ) -> None:
+        self.j_from = int(j_from)
+        self.objective = objective
+        self.users = np.asarray(users, dtype=np.int64)
+        self.sequence = np.asarray(sequence, dtype=np.int64)
+
+    def pool_mask(self, pool: np.ndarray) -> np.ndarray:
+        """Return a bool mask over E of the elements in X = ``pool``."""
+        in_pool = np.zeros(self.objective.n_elements, dtype=bool)
+        in_pool[pool] = True
+        return in_pool
+
+
+class PlainPairGains(SequencePairs):
     """f_i(e | S ∪ {a_1..a_j}) = max(0, r_ie − max(f_i(S), max_{l ≤ j} r_{i a_l})), j < r'.
 
     Parameters
@@ -219,18 +241,13 @@ class PlainPairGains:
         sequence: np.ndarray,
         j_from: int = 0,
     ) -> None:
-        self.j_from = int(j_from)
-        self.objective = objective
-        self.users = np.asarray(users, dtype=np.int64)
-        self.sequence = np.asarray(sequence, dtype=np.int64)
+        super().__init__(objective, users, sequence, j_from)
         self.current = objective.user_values(list(selected), self.users)
 
     def active(self, users: np.ndarray, pool: np.ndarray) -> np.ndarray:
         """Return positions of the users with a positive gain f_i(e | S) for some e ∈ X."""
         upos, elem, _ = self.objective.positive_gain_entries(self.current, self.users)
-        in_pool = np.zeros(self.objective.n_elements, dtype=bool)
-        in_pool[pool] = True
-        return np.unique(upos[in_pool[elem]])
+        return np.unique(upos[self.pool_mask(pool)[elem]])
 
     def evaluate(
         self, users: np.ndarray, upos: np.ndarray, elem: np.ndarray, jdx: np.ndarray
