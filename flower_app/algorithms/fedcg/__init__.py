@@ -4,7 +4,8 @@
 module               what it holds
 ===================  ==========================================================================
 ``continuous``       FedCG (Algorithm 1) and FedCG+ (Algorithm 2, τ local steps): the users'
-                     continuous-greedy directions, the server step
+                     continuous-greedy directions (their gradients, exact or sampled, by
+                     :mod:`flower_app.submodular.multilinear`), the server step
                      (:class:`~.continuous.FedCGServer`), the oblivious rounding at the end
                      (Remark 4.4), the direct engine
 ``discrete_greedy``  the federated discrete greedy with importance factors: the histogram
