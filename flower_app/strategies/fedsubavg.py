@@ -665,14 +665,7 @@ class FedSubAvgStrategy(RoundStrategy):
                 if key in self.layout.sparse:
                     record[rows_key(key)] = Array(rows[key])
             down += record.count_bytes()
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node, record, train_config, server_round))
         self._round_stats = {"bytes-down": down}
         return messages
 
@@ -719,14 +712,7 @@ class FedSubAvgStrategy(RoundStrategy):
             down += record.count_bytes()
             sizes.append(np.diff(offsets))
             self._sent[node_id] = (int(node_users.size), np.unique(rows))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, train_config, server_round))
         per_client = client_bytes(np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
         self._round_stats.update(
             {
@@ -751,14 +737,7 @@ class FedSubAvgStrategy(RoundStrategy):
             record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
             down += record.count_bytes()
             self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, config, server_round))
         self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
         return messages
 
@@ -997,3 +976,15 @@ class ScaffoldSubStrategy(FedSubAvgStrategy):
     """
 
     algorithm = "scaffold-sub"
+
+
+def _train_message(
+    node: int, record: ArrayRecord, config: ConfigRecord, server_round: int
+) -> Message:
+    """Return the round's ``train`` message to ``node`` (group id ``train-<round>``)."""
+    return Message(
+        RecordDict({"arrays": record, "config": config}),
+        dst_node_id=node,
+        message_type=MessageType.TRAIN,
+        group_id=f"train-{server_round}",
+    )
