@@ -6,7 +6,7 @@ figure of an observer who does not know who was sampled, not of the server, whic
 them. ε against the server depends only on which clients each round sampled (the worst
 client's number of rounds r gives r Gaussian mechanisms) and on σ, and the samplers are
 seeded and independent of the data and of the noise (participation "all"), so this script
-replays each run's sampler and feeds :class:`flower_app.algorithms.gaussian_dp.
+replays each run's sampler and feeds :class:`flower_app.algorithms.common.gaussian_dp.
 GaussianAccountant`, which gives both figures (against the server; against outsiders,
 amplified and capped). No training is repeated: the utility columns stay as measured.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.fedsubavg import ClientSampler
-from flower_app.algorithms.gaussian_dp import ACCOUNTANT, GaussianAccountant, GaussianDP
+from flower_app.algorithms.common.gaussian_dp import ACCOUNTANT, GaussianAccountant, GaussianDP
+from flower_app.algorithms.fedsubavg.core import ClientSampler
 from flower_app.config import AppConfig
 from flower_app.runners import maxfl as maxfl_runner
 

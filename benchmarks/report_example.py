@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from flower_app.cli.report import write_report
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import _children
+from flower_app.deploy.processes import kill_tree
 from flower_app.experiment import run_direct
 from flower_app.simulation import LocalSimulation, superlink_pids
 
@@ -51,14 +49,7 @@ def _rounds(folder: Path) -> int:
 def _kill_superlink(sim: LocalSimulation) -> None:
     """SIGKILL the SuperLink this object started and every process under it."""
     for root in superlink_pids(sim.http_port):
-        victims, todo = [], [root]
-        while todo:
-            pid = todo.pop()
-            victims.append(pid)
-            todo += _children(pid)
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(root)
 
 
 def resumed_run(work: Path, after: int = 3) -> Path:

@@ -127,7 +127,7 @@ class AppConfig:
         the file, its column names, an optional item-name table (docs/own-data.md).
     dp_reproducible_noise : bool
         Research mode: DP noise derived from the seed (no privacy against the server;
-        :mod:`flower_app.algorithms.dp_noise`).
+        :mod:`flower_app.algorithms.common.dp_noise`).
     secure_aggregation : bool
         Sum each round's replies with secure aggregation (see :attr:`secure`).
     secagg_num_shares : int

@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from flower_app import procfs
+
 __all__ = ["TOKEN_VAR", "new_token", "processes_with_token", "spawn_reaper", "sweep"]
 
 #: the environment variable that marks a run's processes
@@ -40,15 +42,6 @@ TOKEN_VAR = "FLOWER_APP_PROCESS_TOKEN"
 def new_token() -> str:
     """Return a fresh token (unique to one run, never reused)."""
     return f"{os.getpid()}-{secrets.token_hex(8)}"
-
-
-def _state(pid: int) -> str | None:
-    """Return the process state letter (``R``, ``S``, ``Z``, ...) or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()[0]
 
 
 def processes_with_token(token: str, exclude: Iterable[int] = ()) -> list[int]:
@@ -67,24 +60,17 @@ def processes_with_token(token: str, exclude: Iterable[int] = ()) -> list[int]:
         Matching PIDs, ascending.
     """
     needle = f"{TOKEN_VAR}={token}".encode()
-    skip = {os.getpid(), *exclude}
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in skip:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if needle in environ.split(b"\0") and _state(int(entry.name)) not in (None, "Z"):
-            found.append(int(entry.name))
+    for pid in procfs.pids(exclude):
+        environ = procfs.environ(pid)  # None: gone, or not ours to read
+        if environ is not None and needle in environ and procfs.alive(pid):
+            found.append(pid)
     return sorted(found)
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    raw = procfs.cmdline(pid)
+    if raw is None:
         return "?"
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
 
@@ -182,7 +168,7 @@ def _wait_for_exit(pid: int) -> None:
         finally:
             os.close(fd)
         return
-    while _state(pid) not in (None, "Z"):
+    while procfs.alive(pid):
         time.sleep(0.5)
 
 

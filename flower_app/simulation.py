@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FlwrRun", "LocalSimulation", "superlink_pids", "toml_value"]
+from flower_app import procfs
+
+__all__ = ["FlwrRun", "LocalSimulation", "free_port", "superlink_pids", "toml_value"]
 
 _log = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """Return a TCP port of 127.0.0.1 that is free right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -58,17 +61,12 @@ def toml_value(value: Any) -> str:
 
 def superlink_pids(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes listening on ``port``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any("flower-superlink" in a for a in argv) and str(port) in argv:
-            pids.append(int(proc.name))
-    return pids
+    found = []
+    for pid in procfs.pids():
+        argv = procfs.argv(pid)
+        if argv and any("flower-superlink" in a for a in argv) and str(port) in argv:
+            found.append(pid)
+    return found
 
 
 @dataclass
@@ -125,8 +123,8 @@ class LocalSimulation:
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
-        self.http_port = _free_port()
-        self.control_port = _free_port()
+        self.http_port = free_port()
+        self.control_port = free_port()
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -335,18 +333,11 @@ class LocalSimulation:
     def _own_pids(self, groups: list[int]) -> list[int]:
         """Live PIDs in process ``groups`` or with this ``FLWR_HOME`` in their environment."""
         marker = f"FLWR_HOME={self.home}".encode()
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        found = []
+        for pid in procfs.pids():
+            fields, environ = procfs.stat_fields(pid), procfs.environ(pid)
+            if fields is None or environ is None or fields[0] == "Z":
                 continue
-            try:
-                stat = (proc / "stat").read_text()
-                environ = (proc / "environ").read_bytes()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] == "Z":
-                continue
-            if int(fields[2]) in groups or marker in environ.split(b"\0"):
-                pids.append(int(proc.name))
-        return pids
+            if int(fields[2]) in groups or marker in environ:  # fields[2]: process group
+                found.append(pid)
+        return found

@@ -170,7 +170,7 @@ def _leaf(rows: list[list[str]]) -> dict:
 
 def test_every_leaf_file_is_read_by_fedsubavgs_loader(tmp_path) -> None:
     """LEAF writes several all_data_*.json: FedSubAvg's loader read only the first."""
-    from flower_app.algorithms.torch_tasks import load_torch_task
+    from flower_app.algorithms.fedsubavg.torch_tasks import load_torch_task
 
     rows = _rows()  # accounts 0, 1, 4 qualify (45, 41, 60 tweets)
     folder = tmp_path / "sent140"

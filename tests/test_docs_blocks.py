@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.simulation import _free_port, superlink_pids
+from flower_app.simulation import free_port, superlink_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -182,9 +182,9 @@ def test_flwr_run_blocks(tmp_path) -> None:
             (project / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, project / name)
     env = _env(tmp_path)
-    port = _free_port()
+    port = free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(port)  # never the machine-wide default
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
     exports = _readme_first_line()[4]
     runs = {
         "main job": " && ".join(_readme_first_line()[4:]),

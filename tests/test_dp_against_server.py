@@ -22,13 +22,8 @@ import scipy.sparse as sp
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from local_grid import LocalGrid
 
-from flower_app.algorithms.dp_noise import DP_NOISE, DP_STREAM, NoiseSource
-from flower_app.algorithms.fedsm_dp import dp_entry_counts, dp_reporters
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
-from flower_app.algorithms.fedsubavg import LocalConfig, gather_submodels
-from flower_app.algorithms.fedsubavg_direct import full_heat, run_direct_rounds
-from flower_app.algorithms.fedsubavg_dp import private_round_update
-from flower_app.algorithms.gaussian_dp import (
+from flower_app.algorithms.common.dp_noise import DP_NOISE, DP_STREAM, NoiseSource
+from flower_app.algorithms.common.gaussian_dp import (
     GaussianAccountant,
     GaussianDP,
     dp_config,
@@ -36,7 +31,12 @@ from flower_app.algorithms.gaussian_dp import (
     privatize,
     server_epsilon,
 )
-from flower_app.algorithms.shuffle_dp import debias_counts
+from flower_app.algorithms.fedsm.dp import dp_entry_counts, dp_reporters
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.fedsm.shuffle_dp import debias_counts
+from flower_app.algorithms.fedsubavg.core import LocalConfig, gather_submodels
+from flower_app.algorithms.fedsubavg.direct import full_heat, run_direct_rounds
+from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.learning import DictState
 from flower_app.config import AppConfig

@@ -18,8 +18,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.clientapp import ClientApp
 from local_grid import LocalGrid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer, run_discrete_greedy_direct
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.algorithms.fedcg.discrete_greedy import (
+    DiscreteGreedyServer,
+    run_discrete_greedy_direct,
+)
 from flower_app.clients.fedcg import (
     Coverage,
     ScoreTable,

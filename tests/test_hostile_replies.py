@@ -51,8 +51,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_grid import LocalGrid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.client_app import app as default_client_app
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range

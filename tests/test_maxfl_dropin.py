@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
-from flower_app.algorithms.maxfl import aggregation_weight, maxfl_update
+from flower_app.algorithms.maxfl.core import aggregation_weight, maxfl_update
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, stored_rho
 from flower_app.config import AppConfig

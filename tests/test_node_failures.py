@@ -18,8 +18,8 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import load_task

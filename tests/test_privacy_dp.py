@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
-from flower_app.algorithms.shuffle_dp import (
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.fedsm.shuffle_dp import (
     ShuffleDP,
     bits_for,
     calibrate_flip,
@@ -233,7 +233,7 @@ def test_dp_maxfl_on_flower_nodes_matches_the_direct_engine(tmp_path, algorithm)
 
 
 def test_gaussian_accounting_and_refusals() -> None:
-    from flower_app.algorithms.gaussian_dp import GaussianDP, gaussian_epsilon
+    from flower_app.algorithms.common.gaussian_dp import GaussianDP, gaussian_epsilon
     from flower_app.config import AppConfig, ConfigError
     from flower_app.runners.maxfl import settings
 
@@ -256,7 +256,7 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     """Clipped submodel updates, noise on the whole heat support: the Flower run (secure
     aggregation, 3 nodes) reaches the direct engine's x within the fixed-point error, the
     server's union is the support (no client's rows), and ε grows with the rounds."""
-    from flower_app.algorithms.fedsubavg_direct import run_direct_rounds
+    from flower_app.algorithms.fedsubavg.direct import run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task, run_spec
 

@@ -40,7 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flower_app import procfs
 from flower_app.quiet import Collapser, is_noise
+from flower_app.simulation import free_port
 
 __all__ = [
     "PORT_ENV",
@@ -76,26 +78,22 @@ def flwr_home() -> Path:
 def local_superlink_pids(home: Path | None = None) -> list[int]:
     """Return the PIDs of ``flower-superlink`` daemons whose database is in ``home``."""
     marker = f"{home or flwr_home()}/local-superlink/"
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(a.endswith("flower-superlink") for a in argv[:2]) and any(
-            a.startswith(marker) for a in argv
-        ):
-            pids.append(int(proc.name))
-    return sorted(pids)
+    return sorted(
+        pid
+        for pid in procfs.pids()
+        if _is_superlink(argv := procfs.argv(pid)) and any(a.startswith(marker) for a in argv)
+    )
+
+
+def _is_superlink(argv: list[str] | None) -> bool:
+    """Return whether a command line is a ``flower-superlink`` process's."""
+    return argv is not None and any(a.endswith("flower-superlink") for a in argv[:2])
 
 
 def _superlink_ports(pid: int) -> dict[str, int]:
     """Return the ports a ``flower-superlink`` process was started with (``--port``, control)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+    argv = procfs.argv(pid)
+    if argv is None:
         return {}
     out = {}
     for flag, key in (("--port", "http-api-port"), ("--control-api-address", "control-api-port")):
@@ -108,16 +106,11 @@ def _superlink_ports(pid: int) -> dict[str, int]:
 
 def _superlinks_on(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes started with HTTP API ``port``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and _superlink_ports(int(proc.name)).get("http-api-port") == port:
-            try:
-                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if any(a.endswith("flower-superlink") for a in argv[:2]):
-                pids.append(int(proc.name))
-    return pids
+    return [
+        pid
+        for pid in procfs.pids()
+        if _superlink_ports(pid).get("http-api-port") == port and _is_superlink(procfs.argv(pid))
+    ]
 
 
 def _port_free(port: int) -> bool:
@@ -133,12 +126,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
@@ -179,7 +166,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
             port = http if others else busy[0]
             ports, note = {}, f"port {port} is held by {who}: chose new ports"
     if len(ports) != 2:
-        ports = {"http-api-port": _free_port(), "control-api-port": _free_port()}
+        ports = {"http-api-port": free_port(), "control-api-port": free_port()}
         note = note or f"chose the local SuperLink ports of {home}"
     if note:
         home.mkdir(parents=True, exist_ok=True)
@@ -482,12 +469,4 @@ def stop_local_superlink(home: Path | None = None, timeout: float = 15.0) -> int
 
 
 def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":  # a zombie has exited (its parent has not reaped it yet)
-            out.append(pid)
-    return out
+    return [pid for pid in pids if procfs.alive(pid)]

@@ -40,7 +40,13 @@ import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.continuous import (
+    LocalSteps,
+    matroid_from_spec,
+    set_function_direction,
+    user_direction_sum,
+)
+from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
     histogram_sum,
     importance_factors,
@@ -48,13 +54,7 @@ from flower_app.algorithms.discrete_greedy import (
     set_function_importance,
     set_function_report,
 )
-from flower_app.algorithms.fedcg import (
-    LocalSteps,
-    matroid_from_spec,
-    set_function_direction,
-    user_direction_sum,
-)
-from flower_app.clients.continuous import HISTOGRAM_RECORD, encode_int_report
+from flower_app.clients.continuous import HISTOGRAM_RECORD
 from flower_app.clients.submodular import encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -349,7 +349,7 @@ def answer_discrete(
         )
     metrics = {"participants": int(count), "num-examples": 1, "n-elements": m}
     dense = bool(_config(msg).get("secure-aggregation", 0))
-    return _reply(msg, encode_int_report(total, dense), **metrics)
+    return _reply(msg, encode_report(total, dense, np.int64), **metrics)
 
 
 _ANSWERS: dict[str, Callable[..., Message]] = {

@@ -25,7 +25,7 @@ The utility f_i is the same object the FedCG helpers take (``flower_app.clients.
 * ``SetFunction(n_elements, gains)`` — any monotone submodular f_i, by a vectorised callable
   ``gains(S) -> f_i(S ∪ {e}) − f_i(S) for every e`` (also given directly as a callable, with
   ``n_elements``);
-* :class:`~flower_app.algorithms.fedsm_user.GainsUtility` — the same, asked only for the
+* :class:`~flower_app.algorithms.fedsm.user.GainsUtility` — the same, asked only for the
   elements FedSM samples: ``gains_fn(S, candidates)`` (for a large ground set).
 
 Score tables and coverage take the fast sparse paths (every FedSM mode, amplification
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from flower_app.algorithms.fedsm_modes import RoundPlan
-from flower_app.algorithms.fedsm_user import (
+from flower_app.algorithms.fedsm.modes import RoundPlan
+from flower_app.algorithms.fedsm.user import (
     GainsUtility,
     UserUtility,
     user_max_singleton,

@@ -15,7 +15,7 @@ The NumPyClient methods and what they exchange (the strategy side is
 ``fit(parameters, {"server-round", "users", "algorithm"[, "mw-share"]})``
     trains the listed seen clients from ``parameters`` (the model; for SCAFFOLD the model
     then the server control variate) and returns the float64 sums of their arrays (see
-    :class:`~flower_app.algorithms.learning.UserResult`), ``len(users)`` and metrics
+    :class:`~flower_app.algorithms.maxfl.learning.UserResult`), ``len(users)`` and metrics
     ``users`` (list of int), ``q`` and ``loss`` (lists of float, one per user),
     ``h-sum`` (float; q-FFL). MW-Fed: ``mw-share`` (list of float, one s_k > 0 per user,
     required) sets each client's weight and local steps; the metrics add ``met`` (list
@@ -24,8 +24,8 @@ The NumPyClient methods and what they exchange (the strategy side is
     ``loss-sum``, ``h-sum`` (MW-Fed refuses it: its step needs each client's ``met``).
     With client-level DP (``dp-noise``, ``dp-clip``, ``dp-clients`` in the config; MaxFL and
     FedAvg) each client's update is clipped, weighted and noised before it is summed
-    (:func:`flower_app.algorithms.gaussian_dp.privatize`; the noise from the node's OS
-    entropy, :mod:`flower_app.algorithms.dp_noise`) and the metrics are ``q-sum``
+    (:func:`flower_app.algorithms.common.gaussian_dp.privatize`; the noise from the node's OS
+    entropy, :mod:`flower_app.algorithms.common.dp_noise`) and the metrics are ``q-sum``
     (Σ (q_k C + noise) / C) and ``h-sum`` = 0: no loss is released.
 ``evaluate(parameters, {"kind": "appeal", "users"})``
     metrics ``appealing``: the listed clients for which F_k(w) < ρ_k (requirement split).
@@ -49,26 +49,25 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.dp_noise import DP_NOISE, NoiseSource
-from flower_app.algorithms.gaussian_dp import (
+from flower_app.algorithms.common.dp_noise import DP_NOISE, NoiseSource
+from flower_app.algorithms.common.gaussian_dp import (
     DP_ALGORITHMS,
     GaussianDP,
     dp_settings,
     privatize,
 )
-from flower_app.algorithms.learning import (
+from flower_app.algorithms.common.threads import single_thread
+from flower_app.algorithms.maxfl.learning import (
     LOCAL_RULES,
     LocalConfig,
     SoloResult,
-    evaluate,
-    make_model,
-    single_thread,
     solo_requirement,
     solo_requirements,
     train_users,
     tuned_eval,
 )
-from flower_app.algorithms.server_rules import rule_for
+from flower_app.algorithms.maxfl.local_steps import evaluate, make_model
+from flower_app.algorithms.maxfl.server_rules import rule_for
 from flower_app.datasets.federated import Federation
 from flower_app.models.mlp import MLP
 
@@ -182,7 +181,7 @@ class LearningClient(NumPyClient):
     reproducible_noise : bool, optional
         The research mode ``dp-reproducible-noise`` (default False), from the node's own
         run_config: DP noise keyed by (seed, round, client) instead of OS entropy; no
-        privacy against the server (:mod:`flower_app.algorithms.dp_noise`). A message
+        privacy against the server (:mod:`flower_app.algorithms.common.dp_noise`). A message
         cannot switch it on.
     """
 

@@ -46,16 +46,16 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.dp_noise import NoiseSource
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import NoiseSource
+from flower_app.algorithms.common.gaussian_dp import dp_settings
+from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     LocalConfig,
     client_round,
     count_heat,
     gather_submodels,
 )
-from flower_app.algorithms.fedsubavg_dp import private_round_update
-from flower_app.algorithms.gaussian_dp import dp_settings
+from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, log_loss
 
@@ -80,7 +80,7 @@ class SubmodelClient(NumPyClient):
     reproducible_noise : bool, optional
         The research mode ``dp-reproducible-noise`` (default False), from the node's own
         run_config (never from a message): DP noise keyed by (seed, round, user) instead of
-        OS entropy; no privacy against the server (:mod:`flower_app.algorithms.dp_noise`).
+        OS entropy; no privacy against the server (:mod:`flower_app.algorithms.common.dp_noise`).
     """
 
     def __init__(

@@ -43,6 +43,7 @@ __all__ = [
     "connection_toml",
     "flwr_env",
     "free_port",
+    "kill_tree",
     "process_tree",
     "register_node",
     "start_process",
@@ -594,3 +595,14 @@ class PeakRSS:
             }
             for label in self.roots
         }
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it at once: a crash, as a power loss would be.
+
+    The tree is read from ``/proc`` (Linux) before the first signal; processes that already
+    exited are skipped.
+    """
+    for victim in process_tree(int(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)

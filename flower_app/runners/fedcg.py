@@ -46,12 +46,7 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.discrete_greedy import (
-    DiscreteGreedyRound,
-    DiscreteGreedyServer,
-    run_discrete_greedy_direct,
-)
-from flower_app.algorithms.fedcg import (
+from flower_app.algorithms.fedcg.continuous import (
     ROUNDINGS,
     FedCGRound,
     FedCGServer,
@@ -59,6 +54,11 @@ from flower_app.algorithms.fedcg import (
     UserEntries,
     round_point,
     run_fedcg_direct,
+)
+from flower_app.algorithms.fedcg.discrete_greedy import (
+    DiscreteGreedyRound,
+    DiscreteGreedyServer,
+    run_discrete_greedy_direct,
 )
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError

@@ -32,7 +32,7 @@ run_config keys of the family (declared in :mod:`flower_app.settings`, reference
     How users draw their d elements or pairs: ``"per-user"`` (default; one
     ``default_rng([seed, t, user])`` per user and round, the recorded reproductions) or
     ``"batched"`` (a keyed Philox for all users at once, in time proportional to each user's
-    support; same law, other draws: :mod:`flower_app.algorithms.fedsm_sampling`).
+    support; same law, other draws: :mod:`flower_app.algorithms.fedsm.sampling`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun
-from flower_app.algorithms.fedsm_modes import run_direct as run_modes_direct
+from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
@@ -219,7 +219,7 @@ def _privacy(run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
     secure = bool(run.params.dp_secure)
     return {
         "mechanism": "shuffle-model bounded sums (Cheu et al. 2019), FedSM Appendix C",
-        "accountant": "flower_app.algorithms.shuffle_dp: exact hockey-stick bound per query, "
+        "accountant": "flower_app.algorithms.fedsm.shuffle_dp: exact hockey-stick bound per query, "
         "basic and advanced composition over the busiest user's queries",
         "epsilon-against-server": last.get("dp-epsilon"),
         "delta-against-server": last.get("dp-delta"),

@@ -37,8 +37,9 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.dp_noise import warn_no_privacy
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import warn_no_privacy
+from flower_app.algorithms.common.gaussian_dp import GaussianDP, privacy_summary
+from flower_app.algorithms.fedsubavg.core import (
     ALGORITHM_NAMES,
     VALUE_BYTES,
     AdamConfig,
@@ -48,9 +49,8 @@ from flower_app.algorithms.fedsubavg import (
     client_bytes,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.gaussian_dp import GaussianDP, privacy_summary
-from flower_app.algorithms.torch_tasks import TORCH_DATASETS
+from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
+from flower_app.algorithms.fedsubavg.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
@@ -102,12 +102,7 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         lr=cfg.get("fsa-lr"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = AdamConfig(
-        eta=cfg.get("fsa-adam-eta"),
-        beta1=cfg.get("fsa-adam-beta1"),
-        beta2=cfg.get("fsa-adam-beta2"),
-        tau=cfg.get("fsa-adam-tau"),
-    )
+    adam = adam_config(cfg)
     dp = None
     if cfg.get("fsa-dp-noise") > 0:
         dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
@@ -134,6 +129,39 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     )
 
 
+def adam_config(cfg: AppConfig) -> AdamConfig:
+    """Return FedAdam's server settings (``fsa-adam-*``; the torch tasks' runner too)."""
+    return AdamConfig(
+        eta=cfg.get("fsa-adam-eta"),
+        beta1=cfg.get("fsa-adam-beta1"),
+        beta2=cfg.get("fsa-adam-beta2"),
+        tau=cfg.get("fsa-adam-tau"),
+    )
+
+
+def resolved_config(
+    cfg: AppConfig, engine: str, clients_per_round: int | float, task: Any
+) -> tuple[int, dict[str, Any]]:
+    """Return K resolved on the task's clients and the run's ``config.json`` (torch tasks too).
+
+    Raises
+    ------
+    ConfigError
+        If ``fsa-clients-per-round`` does not fit the task's number of clients.
+    """
+    try:
+        k = resolve_clients_per_round(clients_per_round, task.n_clients)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    config = {
+        **cfg.to_dict(),
+        "engine": engine,
+        "task": {"name": task.name, **task.stats()},
+        "clients-per-round-resolved": k,
+    }
+    return k, config
+
+
 @dataclass
 class _Run:
     cfg: AppConfig
@@ -149,16 +177,7 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
     """Validate everything, load the task and open the run folder (nothing before that)."""
     spec = run_spec(cfg)
     task = load_task(cfg)
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "task": {"name": task.name, **task.stats()},
-        "clients-per-round-resolved": k,
-    }
+    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     if spec.dp is not None and spec.dp.reproducible:
         warn_no_privacy()
@@ -187,14 +206,7 @@ def _heat_summary(task: RatingTask | None, heat: FeatureHeat, n_params: int = 0)
     sizes = task.submodel_sizes()
     per_client = client_bytes(sizes)
     return {
-        # the paper's Table 1 metric: over features (gender .. age×movie), not the bias
-        "feature-heat-dispersion": heat.dispersion(features),
-        "feature-heat-max": int(n.max()) if n.size else 0,
-        "feature-heat-min": int(n.min()) if n.size else 0,
-        "parameter-heat-dispersion": heat.dispersion(),
-        "rows-touched": int((heat.clients > 0).sum()),
-        "heat-clients": heat.n_clients,
-        "full-model-bytes": int(task.n_params * VALUE_BYTES),
+        **heat_part,
         "client-download-bytes-mean": float(per_client["down"].mean()),
         "client-download-bytes-max": int(per_client["down"].max()),
         "client-submodel-rows-mean": float(sizes.mean()),

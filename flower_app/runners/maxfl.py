@@ -28,17 +28,17 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
-from flower_app.algorithms.dp_noise import warn_no_privacy
-from flower_app.algorithms.gaussian_dp import (
+from flower_app.algorithms.common.dp_noise import warn_no_privacy
+from flower_app.algorithms.common.gaussian_dp import (
     DP_ALGORITHMS,
     GaussianAccountant,
     GaussianDP,
     dp_config,
     q_sum_floor,
 )
-from flower_app.algorithms.learning import LocalConfig
-from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.maxfl.learning import LocalConfig
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.learning import (
     DictState,

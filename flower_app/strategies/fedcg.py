@@ -4,8 +4,9 @@ The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which live
 ``flower_app.strategies.discrete_greedy``.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
-lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
-this module moves it over Flower's Message API on
+lives in :mod:`flower_app.algorithms.fedcg.continuous` and
+:mod:`flower_app.algorithms.fedcg.discrete_greedy`; this module moves it over Flower's
+Message API on
 :class:`~flower_app.strategies.base.RoundStrategy`.
 
 Two client modes:
@@ -88,8 +89,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
-from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.algorithms.fedcg.continuous import ROUNDINGS, FedCGServer, LocalSteps
+from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -105,13 +106,13 @@ from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
     drop_replies,
-    majority_m,
     matroid_entries,
     named_record,
     positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
+    resolve_m,
     train_message,
 )
 from flower_app.submodular.rounding import check_in_polytope, greedy_rounding
@@ -504,18 +505,8 @@ class FedCGStrategy(RoundStrategy):
 
     def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
         """Plain mode, first replies: fix m and the matroid; leave out the others."""
-        m = majority_m(checked, lambda value: value[5])
         context = f"round {server_round}"
-        drop_replies(
-            checked,
-            lambda _, value: (
-                None if value[5] == m else f"reply for m={value[5]}; the run has m={m}"
-            ),
-            context,
-        )
-        checked.accepted = [
-            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
-        ]
+        m = resolve_m(checked, lambda value: value[5], "reply", context)
         self.server = self._build_server(m, grid_nodes)
 
         def keep(src: int, value: tuple) -> str | None:

@@ -3,8 +3,8 @@
 Rafiey, Namani & Charalambides (2025), "Federated Submodular Maximization: Improved
 Communication Rounds and Bit Complexity": Algorithm 1 (k rounds), Algorithm 2 (O(log m)
 rounds) and Algorithm 3 (amplification). The math lives in :mod:`flower_app.algorithms`
-(:mod:`~flower_app.algorithms.fedsm_modes` ties the modes together,
-:mod:`~flower_app.algorithms.fedsm_user` is one user with any utility); this module moves it
+(:mod:`~flower_app.algorithms.fedsm.modes` ties the modes together,
+:mod:`~flower_app.algorithms.fedsm.user` is one user with any utility); this module moves it
 over Flower's Message API, on the loop of :class:`~flower_app.strategies.base.RoundStrategy`.
 """
 
@@ -29,8 +29,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm import decode_report
-from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.algorithms.fedsm.core import decode_report
+from flower_app.algorithms.fedsm.modes import MODES, FedSMParams, FedSMRun, RoundPlan
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -191,7 +191,7 @@ class FedSMStrategy(RoundStrategy):
         All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
         replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
         (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
-        proportional, same law; :mod:`flower_app.algorithms.fedsm_sampling`) is sent to the
+        proportional, same law; :mod:`flower_app.algorithms.fedsm.sampling`) is sent to the
         nodes with every round.
     lam : float, optional
         λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode
@@ -398,6 +398,14 @@ class FedSMStrategy(RoundStrategy):
             return f"uniform(k={self.k})"
         return f"partition(capacities={self.capacities})"
 
+    def _new_run(self, initial: list[int]) -> None:
+        """Start the server state (n, m and λ known) from the starting set S₀ = ``initial``."""
+        assert self.n_users is not None and self.matroid is not None
+        self.run = FedSMRun(
+            self.n_users, self.matroid, self.k, self.params, self.lam, seed=self.seed,
+            initial=initial,
+        )  # fmt: skip
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Discover cohorts (cohort mode) or learn n, m, λ (plain mode); return the rounds."""
         initial = _initial_set(arrays)
@@ -405,15 +413,7 @@ class FedSMStrategy(RoundStrategy):
         if self.cohort_mode:
             assert self.n_users is not None and self.matroid is not None
             if initial:
-                self.run = FedSMRun(
-                    self.n_users,
-                    self.matroid,
-                    self.k,
-                    self.params,
-                    self.lam,
-                    seed=self.seed,
-                    initial=initial,
-                )
+                self._new_run(initial)
             self.cohorts = discover_cohorts(
                 grid, self.n_users, self.matroid.n_elements, timeout=self.discovery_timeout
             )
@@ -468,15 +468,7 @@ class FedSMStrategy(RoundStrategy):
         self.lam = max(lam_i for _, (_, lam_i, _, _) in checked.accepted)
         reported = [g for _, (_, _, g, _) in checked.accepted if g is not None]
         self.matroid = self._build_matroid(m, reported)
-        self.run = FedSMRun(
-            self.n_users,
-            self.matroid,
-            self.k,
-            self.params,
-            self.lam,
-            seed=self.seed,
-            initial=initial,
-        )
+        self._new_run(initial)
         log(
             INFO,
             "setup: n=%d users (nodes), m=%d elements, λ=%.6g, matroid=%s",

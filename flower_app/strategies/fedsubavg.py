@@ -3,8 +3,8 @@
 Ding et al. (NeurIPS 2022), "Federated Submodel Optimization for Hot and Cold Data
 Features", Algorithm 1, and the baselines of Section 5.1 on the same message contract:
 FedAvg, FedProx (μ = 0.01), FedAdam (Table 5) and the server-side SCAFFOLD approximation of
-Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg` (server steps on a
-flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg_named` (a model of named
+Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg.core` (server steps on a
+flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg.named` (a model of named
 arrays mapped onto that vector); this module moves it over Flower's Message API on the loop
 of :class:`~flower_app.strategies.base.RoundStrategy`.
 
@@ -38,7 +38,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
+from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     AdamConfig,
     ClientSampler,
@@ -51,13 +52,12 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import (
+from flower_app.algorithms.fedsubavg.named import (
     NamedLayout,
     named_heat,
     named_heat_from_counts,
     rows_key,
 )
-from flower_app.algorithms.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
 from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -665,14 +665,7 @@ class FedSubAvgStrategy(RoundStrategy):
                 if key in self.layout.sparse:
                     record[rows_key(key)] = Array(rows[key])
             down += record.count_bytes()
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node, record, train_config, server_round))
         self._round_stats = {"bytes-down": down}
         return messages
 
@@ -719,14 +712,7 @@ class FedSubAvgStrategy(RoundStrategy):
             down += record.count_bytes()
             sizes.append(np.diff(offsets))
             self._sent[node_id] = (int(node_users.size), np.unique(rows))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, train_config, server_round))
         per_client = client_bytes(np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
         self._round_stats.update(
             {
@@ -751,14 +737,7 @@ class FedSubAvgStrategy(RoundStrategy):
             record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
             down += record.count_bytes()
             self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, config, server_round))
         self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
         return messages
 
@@ -997,3 +976,15 @@ class ScaffoldSubStrategy(FedSubAvgStrategy):
     """
 
     algorithm = "scaffold-sub"
+
+
+def _train_message(
+    node: int, record: ArrayRecord, config: ConfigRecord, server_round: int
+) -> Message:
+    """Return the round's ``train`` message to ``node`` (group id ``train-<round>``)."""
+    return Message(
+        RecordDict({"arrays": record, "config": config}),
+        dst_node_id=node,
+        message_type=MessageType.TRAIN,
+        group_id=f"train-{server_round}",
+    )

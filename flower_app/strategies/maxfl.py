@@ -2,9 +2,9 @@
 
 Cho, Jhunjhunwala, Li, Smith & Joshi (TMLR 2024), "Maximizing Global Model Appeal in
 Federated Learning", Algorithm 1, with appeal-based flexible participation (Section 3). The
-math lives in :mod:`flower_app.algorithms.maxfl` (q_k and the server step),
-:mod:`flower_app.algorithms.learning` (the paper's clients) and
-:mod:`flower_app.algorithms.appeal` (the round protocol of the reproductions, shared with
+math lives in :mod:`flower_app.algorithms.maxfl.core` (q_k and the server step),
+:mod:`flower_app.algorithms.maxfl.learning` (the paper's clients) and
+:mod:`flower_app.algorithms.maxfl.appeal` (the round protocol of the reproductions, shared with
 the direct engine); this module moves it over the grid as the hooks of
 :class:`~flower_app.strategies.base.RoundStrategy`, which owns ``start()``.
 
@@ -26,7 +26,7 @@ and gives the direct engine's model bit for bit.
 Why the baselines are not Flower's own ``FedAvg`` / ``FedProx`` / ``QFedAvg`` in cohort
 mode: those sample nodes, not clients of a cohort, and know neither the opt-in pool nor the
 seen/unseen evaluation. Their server math is re-implemented without Flower in
-:mod:`flower_app.algorithms.fl_baselines` and tested against Flower's functions.
+:mod:`flower_app.algorithms.maxfl.baselines` and tested against Flower's functions.
 """
 
 from __future__ import annotations
@@ -50,7 +50,14 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from flower_app.algorithms.appeal import (
+from flower_app.algorithms.common.gaussian_dp import (
+    DP_ALGORITHMS,
+    GaussianAccountant,
+    GaussianDP,
+    dp_config,
+    q_sum_floor,
+)
+from flower_app.algorithms.maxfl.appeal import (
     AppealServer,
     PoolCache,
     TrainOutcome,
@@ -59,21 +66,14 @@ from flower_app.algorithms.appeal import (
     round_row,
     summarise_metrics,
 )
-from flower_app.algorithms.gaussian_dp import (
-    DP_ALGORITHMS,
-    GaussianAccountant,
-    GaussianDP,
-    dp_config,
-    q_sum_floor,
-)
-from flower_app.algorithms.maxfl import (
+from flower_app.algorithms.maxfl.core import (
     Q_MAX,
     adaptive_server_lr,
     aggregation_weight,
     maxfl_update,
 )
-from flower_app.algorithms.participation import ParticipationSampler, warn_empty_pool
-from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
+from flower_app.algorithms.maxfl.participation import ParticipationSampler, warn_empty_pool
+from flower_app.algorithms.maxfl.server_rules import RULES, MWFedRule, rule_for
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -146,7 +146,7 @@ def decode_cohort_reply(
         Expected array shapes (the model's; twice for SCAFFOLD).
     algorithm : str
         The algorithm; its server rule checks the values (MaxFL: q_k ∈ [0, 1/4], q-FFL:
-        h > 0, MW-Fed: ``met``; :mod:`flower_app.algorithms.server_rules`).
+        h > 0, MW-Fed: ``met``; :mod:`flower_app.algorithms.maxfl.server_rules`).
 
     Returns
     -------
@@ -251,7 +251,7 @@ class AppealStrategy(RoundStrategy):
     """MaxFL or a baseline in cohort mode: seen/unseen clients, flexible participation.
 
     The reproductions' strategy (:func:`flower_app.runners.maxfl.server_run`). One round
-    runs the steps of :func:`flower_app.algorithms.appeal.run_protocol` as the base's
+    runs the steps of :func:`flower_app.algorithms.maxfl.appeal.run_protocol` as the base's
     hooks: ``before_round`` asks for the opt-in pool (flexible participation, after the
     mandatory rounds; reused while the model is unchanged) and samples the round's
     clients with the server's generator; ``configure_train`` / ``aggregate_train`` send
@@ -281,12 +281,12 @@ class AppealStrategy(RoundStrategy):
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
     dp : GaussianDP, optional
         Client-level DP with distributed Gaussian noise
-        (:mod:`flower_app.algorithms.gaussian_dp`; MaxFL and FedAvg, needs
+        (:mod:`flower_app.algorithms.common.gaussian_dp`; MaxFL and FedAvg, needs
         ``secure_aggregation``): every sampled client clips, weights and noises its update
         (noise from its node's OS entropy); each round's row adds ``dp-epsilon`` (against
         the server: the worst client over the rounds it took part in, no amplification),
         ``dp-epsilon-outsider`` (amplified by sampling) and the noise that arrived
-        (:class:`~flower_app.algorithms.gaussian_dp.GaussianAccountant`, kept in
+        (:class:`~flower_app.algorithms.common.gaussian_dp.GaussianAccountant`, kept in
         ``self.accountant``), and no training loss. Default None.
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation (:mod:`flower_app.privacy`):
@@ -688,7 +688,7 @@ class MaxFLStrategy(AppealStrategy):
     received on its training data, and its requirement ρ_k (the loss of a model it trained
     alone); the server computes q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k)) and
     Δw_k = w − w_k and steps w ← w − η_g / (Σ q_k + ε) · Σ q_k Δw_k
-    (:func:`flower_app.algorithms.maxfl.maxfl_update`). With ``flexible`` participation,
+    (:func:`flower_app.algorithms.maxfl.core.maxfl_update`). With ``flexible`` participation,
     after ``mandatory_rounds`` rounds only nodes for which F_k(w) < ρ_k are sampled.
 
     Parameters
@@ -901,7 +901,7 @@ class MaxFLStrategy(AppealStrategy):
         0, one client moves the model by up to η_g·C, so the wrapper's σ is not MaxFL's
         noise multiplier (at worst it is σ/(K·η_g)). The wrappers run and lose no reply;
         for a guarantee calibrated to MaxFL use cohort mode with client-level DP
-        (``maxfl-dp-noise``, :mod:`flower_app.algorithms.gaussian_dp`).
+        (``maxfl-dp-noise``, :mod:`flower_app.algorithms.common.gaussian_dp`).
         """
         if is_flower_dp_wrapper(driver):
             log(

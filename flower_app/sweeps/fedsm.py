@@ -297,7 +297,7 @@ def _grid(args: argparse.Namespace, runs_dir: Path) -> list[dict[str, Any]]:
 
 def _validate(grid: list[dict[str, Any]]) -> tuple[Any, Any]:
     """Check every configuration against the instance before any run; return problem, matroid."""
-    from flower_app.algorithms.fedsm import FedSMServer
+    from flower_app.algorithms.fedsm.core import FedSMServer
     from flower_app.problems import build_matroid, load_problem
 
     first = AppConfig.from_run_config(grid[0])

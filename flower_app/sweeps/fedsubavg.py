@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.fedsubavg import ALGORITHM_NAMES, WEIGHTINGS
+from flower_app.algorithms.fedsubavg.core import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import direct_run
 from flower_app.settings import SETTINGS, help_text

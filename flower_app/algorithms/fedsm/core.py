@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm_sampling import check_scheme, support_draw
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
+from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -45,18 +46,12 @@ __all__ = [
     "run_fedsm_direct",
     "sampled_entry_sum",
     "user_report_sum",
-    "user_rng",
 ]
 
 #: bytes of one sparse report entry on the wire: int32 element id + float64 value
 ENTRY_BYTES = 12
 #: users processed together when building the membership masks (bounds memory)
 _CHUNK = 2048
-
-
-def user_rng(seed: int, server_round: int, user: int) -> np.random.Generator:
-    """Return user ``user``'s random stream for round ``server_round`` (DESIGN principle 4)."""
-    return np.random.default_rng([int(seed), int(server_round), int(user)])
 
 
 def user_report_sum(
@@ -127,7 +122,7 @@ def sampled_entry_sum(
     With ``rng="per-user"`` the draw of user ``ids[p]`` is ``user_rng(seed, server_round,
     ids[p]).choice(|pool|, d, replace=False)`` (positions in ``pool``); with ``"batched"``
     only D_i ∩ A_i is drawn, A_i the user's positive entries in ``pool``, for all users at
-    once (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`: the same law, time
+    once (:func:`~flower_app.algorithms.fedsm.sampling.support_draw`: the same law, time
     proportional to |A_i|). Either way the sum over any set of users does not depend on how
     the users are split over nodes. Users without a positive entry in ``pool`` report only
     zeros whatever they draw, so their draw is skipped.
@@ -154,7 +149,7 @@ def sampled_entry_sum(
     n_elements : int
         Ground-set size m (length of the result).
     rng : str, optional
-        ``"per-user"`` (default) or ``"batched"`` (:mod:`~flower_app.algorithms.fedsm_sampling`).
+        ``"per-user"`` (default) or ``"batched"`` (:mod:`~flower_app.algorithms.fedsm.sampling`).
 
     Returns
     -------
@@ -176,9 +171,7 @@ def sampled_entry_sum(
     hits = 0
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
-        draws = np.stack(
-            [user_rng(seed, server_round, ids[a]).choice(n_pool, d, replace=False) for a in chunk]
-        )
+        draws = np.stack([user_draw(ids[a], n_pool, d, seed, server_round) for a in chunk])
         mask = np.zeros((chunk.size, n_pool), dtype=bool)
         mask[np.arange(chunk.size)[:, None], draws] = True
         lo, hi = np.searchsorted(upos, [chunk[0], chunk[-1] + 1])
@@ -251,12 +244,7 @@ class FedSMServer:
     rng: np.random.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be a positive int")
-        if self.k > self.matroid.rank:
-            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        check_greedy_run(self.seed, self.k, self.matroid)
         m = self.matroid.n_elements
         self.K = resolve_count(self.clients_per_round, self.n_users, "clients-per-round")
         self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
@@ -295,10 +283,7 @@ class FedSMServer:
         if report_sum.shape != (m,) or not np.all(np.isfinite(report_sum)):
             raise ValueError(f"report sum must be a finite vector of length {m}")
         d = self.round_d()
-        feasible = self.matroid.feasible_mask(self.selected)
-        if not feasible.any():
-            raise RuntimeError("no feasible element left: k exceeds the rank")
-        e = int(np.argmax(np.where(feasible, report_sum, -np.inf)))
+        e = best_feasible(report_sum, self.matroid, self.selected)
         scale = (m - len(self.selected)) / (d * max(users, 1))
         record = FedSMRound(
             server_round=len(self.selected) + 1,

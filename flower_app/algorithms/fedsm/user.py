@@ -5,7 +5,7 @@ either
 
 * a one-row :class:`~flower_app.submodular.objectives.MaxRowObjective` — facility location
   f_i(S) = max_{j ∈ S} score_j, or coverage (0/1 scores) — which takes the fast paths of
-  :func:`~flower_app.algorithms.fedsm_modes.cohort_report` (every mode, amplification
+  :func:`~flower_app.algorithms.fedsm.modes.cohort_report` (every mode, amplification
   included), or
 * a :class:`GainsUtility`: a user-supplied, vectorised marginal-gain callable
   ``gains_fn(selected, candidates) -> f_i(e | S) for every e in candidates`` (Algorithms 1
@@ -13,11 +13,11 @@ either
 
 Either way the user draws its d elements (or pairs) from its own stream
 ``default_rng([seed, t, user])`` exactly as a cohort's user does
-(:func:`~flower_app.algorithms.fedsm.sampled_entry_sum`,
-:func:`~flower_app.algorithms.fedsm_alg2.pair_report_sum`), so a run over one-user nodes
+(:func:`~flower_app.algorithms.fedsm.core.sampled_entry_sum`,
+:func:`~flower_app.algorithms.fedsm.alg2.pair_report_sum`), so a run over one-user nodes
 gives the same S as the cohort engines for the same seed.
 
-With ``rng="batched"`` (:mod:`~flower_app.algorithms.fedsm_sampling`) score data still gives
+With ``rng="batched"`` (:mod:`~flower_app.algorithms.fedsm.sampling`) score data still gives
 the cohort engines' S (the same support-proportional draw), but a gains callable, whose
 support the node cannot know, draws D densely from the keyed generator: the same law, other
 draws, so a callable and score data then give different (equally distributed) sets.
@@ -29,12 +29,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import DP_STREAM, NoiseSource
-from flower_app.algorithms.fedsm import user_rng
-from flower_app.algorithms.fedsm_alg2 import pair_report_sum
-from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
-from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw
-from flower_app.algorithms.shuffle_dp import randomize_counts
+from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
+from flower_app.algorithms.fedsm.alg2 import pair_report_sum
+from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
+from flower_app.algorithms.fedsm.sampling import check_scheme, user_draw
+from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -216,10 +215,7 @@ def user_report(
     pool = np.setdiff1d(np.arange(m), plan.selected)
     if not 1 <= plan.d <= pool.size:
         raise ValueError(f"d={plan.d} must lie in 1..|E \\ S| = {pool.size}")
-    if check_scheme(plan.rng) == "batched":
-        elements = pool[dense_draw(int(user_id), pool.size, plan.d, seed, t)]
-    else:
-        elements = pool[user_rng(seed, t, int(user_id)).choice(pool.size, plan.d, replace=False)]
+    elements = pool[user_draw(int(user_id), pool.size, plan.d, seed, t, check_scheme(plan.rng))]
     values = utility.gains(plan.selected, elements)
     out = np.zeros(m)
     if plan.dp_bits:  # shuffle-model DP: k randomised bits per drawn value, counts of ones

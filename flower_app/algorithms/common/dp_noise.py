@@ -3,8 +3,8 @@
 The server holds the run_config, and so the run's ``seed``: anything derived from it — the
 users' draws, the sampling, SGD's batches — it can regenerate. DP noise it could regenerate
 it could also subtract. So every DP draw (the Gaussian noise of
-:mod:`~flower_app.algorithms.gaussian_dp` and :mod:`~flower_app.algorithms.fedsubavg_dp`,
-FedSM's shuffle randomiser in :mod:`~flower_app.algorithms.fedsm_dp`) comes from a
+:mod:`~flower_app.algorithms.common.gaussian_dp` and :mod:`~flower_app.algorithms.fedsubavg.dp`,
+FedSM's shuffle randomiser in :mod:`~flower_app.algorithms.fedsm.dp`) comes from a
 :class:`NoiseSource`: by default a fresh ``numpy.random.default_rng()`` without a seed (its
 ``SeedSequence`` takes 128 bits from ``os.urandom``) per node and call, i.e. per node and
 round, which nobody but that node can reproduce. Seeds keep deciding everything else, so
@@ -23,6 +23,8 @@ and every round's row and ``summary.json`` carry ``dp-reproducible-noise``.
 from __future__ import annotations
 
 import numpy as np
+
+from flower_app.algorithms.common.streams import user_rng
 
 __all__ = ["DP_NOISE", "DP_STREAM", "NO_PRIVACY_NOTE", "NoiseSource", "warn_no_privacy"]
 
@@ -69,7 +71,7 @@ class NoiseSource:
         ``stream`` do not enter it).
         """
         if self.reproducible:
-            return np.random.default_rng([self.seed, int(server_round), int(user), int(stream)])
+            return user_rng(self.seed, server_round, user, stream)
         if self._fresh is None:
             self._fresh = np.random.default_rng()
         return self._fresh

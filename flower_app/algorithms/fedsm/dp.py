@@ -3,14 +3,14 @@
 Each sampled user draws its d elements exactly as without DP (the same stream
 ``default_rng([seed, t, user])``), then reports, for every drawn element, the number of
 ones among k randomised bits encoding f_i(e | S) ∈ [0, λ]
-(:func:`flower_app.algorithms.shuffle_dp.randomize_counts`), with randomness from its
-node's :class:`~flower_app.algorithms.dp_noise.NoiseSource` (OS entropy; the key
+(:func:`flower_app.algorithms.fedsm.shuffle_dp.randomize_counts`), with randomness from its
+node's :class:`~flower_app.algorithms.common.dp_noise.NoiseSource` (OS entropy; the key
 ``default_rng([seed, t, user, DP_STREAM])`` only in the research mode
 ``dp-reproducible-noise``, which gives no privacy against the server). A node sends the sum
 of its users' counts; the server, which knows every user's draw from the public seed (so
 the number of reporters n_e of each element among the users whose reports arrived),
 debiases the total
-(:func:`~flower_app.algorithms.shuffle_dp.debias_counts`) into an unbiased estimate of
+(:func:`~flower_app.algorithms.fedsm.shuffle_dp.debias_counts`) into an unbiased estimate of
 Σ_i f_i(e | S) and goes on as Algorithm 1 does. Unlike the plain report, users without a
 positive gain must report too (their zeros are randomised like every other value).
 """
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import DP_STREAM, NoiseSource
-from flower_app.algorithms.fedsm import user_rng
-from flower_app.algorithms.shuffle_dp import randomize_counts
+from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
+from flower_app.algorithms.fedsm.sampling import user_draw
+from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
 
 if TYPE_CHECKING:
-    from flower_app.algorithms.fedsm_modes import RoundPlan
+    from flower_app.algorithms.fedsm.modes import RoundPlan
 
 __all__ = ["DP_STREAM", "dp_entry_counts", "dp_reporters", "dp_user_sums"]
 
@@ -34,9 +34,7 @@ _CHUNK = 1024
 
 
 def _draws(ids: np.ndarray, n_pool: int, d: int, seed: int, server_round: int) -> np.ndarray:
-    return np.stack(
-        [user_rng(seed, server_round, int(u)).choice(n_pool, d, replace=False) for u in ids]
-    )
+    return np.stack([user_draw(int(u), n_pool, d, seed, server_round) for u in ids])
 
 
 def dp_reporters(plan: RoundPlan, seed: int, users: np.ndarray | None = None) -> np.ndarray:

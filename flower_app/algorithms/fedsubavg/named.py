@@ -1,6 +1,6 @@
 """FedSubAvg on a model of named arrays (embedding tables + dense layers): the math, no Flower.
 
-The server steps of :mod:`flower_app.algorithms.fedsubavg` act on one flat float64 vector
+The server steps of :mod:`flower_app.algorithms.fedsubavg.core` act on one flat float64 vector
 whose entries are the model's rows. A user's model is a mapping of named arrays (e.g. a
 torch ``state_dict``) in which some arrays are *sparse*: embedding-like tables whose first
 axis indexes rows that a client touches only if its data uses them (item ids, user ids,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flower_app.algorithms.fedsubavg import FeatureHeat, RoundUpdate
+from flower_app.algorithms.fedsubavg.core import FeatureHeat, RoundUpdate
 
 __all__ = [
     "ROWS_SUFFIX",

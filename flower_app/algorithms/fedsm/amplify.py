@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from flower_app.algorithms.fedsm_alg2 import support_elements
+from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.fedsm.alg2 import SequencePairs, support_elements
 from flower_app.submodular.multilinear import entry_gradients, sampled_entry_gradients
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -73,7 +74,7 @@ def user_uniforms(
     """
     counts = np.diff(rows.indptr)
     parts = [
-        np.random.default_rng([int(seed), int(server_round), int(u), 1]).random((c, samples))
+        user_rng(seed, server_round, u, 1).random((c, samples))
         for u, c in zip(ids.tolist(), counts.tolist(), strict=True)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, samples))
@@ -136,7 +137,7 @@ def surrogate_entries(
     return upos, elem, quantize(eta * weight)
 
 
-class SurrogatePairGains:
+class SurrogatePairGains(SequencePairs):
     """Values g_i(e | T ∪ {a_1..a_j}) = η ∂_e G_i(y + η1_{a_1..a_j}) for Algorithm 2 pairs.
 
     Parameters
@@ -178,13 +179,10 @@ class SurrogatePairGains:
         j_from: int = 0,
     ) -> None:
         _check(surrogate, samples)
-        self.j_from = int(j_from)
-        self.objective = objective
-        self.users = np.asarray(users, dtype=np.int64)
+        super().__init__(objective, users, sequence, j_from)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.point = np.asarray(point, dtype=np.float64)
         self.eta = float(eta)
-        self.sequence = np.asarray(sequence, dtype=np.int64)
         self.surrogate = surrogate
         self.samples = int(samples)
         self.seed = int(seed)
@@ -193,10 +191,8 @@ class SurrogatePairGains:
     def active(self, users: np.ndarray, pool: np.ndarray) -> np.ndarray:
         """Return positions of the users whose row meets X (the others report zeros)."""
         rows = self.objective.values[self.users[users]]
-        in_pool = np.zeros(self.objective.n_elements, dtype=bool)
-        in_pool[pool] = True
         row_of = np.repeat(np.arange(rows.shape[0]), np.diff(rows.indptr))
-        return np.asarray(users)[np.unique(row_of[in_pool[rows.indices]])]
+        return np.asarray(users)[np.unique(row_of[self.pool_mask(pool)[rows.indices]])]
 
     def support(self, users: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (index into ``users``, position in X) of the users' row entries in X."""

@@ -33,9 +33,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flower_app.algorithms.learning import ALGORITHMS
-from flower_app.algorithms.participation import ParticipationSampler
-from flower_app.algorithms.server_rules import ServerRule, rule_for
+from flower_app.algorithms.maxfl.learning import ALGORITHMS
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
+from flower_app.algorithms.maxfl.server_rules import ServerRule, rule_for
 
 __all__ = [
     "AppealServer",
@@ -139,7 +139,7 @@ class AppealServer:
     eps : float, optional
         MaxFL's ε > 0 (default 1e-3).
     mw_eta : float, optional
-        MW-Fed's η_mw > 0 (default 0.1; see :mod:`flower_app.algorithms.fl_baselines`).
+        MW-Fed's η_mw > 0 (default 0.1; see :mod:`flower_app.algorithms.maxfl.baselines`).
     control : list of numpy.ndarray, optional
         SCAFFOLD's server control variate c (zeros if None).
     mw_weights : numpy.ndarray, optional
@@ -178,7 +178,8 @@ class AppealServer:
 
         MW-Fed: ``{"mw-share": [s_k, ...]}``, the relative weights
         s_k = |S| λ_k / Σ_{j∈S} λ_j in the order of ``users`` (remembered for
-        :meth:`step`); other algorithms: ``{}``. See :mod:`~flower_app.algorithms.server_rules`.
+        :meth:`step`); other algorithms: ``{}``. See
+        :mod:`~flower_app.algorithms.maxfl.server_rules`.
 
         Parameters
         ----------

@@ -2,8 +2,8 @@
 
 A :class:`ServerRule` says what the sampled clients receive, which per-client settings go
 with them, which reply values are valid, and how the summed replies move the server's
-state (:class:`~flower_app.algorithms.appeal.AppealServer` holds the state; a rule holds
-none; the clients' side is :class:`flower_app.algorithms.learning.LocalRule`).
+state (:class:`~flower_app.algorithms.maxfl.appeal.AppealServer` holds the state; a rule holds
+none; the clients' side is :class:`flower_app.algorithms.maxfl.learning.LocalRule`).
 :data:`RULES` maps each algorithm name of the run_config to its rule, so the protocol and
 the strategy ask the rule instead of comparing names:
 
@@ -26,19 +26,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from flower_app.algorithms.fl_baselines import (
+from flower_app.algorithms.maxfl.baselines import (
     check_mw_eta,
     fedavg_update,
     mwfed_reweight,
     mwfed_shares,
-    mwfed_update,
     qffl_update,
     scaffold_control_update,
 )
-from flower_app.algorithms.maxfl import Q_MAX, adaptive_server_lr, maxfl_update
+from flower_app.algorithms.maxfl.core import Q_MAX, adaptive_server_lr, maxfl_update
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flower_app.algorithms.appeal import AppealServer, TrainOutcome
+    from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome
 
 __all__ = [
     "RULES",
@@ -209,7 +208,7 @@ class MWFedRule(ServerRule):
         if missing:
             raise ValueError(f"MW-Fed: clients {missing} were not sent a weight this round")
         share_sum = float(sum(shares[u] for u in sorted(outcome.ids)))  # engine-free order
-        server.weights = mwfed_update(server.weights, outcome.sums, share_sum, server.server_lr)
+        server.weights = fedavg_update(server.weights, outcome.sums, share_sum, server.server_lr)
         ids = np.asarray(outcome.ids, dtype=np.int64)
         unmet = ~np.asarray(outcome.met, dtype=bool)
         server.mw_weights[ids] = mwfed_reweight(server.mw_weights[ids], unmet, server.mw_eta)

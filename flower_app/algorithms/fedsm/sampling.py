@@ -60,6 +60,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import gammaln
 
+from flower_app.algorithms.common.streams import user_rng
+
 __all__ = [
     "DENSE",
     "HYPER",
@@ -72,6 +74,7 @@ __all__ = [
     "keyed_words",
     "philox4x64",
     "support_draw",
+    "user_draw",
 ]
 
 #: the ways users draw D (run_config ``fedsm-rng``)
@@ -314,3 +317,18 @@ def dense_draw(user: int, n_candidates: int, d: int, seed: int, server_round: in
     if d == n_candidates:
         return np.arange(n_candidates, dtype=np.int64)
     return np.sort(np.argpartition(keys, d - 1)[:d]).astype(np.int64)
+
+
+def user_draw(
+    user: int, n_candidates: int, d: int, seed: int, server_round: int, scheme: str = "per-user"
+) -> np.ndarray:
+    """Return one user's d-subset of 0..N−1, drawn densely, under ``scheme``.
+
+    ``"per-user"``: ``user_rng(seed, server_round, user).choice(N, d, replace=False)`` (in
+    the generator's order); ``"batched"``: :func:`dense_draw` (sorted). The draw every FedSM
+    user makes when it does not draw on its support only: Algorithm 1's elements, Algorithm
+    2's pairs, the DP server's count of the reporters.
+    """
+    if scheme == "batched":
+        return dense_draw(user, n_candidates, d, seed, server_round)
+    return user_rng(seed, server_round, user).choice(n_candidates, d, replace=False)

@@ -2,8 +2,8 @@
 
 ``mode``:
 
-* ``"alg1"`` — Algorithm 1 (one element per round, :class:`~.fedsm.FedSMServer`);
-* ``"alg2"`` — Algorithm 2 (O(log m) rounds, :class:`~.fedsm_alg2.FedSMAlg2Server`);
+* ``"alg1"`` — Algorithm 1 (one element per round, :class:`~.core.FedSMServer`);
+* ``"alg2"`` — Algorithm 2 (O(log m) rounds, :class:`~.alg2.FedSMAlg2Server`);
 * ``"amplified"`` — Algorithm 3: 1/η steps of Algorithm 1 or 2 (``inner``) on the surrogate
   g, x ← x + η1_S after each step, and an oblivious rounding of x at the end
   (:func:`~flower_app.submodular.rounding.pipage_rounding` or ``greedy_rounding``).
@@ -16,7 +16,7 @@ order; users' randomness from ``default_rng([seed, t, user])`` (and ``[seed, t, 
 for the sampled surrogate), t the global communication round. With ``rng="batched"``
 (:class:`FedSMParams`, run_config ``fedsm-rng``) the users' draws of D come instead from a
 counter-based generator keyed by (seed, t, user), for all users at once and in time
-proportional to each user's support (:mod:`~flower_app.algorithms.fedsm_sampling`).
+proportional to each user's support (:mod:`~flower_app.algorithms.fedsm.sampling`).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import NoiseSource
-from flower_app.algorithms.fedsm import ENTRY_BYTES, FedSMServer, sampled_entry_sum
-from flower_app.algorithms.fedsm_alg2 import FedSMAlg2Server, PlainPairGains, pair_report_sum
-from flower_app.algorithms.fedsm_amplify import (
+from flower_app.algorithms.common.dp_noise import NoiseSource
+from flower_app.algorithms.fedsm.alg2 import FedSMAlg2Server, PlainPairGains, pair_report_sum
+from flower_app.algorithms.fedsm.amplify import (
     SURROGATES,
     SurrogatePairGains,
     surrogate_entries,
 )
-from flower_app.algorithms.fedsm_dp import dp_entry_counts, dp_reporters, dp_user_sums
-from flower_app.algorithms.fedsm_sampling import check_scheme
-from flower_app.algorithms.shuffle_dp import (
+from flower_app.algorithms.fedsm.core import ENTRY_BYTES, FedSMServer, sampled_entry_sum
+from flower_app.algorithms.fedsm.dp import dp_entry_counts, dp_reporters, dp_user_sums
+from flower_app.algorithms.fedsm.sampling import check_scheme
+from flower_app.algorithms.fedsm.shuffle_dp import (
     ShuffleDP,
     bits_for,
     calibrate_flip,
@@ -119,7 +119,7 @@ class FedSMParams:
     dp_reproducible : bool
         The research mode ``dp-reproducible-noise`` (default False): marks the rows, and
         keys the randomiser by the seed in the direct engine (no privacy against the server;
-        :mod:`flower_app.algorithms.dp_noise`). Nodes take it from their own configuration.
+        :mod:`flower_app.algorithms.common.dp_noise`). Nodes take it from their own configuration.
     """
 
     mode: str = "alg1"
@@ -272,7 +272,7 @@ def cohort_report(
         Run seed.
     reproducible_noise : bool, optional
         Shuffle-model DP only: the research mode ``dp-reproducible-noise`` (default False:
-        the randomiser draws from OS entropy; see :mod:`flower_app.algorithms.dp_noise`).
+        the randomiser draws from OS entropy; see :mod:`flower_app.algorithms.common.dp_noise`).
         The caller takes it from its own configuration, never from the server's message.
 
     Returns
@@ -602,7 +602,7 @@ class FedSMRun:
         """Charge the round's queries to the users who answered them; return the row entries.
 
         Per element e: the shuffle bound's ε at δ′ for the n′_e users whose reports arrived
-        (ε′ when none dropped out, else :func:`~flower_app.algorithms.shuffle_dp.
+        (ε′ when none dropped out, else :func:`~flower_app.algorithms.fedsm.shuffle_dp.
         query_epsilon`) and the local randomiser's ε (δ = 0). Each user is charged the sum
         over its d elements (basic composition); advanced composition uses the largest
         per-query ε and the busiest user's query count.

@@ -1,7 +1,7 @@
 """FedSubAvg's non-linear tasks as torch models with sparse tables: Sent140 (LSTM), Amazon (DIN).
 
 A :class:`TorchSubmodelTask` binds a federated dataset to a model whose embedding tables are
-FedSubAvg's sparse submodels (:mod:`flower_app.algorithms.fedsubavg_named` maps such a model
+FedSubAvg's sparse submodels (:mod:`flower_app.algorithms.fedsubavg.named` maps such a model
 onto the flat vector the server steps act on). It says, for client c (0..N−1):
 
 * which rows of each sparse table its training data touches (:meth:`client_rows`: its
@@ -11,7 +11,7 @@ onto the flat vector the server steps act on). It says, for client c (0..N−1):
   addressed by their global training index, so CentralSGD's pooled batches use it too);
 
 and evaluates a full model centrally (:meth:`evaluate`). Both engines
-(:mod:`flower_app.algorithms.fedsubavg_torch`) use exactly these methods.
+(:mod:`flower_app.algorithms.fedsubavg.torch_engine`) use exactly these methods.
 
 Tasks
 =====
@@ -82,8 +82,9 @@ class TorchSubmodelTask(ABC):
 
     Parameters
     ----------
-    name : str
-        Dataset name (``synthetic-sent140``, ``amazon``, ...).
+    data : Sent140 or AmazonCTR
+        The federated dataset: its ``name``, ``n_clients``, ``train_ptr`` and ``stats()``
+        are the task's.
     sparse_keys : tuple of str
         The model's sparse tables (state_dict keys).
     eval_samples : int, optional
@@ -93,22 +94,23 @@ class TorchSubmodelTask(ABC):
     """
 
     def __init__(
-        self, name: str, sparse_keys: tuple[str, ...], eval_samples: int = 10_000,
-        eval_seed: int = 0,
+        self, data: Sent140 | AmazonCTR, sparse_keys: tuple[str, ...],
+        eval_samples: int = 10_000, eval_seed: int = 0,
     ) -> None:  # fmt: skip
-        self.name, self.sparse_keys = name, tuple(sparse_keys)
+        self.data = data
+        self.name, self.sparse_keys = data.name, tuple(sparse_keys)
         self.eval_samples, self.eval_seed = int(eval_samples), int(eval_seed)
         self._eval_idx: np.ndarray | None = None
 
     @property
-    @abstractmethod
     def n_clients(self) -> int:
         """Clients N."""
+        return self.data.n_clients
 
     @property
-    @abstractmethod
     def train_ptr(self) -> np.ndarray:
         """int64 (N+1,) offsets of each client's training samples (global indices)."""
+        return self.data.train_ptr
 
     @abstractmethod
     def make_model(self) -> nn.Module:
@@ -126,9 +128,9 @@ class TorchSubmodelTask(ABC):
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Return the model's centrally computed metrics (``train-loss`` first)."""
 
-    @abstractmethod
     def stats(self) -> dict[str, float | int]:
         """Return the dataset's Table 1 numbers."""
+        return self.data.stats()
 
     def n_train(self, client: int) -> int:
         """Return client ``client``'s training samples n_c."""
@@ -172,8 +174,8 @@ class Sent140Task(TorchSubmodelTask):
         self, data: Sent140, eval_samples: int = 10_000, eval_seed: int = 0,
         embedding_init: np.ndarray | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(data.name, (SentimentLSTM.SPARSE_KEY,), eval_samples, eval_seed)
-        self.data = data
+        super().__init__(data, (SentimentLSTM.SPARSE_KEY,), eval_samples, eval_seed)
+        self.data: Sent140 = data
         self._init: tuple[torch.Tensor, torch.Tensor] | None = None
         if embedding_init is not None:
             table = torch.as_tensor(np.asarray(embedding_init, dtype=np.float32))
@@ -184,16 +186,6 @@ class Sent140Task(TorchSubmodelTask):
                 )
             given = ~torch.isnan(table)
             self._init = (given, table[given])
-
-    @property
-    def n_clients(self) -> int:
-        """Clients N."""
-        return self.data.n_clients
-
-    @property
-    def train_ptr(self) -> np.ndarray:
-        """Client offsets into the training tweets."""
-        return self.data.train_ptr
 
     def make_model(self) -> nn.Module:
         """Return a fresh SentimentLSTM over the task's vocabulary (pre-trained rows written)."""
@@ -235,9 +227,6 @@ class Sent140Task(TorchSubmodelTask):
             "test-accuracy": float((test_logits.argmax(1) == test_y).double().mean()),
         }
 
-    def stats(self) -> dict[str, float | int]:
-        """Table 1 numbers of the dataset."""
-        return self.data.stats()
 
 
 class AmazonTask(TorchSubmodelTask):
@@ -253,18 +242,8 @@ class AmazonTask(TorchSubmodelTask):
     """
 
     def __init__(self, data: AmazonCTR, eval_samples: int = 10_000, eval_seed: int = 0) -> None:
-        super().__init__(data.name, DIN.SPARSE_KEYS, eval_samples, eval_seed)
-        self.data = data
-
-    @property
-    def n_clients(self) -> int:
-        """Clients N."""
-        return self.data.n_clients
-
-    @property
-    def train_ptr(self) -> np.ndarray:
-        """Client offsets into the training rows."""
-        return self.data.train_ptr
+        super().__init__(data, DIN.SPARSE_KEYS, eval_samples, eval_seed)
+        self.data: AmazonCTR = data
 
     def make_model(self) -> nn.Module:
         """Return a fresh DIN over the task's users and items."""
@@ -310,9 +289,6 @@ class AmazonTask(TorchSubmodelTask):
             "test-auc": auc(d.test_clk, score),
         }
 
-    def stats(self) -> dict[str, float | int]:
-        """Table 1 numbers of the dataset."""
-        return self.data.stats()
 
 
 #: datasets of the torch tasks (the app's ``dataset`` key)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.fedsm import user_rng
+from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -245,12 +246,7 @@ class DiscreteGreedyServer:
     expected: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be a positive int")
-        if self.k > self.matroid.rank:
-            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        check_greedy_run(self.seed, self.k, self.matroid)
         if not np.isfinite(self.kappa) or self.kappa <= 0:
             raise ValueError(f"κ={self.kappa!r} must be positive")
 
@@ -285,11 +281,7 @@ class DiscreteGreedyServer:
         report = np.asarray(report_sum)
         if report.shape != (m,) or report.dtype.kind not in "iu":
             raise ValueError(f"the report sum must be an integer vector of length {m}")
-        feasible = self.matroid.feasible_mask(self.selected)
-        if not feasible.any():
-            raise RuntimeError("no feasible element left: k exceeds the rank")
-        masked = np.where(feasible, report.astype(np.int64), np.iinfo(np.int64).min)
-        e = int(np.argmax(masked))
+        e = best_feasible(report.astype(np.int64), self.matroid, self.selected)
         record = DiscreteGreedyRound(
             len(self.selected) + 1,
             e,

@@ -1,7 +1,7 @@
 """FedSubAvg with client-level differential privacy: clipped submodel updates, dense noise.
 
 Sparse updates need a per-row decision. A client's update lives on its submodel S(i); its
-L2 norm over those rows is clipped to C (:mod:`flower_app.algorithms.gaussian_dp`), so one
+L2 norm over those rows is clipped to C (:mod:`flower_app.algorithms.common.gaussian_dp`), so one
 client moves the sum by at most C (2C under replace-one neighbours, the sensitivity used).
 The noise cannot stay on S(i): that would reveal which rows a client touched. Every sampled
 client adds N(0, (σ·2C)²/K) to **every row of the heat support** (the rows some client
@@ -14,7 +14,7 @@ measured in docs/privacy.md. The counting round itself (the heat) is not privati
 Weighting must be ``clients`` (c_i = 1): sample-size weights would make one client's weight,
 and so the sensitivity, unbounded. Used by both engines (the direct engine's round and
 :class:`~flower_app.clients.submodel.SubmodelClient` under secure aggregation), with the
-clients' noise from the node's :class:`~flower_app.algorithms.dp_noise.NoiseSource` (OS
+clients' noise from the node's :class:`~flower_app.algorithms.common.dp_noise.NoiseSource` (OS
 entropy; ``default_rng([seed, t, client, DP_NOISE])`` only in the research mode
 ``dp-reproducible-noise``, which gives no privacy against the server).
 """
@@ -25,14 +25,14 @@ import math
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import DP_NOISE, NoiseSource
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import DP_NOISE, NoiseSource
+from flower_app.algorithms.common.gaussian_dp import GaussianDP
+from flower_app.algorithms.fedsubavg.core import (
     LocalConfig,
     RoundUpdate,
     gather_submodels,
     local_deltas,
 )
-from flower_app.algorithms.gaussian_dp import GaussianDP
 from flower_app.datasets.movielens_rating import RatingTask
 
 __all__ = ["private_round_update"]
@@ -56,7 +56,7 @@ def private_round_update(
     Parameters
     ----------
     task, clients, values, ptr, local, seed, server_round
-        As for :func:`flower_app.algorithms.fedsubavg.client_round` (weighting: clients).
+        As for :func:`flower_app.algorithms.fedsubavg.core.client_round` (weighting: clients).
     dp : GaussianDP
         σ and C.
     support : numpy.ndarray

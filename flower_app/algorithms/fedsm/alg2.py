@@ -44,9 +44,9 @@ from typing import Protocol
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm import user_rng
-from flower_app.algorithms.fedsm_sampling import check_scheme, dense_draw, support_draw
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.greedy_step import check_greedy_run
+from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -194,7 +194,29 @@ def support_elements(
     return row_of[keep], xpos[keep]
 
 
-class PlainPairGains:
+class SequencePairs:
+    """What pair values are computed from: the users' rows, the sequence a_1..a_r' and j₀.
+
+    The base of :class:`PlainPairGains` and of the amplification's
+    :class:`~flower_app.algorithms.fedsm.amplify.SurrogatePairGains`.
+    """
+
+    def __init__(
+        self, objective: MaxRowObjective, users: np.ndarray, sequence: np.ndarray, j_from: int
+    ) -> None:
+        self.j_from = int(j_from)
+        self.objective = objective
+        self.users = np.asarray(users, dtype=np.int64)
+        self.sequence = np.asarray(sequence, dtype=np.int64)
+
+    def pool_mask(self, pool: np.ndarray) -> np.ndarray:
+        """Return a bool mask over E of the elements in X = ``pool``."""
+        in_pool = np.zeros(self.objective.n_elements, dtype=bool)
+        in_pool[pool] = True
+        return in_pool
+
+
+class PlainPairGains(SequencePairs):
     """f_i(e | S ∪ {a_1..a_j}) = max(0, r_ie − max(f_i(S), max_{l ≤ j} r_{i a_l})), j < r'.
 
     Parameters
@@ -219,18 +241,13 @@ class PlainPairGains:
         sequence: np.ndarray,
         j_from: int = 0,
     ) -> None:
-        self.j_from = int(j_from)
-        self.objective = objective
-        self.users = np.asarray(users, dtype=np.int64)
-        self.sequence = np.asarray(sequence, dtype=np.int64)
+        super().__init__(objective, users, sequence, j_from)
         self.current = objective.user_values(list(selected), self.users)
 
     def active(self, users: np.ndarray, pool: np.ndarray) -> np.ndarray:
         """Return positions of the users with a positive gain f_i(e | S) for some e ∈ X."""
         upos, elem, _ = self.objective.positive_gain_entries(self.current, self.users)
-        in_pool = np.zeros(self.objective.n_elements, dtype=bool)
-        in_pool[pool] = True
-        return np.unique(upos[in_pool[elem]])
+        return np.unique(upos[self.pool_mask(pool)[elem]])
 
     def evaluate(
         self, users: np.ndarray, upos: np.ndarray, elem: np.ndarray, jdx: np.ndarray
@@ -266,9 +283,9 @@ def pair_report_sum(
     replace=False)``. ``"batched"``: when ``gains`` has ``support(users, pool)`` (the
     elements of X where user i can gain; its pairs are those elements × every prefix), only
     D_i ∩ A_i is drawn for all users at once
-    (:func:`~flower_app.algorithms.fedsm_sampling.support_draw`, the same law in time
+    (:func:`~flower_app.algorithms.fedsm.sampling.support_draw`, the same law in time
     proportional to |A_i|); otherwise D_i is drawn densely from the keyed generator
-    (:func:`~flower_app.algorithms.fedsm_sampling.dense_draw`).
+    (:func:`~flower_app.algorithms.fedsm.sampling.dense_draw`).
 
     Parameters
     ----------
@@ -311,15 +328,7 @@ def pair_report_sum(
     active = gains.active(np.arange(len(users)), pool) if len(users) else np.zeros(0, int)
     for start in range(0, active.size, _CHUNK):
         chunk = active[start : start + _CHUNK]
-        if batched:
-            draws = np.stack([dense_draw(ids[a], n_pairs, d, seed, server_round) for a in chunk])
-        else:
-            draws = np.stack(
-                [
-                    user_rng(seed, server_round, ids[a]).choice(n_pairs, d, replace=False)
-                    for a in chunk
-                ]
-            )
+        draws = np.stack([user_draw(ids[a], n_pairs, d, seed, server_round, rng) for a in chunk])
         upos = np.repeat(np.arange(chunk.size), d)
         pair = draws.ravel()
         value = gains.evaluate(chunk, upos, pool[pair // r_prime], pair % r_prime)
@@ -453,12 +462,7 @@ class FedSMAlg2Server:
     rounds: list[Alg2Round] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r} must be a non-negative int")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k={self.k!r} must be a positive int")
-        if self.k > self.matroid.rank:
-            raise ValueError(f"k={self.k} exceeds the matroid's rank {self.matroid.rank}")
+        check_greedy_run(self.seed, self.k, self.matroid)
         if not (math.isfinite(self.epsilon) and 0.0 < self.epsilon < 1.0):
             raise ValueError(f"epsilon={self.epsilon} must lie in (0, 1)")
         m = self.matroid.n_elements

@@ -17,10 +17,10 @@ Sensitivity
     The sum of K clients' shares is N(0, (σ·Δ₂)²) per coordinate when all K reply; every
     client that drops out removes 1/K of the noise variance (see Dropouts).
 Noise source
-    Each client's share comes from its node's :class:`~flower_app.algorithms.dp_noise.
+    Each client's share comes from its node's :class:`~flower_app.algorithms.common.dp_noise.
     NoiseSource`: OS entropy, fresh per node and round, never a seed (the server holds the
     seed); ``dp-reproducible-noise`` is a research mode that gives no privacy against the
-    server (:mod:`flower_app.algorithms.dp_noise`).
+    server (:mod:`flower_app.algorithms.common.dp_noise`).
 Accounting (:class:`GaussianAccountant`, Google's ``dp_accounting``, Rényi DP)
     *Against the server* (reported first, ``dp-epsilon``): the server chose the sample, so
     there is no amplification by sampling; a client's releases are the rounds its noisy
@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import DP_NOISE
+from flower_app.algorithms.common.dp_noise import DP_NOISE
 
 __all__ = [
     "ACCOUNTANT",
@@ -86,7 +86,7 @@ class GaussianDP:
     reproducible : bool
         The research mode ``dp-reproducible-noise`` (default False): the noise is keyed by
         the seed and gives no privacy against the server
-        (:mod:`flower_app.algorithms.dp_noise`). Server side it only marks the rows and
+        (:mod:`flower_app.algorithms.common.dp_noise`). Server side it only marks the rows and
         ``summary.json``; a node takes it from its own configuration, never from a message.
     """
 
@@ -128,7 +128,7 @@ def privatize(
     clients : int
         K, the clients sampled this round (each adds 1/K of the noise variance).
     rng : numpy.random.Generator
-        The client's noise (:meth:`flower_app.algorithms.dp_noise.NoiseSource.generator`:
+        The client's noise (:meth:`flower_app.algorithms.common.dp_noise.NoiseSource.generator`:
         OS entropy unless in the research mode).
 
     Returns
@@ -319,7 +319,7 @@ def privacy_summary(dp: GaussianDP, info: dict[str, float]) -> dict[str, object]
     info : dict
         The privacy entries of the last round (:meth:`GaussianAccountant.record`).
     """
-    from flower_app.algorithms.dp_noise import NO_PRIVACY_NOTE
+    from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE
 
     return {
         "mechanism": "client-level Gaussian DP, distributed noise under secure aggregation",

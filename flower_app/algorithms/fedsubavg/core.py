@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, local_sgd, log_loss, logits, sigmoid
 
@@ -64,7 +65,6 @@ __all__ = [
     "SubmodelAveraging",
     "batch_schedule",
     "client_bytes",
-    "client_rng",
     "client_round",
     "client_weights",
     "count_heat",
@@ -156,11 +156,6 @@ def resolve_clients_per_round(spec: int | float, n_clients: int) -> int:
 
 
 # ----------------------------------------------------------------------------- randomness
-def client_rng(seed: int, server_round: int, client: int) -> np.random.Generator:
-    """Return client ``client``'s random stream in round ``server_round``."""
-    return np.random.default_rng([int(seed), int(server_round), int(client)])
-
-
 def batch_schedule(rng: np.random.Generator, n_samples: int, iters: int, batch: int) -> np.ndarray:
     """Return the local sample indices of I batches of size B.
 
@@ -419,7 +414,7 @@ def local_deltas(
     first = task.train_ptr[clients]
     n_i = task.train_ptr[clients + 1] - first
     for c, client in enumerate(clients):
-        rng = client_rng(seed, server_round, int(client))
+        rng = user_rng(seed, server_round, int(client))
         batches[c] = batch_schedule(rng, int(n_i[c]), local.iters, local.batch)
     # the clients' samples, renumbered 0.. in client order; positions offset into w
     sample_ptr = np.zeros(clients.size + 1, dtype=np.int64)
@@ -767,7 +762,7 @@ class CentralSGD:
         server_round : int
             Round t (seeds the batches).
         """
-        rng = client_rng(self.seed, server_round, CENTRAL_STREAM)
+        rng = user_rng(self.seed, server_round, CENTRAL_STREAM)
         n = self.task.n_train
         for _ in range(self.iters):
             s = rng.choice(n, size=min(self.batch, n), replace=False)

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.dp_noise import NoiseSource
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import NoiseSource
+from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP
+from flower_app.algorithms.fedsubavg.core import (
     AdamConfig,
     CentralSGD,
     ClientSampler,
@@ -31,8 +32,7 @@ from flower_app.algorithms.fedsubavg import (
     make_server_update,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_dp import private_round_update
-from flower_app.algorithms.gaussian_dp import GaussianAccountant, GaussianDP
+from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.datasets.movielens_rating import RatingTask
 
 __all__ = ["RunSpec", "full_heat", "run_direct_rounds"]
@@ -60,7 +60,7 @@ class RunSpec:
     adam : AdamConfig
         FedAdam's server hyperparameters.
     dp : GaussianDP or None
-        Client-level DP (:mod:`flower_app.algorithms.fedsubavg_dp`), or None.
+        Client-level DP (:mod:`flower_app.algorithms.fedsubavg.dp`), or None.
     """
 
     algorithm: str

@@ -2,23 +2,23 @@
 
 Both engines run :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`'s plain-mode
 rounds (one client per node, its submodel = the declared rows of each sparse table + the
-dense arrays, :mod:`flower_app.algorithms.fedsubavg_named`):
+dense arrays, :mod:`flower_app.algorithms.fedsubavg.named`):
 
 1. the counting query: each client declares its rows and n_c (:func:`named_heat`);
 2. each round the server samples K clients uniformly without replacement
    (``random.Random(seed)``, over clients ordered by partition id), sends each its submodel,
    the client runs :func:`local_train` and returns its rows; the server sums c·(x_c − x)
-   by row in client order (:func:`~flower_app.algorithms.fedsubavg.merge_updates`) and
-   applies the algorithm's step (:func:`~flower_app.algorithms.fedsubavg.make_server_update`);
+   by row in client order (:func:`~flower_app.algorithms.fedsubavg.core.merge_updates`) and
+   applies the algorithm's step (:func:`~flower_app.algorithms.fedsubavg.core.make_server_update`);
 3. the full model is evaluated centrally after every round (:meth:`TorchSubmodelTask.evaluate`).
 
 :func:`run_torch_direct` does it in one process; :func:`run_torch_strategy` drives the real
 strategy over a Flower ``Grid`` whose nodes run
 :func:`flower_app.clients.torch_tasks.torch_task_client_app`. They agree exactly for the same
-seed (tested): same clients, same batches (``client_rng(seed, t, c)``), same float order.
+seed (tested): same clients, same batches (``user_rng(seed, t, c)``), same float order.
 
 Local training (:func:`local_train`) is plain SGD, I iterations of batch B sampled as
-:func:`~flower_app.algorithms.fedsubavg.batch_schedule` does (the MovieLens task's stream),
+:func:`~flower_app.algorithms.fedsubavg.core.batch_schedule` does (the MovieLens task's stream),
 with the options the authors' Amazon code uses: learning rate γ·decay^(t−1) and global-norm
 gradient clipping (their 0.999 and 5). FedProx adds μ(x − x¹) to the gradient. Torch runs on
 one thread inside :func:`local_train` so results do not depend on the thread count (Ray's
@@ -27,10 +27,9 @@ actors run on one).
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,17 +37,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.common.threads import single_thread
+from flower_app.algorithms.fedsubavg.core import (
     CENTRAL_STREAM,
     AdamConfig,
     batch_schedule,
-    client_rng,
     make_server_update,
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import NamedLayout, named_heat
-from flower_app.algorithms.torch_tasks import TorchSubmodelTask
+from flower_app.algorithms.fedsubavg.named import NamedLayout, named_heat
+from flower_app.algorithms.fedsubavg.torch_tasks import TorchSubmodelTask
 
 __all__ = [
     "TORCH_ALGORITHMS",
@@ -59,7 +59,6 @@ __all__ = [
     "local_train",
     "model_values",
     "run_torch_direct",
-    "torch_threads",
 ]
 
 #: algorithms of the torch tasks (CentralSGD runs in the direct engine only)
@@ -112,17 +111,6 @@ class TorchLocalConfig:
         )
 
 
-@contextlib.contextmanager
-def torch_threads(n: int = 1) -> Iterator[None]:
-    """Run the block with ``n`` torch threads (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def initial_state(task: TorchSubmodelTask, seed: int) -> dict[str, np.ndarray]:
     """Return the initial model's named arrays (torch seeded with ``seed``)."""
     torch.manual_seed(int(seed))
@@ -162,32 +150,50 @@ def local_train(
 ) -> float:
     """Run client ``client``'s I local SGD steps on ``model`` (in place); return the mean loss.
 
-    Batches come from ``client_rng(seed, server_round, client)`` as in the MovieLens task.
+    Batches come from ``user_rng(seed, server_round, client)`` as in the MovieLens task.
     """
     n = task.n_train(client)
-    batches = batch_schedule(client_rng(seed, server_round, client), n, local.iters, local.batch)
+    batches = batch_schedule(user_rng(seed, server_round, client), n, local.iters, local.batch)
     batches += int(task.train_ptr[client])
+    model.train()
+    with single_thread():
+        losses = _sgd_steps(task, model, batches, local, server_round, local.proximal_mu)
+    return float(np.mean(losses)) if losses else 0.0
+
+
+def _sgd_steps(
+    task: TorchSubmodelTask,
+    model: nn.Module,
+    batches: np.ndarray,
+    local: TorchLocalConfig,
+    server_round: int,
+    proximal_mu: float,
+) -> list[float]:
+    """One SGD step per batch on ``model`` in place; return the batches' losses.
+
+    Learning rate γ·decay^(t−1); FedProx's μ(x − x¹) added to the gradient when
+    ``proximal_mu`` > 0; the gradient clipped to global norm ``local.clip_norm`` when > 0.
+    Clients' local training and CentralSGD both step this way.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    start = [p.detach().clone() for p in params] if local.proximal_mu > 0 else []
+    start = [p.detach().clone() for p in params] if proximal_mu > 0 else []
     lr = local.lr * local.lr_decay ** (server_round - 1)
     losses = []
-    model.train()
-    with torch_threads(1):
-        for batch in batches:
-            model.zero_grad(set_to_none=True)
-            loss = task.batch_loss(model, batch)
-            loss.backward()
-            with torch.no_grad():
-                for p, p0 in zip(params, start, strict=False):
-                    if p.grad is not None:
-                        p.grad.add_(p - p0, alpha=local.proximal_mu)
-                if local.clip_norm > 0:
-                    nn.utils.clip_grad_norm_(params, local.clip_norm)
-                for p in params:
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-lr)
-            losses.append(float(loss.detach()))
-    return float(np.mean(losses)) if losses else 0.0
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss = task.batch_loss(model, batch)
+        loss.backward()
+        with torch.no_grad():
+            for p, p0 in zip(params, start, strict=False):
+                if p.grad is not None:
+                    p.grad.add_(p - p0, alpha=proximal_mu)
+            if local.clip_norm > 0:
+                nn.utils.clip_grad_norm_(params, local.clip_norm)
+            for p in params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
+        losses.append(float(loss.detach()))
+    return losses
 
 
 @dataclass(frozen=True)
@@ -237,24 +243,10 @@ def sample_clients(rng: random.Random, n_clients: int, k: int) -> list[int]:
 
 def _central_round(task, model, spec: TorchRunSpec, k: int, server_round: int) -> float:
     """CentralSGD: I steps of batch K·B from the pooled training set (Section 5.1)."""
-    rng = client_rng(spec.seed, server_round, CENTRAL_STREAM)
+    rng = user_rng(spec.seed, server_round, CENTRAL_STREAM)
     local = spec.local
     batches = batch_schedule(rng, task.n_train_total, local.iters, k * local.batch)
-    lr = local.lr * local.lr_decay ** (server_round - 1)
-    params = [p for p in model.parameters() if p.requires_grad]
-    losses = []
-    for batch in batches:
-        model.zero_grad(set_to_none=True)
-        loss = task.batch_loss(model, batch)
-        loss.backward()
-        with torch.no_grad():
-            if local.clip_norm > 0:
-                nn.utils.clip_grad_norm_(params, local.clip_norm)
-            for p in params:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-lr)
-        losses.append(float(loss.detach()))
-    return float(np.mean(losses))
+    return float(np.mean(_sgd_steps(task, model, batches, local, server_round, 0.0)))
 
 
 def run_torch_direct(

@@ -4,7 +4,7 @@ All updates use Δw_k = w − w_k^(τ) (what a client moved *down* its loss), as
 
 * FedAvg (McMahan et al. 2017): w ← w − η_g · (1/|S|) Σ Δw_k (uniform over the sampled
   clients, so that MaxFL with equal gaps is exactly a FedAvg step; see
-  :mod:`flower_app.algorithms.maxfl`).
+  :mod:`flower_app.algorithms.maxfl.core`).
 * FedProx (Li et al. 2020): the FedAvg server step; the clients add (μ/2)‖w_k − w‖².
 * q-FFL / q-FedAvg (Li et al. 2019, ICLR 2020): with L = 1/η_l,
   Δ_k = F_k(w)^q · L·Δw_k and h_k = q F_k(w)^{q−1} ‖L·Δw_k‖² + L F_k(w)^q;
@@ -28,7 +28,8 @@ All updates use Δw_k = w − w_k^(τ) (what a client moved *down* its loss), as
      τ_k = max(1, ⌊τ s_k + 1/2⌋) local SGD steps (:func:`mwfed_local_steps`) and sends
      s_k Δw_k;
   3. the server steps w ← w − η_g Σ_{k∈V} s_k Δw_k / Σ_{k∈V} s_k over the valid replies V
-     (:func:`mwfed_update`; = the λ-weighted average of the Δw_k), then multiplies the
+     (:func:`fedavg_update` with c_k = s_k: the λ-weighted average of the Δw_k), then
+     multiplies the
      weight of every k ∈ V whose requirement was not met by (1 + η_mw)
      (:func:`mwfed_reweight`).
 
@@ -61,7 +62,6 @@ __all__ = [
     "mwfed_local_steps",
     "mwfed_reweight",
     "mwfed_shares",
-    "mwfed_update",
     "qffl_delta_h",
     "qffl_update",
     "scaffold_control_update",
@@ -79,21 +79,21 @@ def _check(weights: Sequence[np.ndarray], updates: Sequence[np.ndarray]) -> None
 def fedavg_update(
     weights: Sequence[np.ndarray],
     update_sum: Sequence[np.ndarray],
-    n_clients: int,
+    weight_sum: float,
     server_lr: float = 1.0,
 ) -> list[np.ndarray]:
-    """Return w − η_g · Σ Δw_k / |S|.
+    """Return w − η_g · Σ c_k Δw_k / Σ c_k: FedAvg's step, and MW-Fed's (c_k = s_k).
 
     Parameters
     ----------
     weights : sequence of numpy.ndarray
         The global model.
     update_sum : sequence of numpy.ndarray
-        Σ_k Δw_k over the aggregated clients.
-    n_clients : int
-        |S|, the number of clients in the sum (≥ 1).
+        Σ_k c_k Δw_k over the aggregated clients.
+    weight_sum : float
+        Σ_k c_k over the same clients (> 0): |S| for FedAvg (c_k = 1), Σ_k s_k for MW-Fed.
     server_lr : float, optional
-        η_g (default 1: the new model is the average of the local models).
+        η_g (default 1: the new model is the weighted average of the local models).
 
     Returns
     -------
@@ -101,9 +101,9 @@ def fedavg_update(
         The new model, in the dtypes of ``weights``.
     """
     _check(weights, update_sum)
-    if n_clients < 1:
-        raise ValueError("FedAvg needs at least one client update")
-    return _step(weights, update_sum, float(server_lr) / n_clients)
+    if not (np.isfinite(weight_sum) and weight_sum > 0):
+        raise ValueError(f"the clients' weights Σ c_k must be finite and > 0, got {weight_sum}")
+    return _step(weights, update_sum, float(server_lr) / float(weight_sum))
 
 
 def _step(
@@ -298,32 +298,3 @@ def mwfed_local_steps(share: float, local_steps: int) -> int:
         raise ValueError(f"local steps τ must be >= 1, got {local_steps}")
     return max(1, int(np.floor(local_steps * float(share) + 0.5)))
 
-
-def mwfed_update(
-    weights: Sequence[np.ndarray],
-    weighted_update_sum: Sequence[np.ndarray],
-    share_sum: float,
-    server_lr: float = 1.0,
-) -> list[np.ndarray]:
-    """Return w − η_g · Σ s_k Δw_k / Σ s_k (MW-Fed server step).
-
-    Parameters
-    ----------
-    weights : sequence of numpy.ndarray
-        The global model.
-    weighted_update_sum : sequence of numpy.ndarray
-        Σ_k s_k Δw_k over the valid replies.
-    share_sum : float
-        Σ_k s_k over the same clients (> 0).
-    server_lr : float, optional
-        η_g (default 1).
-
-    Returns
-    -------
-    list of numpy.ndarray
-        The new model, in the dtypes of ``weights``.
-    """
-    _check(weights, weighted_update_sum)
-    if not (np.isfinite(share_sum) and share_sum > 0):
-        raise ValueError(f"Σ s_k must be finite and > 0, got {share_sum}")
-    return _step(weights, weighted_update_sum, float(server_lr) / float(share_sum))

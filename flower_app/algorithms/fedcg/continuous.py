@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm import user_rng
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.streams import user_rng
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
+from flower_app.submodular.multilinear import entry_weights, set_gains, sorted_rows
 from flower_app.submodular.objectives import MaxRowObjective
 from flower_app.submodular.polytope import (
     batched_linear_maximizer,
@@ -140,24 +141,13 @@ class UserEntries:
         """
         rows = objective.values[np.asarray(users, dtype=np.int64)]
         counts = np.diff(rows.indptr).astype(np.int64)
-        row = np.repeat(np.arange(rows.shape[0]), counts)
-        order = np.lexsort((rows.indices, -rows.data, row))
-        row, col, val = row[order], rows.indices[order].astype(np.int64), rows.data[order]
-        pos = np.arange(row.size) - np.repeat(rows.indptr[:-1], counts)
-        last = np.zeros(row.size, dtype=bool)
-        last[np.cumsum(counts[counts > 0]) - 1] = True
-        if pos.size:
-            by_pos_order = np.argsort(pos, kind="stable")
-            bounds = np.cumsum(np.bincount(pos))[:-1]
-            by_pos = np.split(by_pos_order, bounds)
-        else:
-            by_pos = []
+        sr = sorted_rows(rows)
         m = objective.n_elements
-        keys = row * m + col
+        keys = sr.row * m + sr.col
         lookup_order = np.argsort(keys, kind="stable")
         return cls(
-            row, col, val, last, by_pos, counts, keys[lookup_order], lookup_order,
-            int(rows.shape[0]), m,
+            sr.row, sr.col, sr.val, sr.last, sr.by_pos, counts, keys[lookup_order],
+            lookup_order, int(rows.shape[0]), m,
         )  # fmt: skip
 
     def find(self, row: np.ndarray, col: np.ndarray) -> np.ndarray:
@@ -189,16 +179,7 @@ def entry_gradient(entries: UserEntries, xe: np.ndarray) -> np.ndarray:
     numpy.ndarray
         float64 gradient entries (≥ 0); elements outside a row's support have gradient 0.
     """
-    q = 1.0 - xe
-    prefix = np.ones(entries.val.size)
-    for idx in entries.by_pos[1:]:
-        prefix[idx] = prefix[idx - 1] * q[idx - 1]
-    tail = np.zeros(entries.val.size)
-    for idx in reversed(entries.by_pos):
-        inner = idx[~entries.last[idx]]
-        nxt = inner + 1
-        tail[inner] = xe[nxt] * entries.val[nxt] + q[nxt] * tail[nxt]
-    return prefix * np.maximum(entries.val - tail, 0.0)
+    return entry_weights(entries, xe)
 
 
 def sampled_entry_gradient(
@@ -223,20 +204,9 @@ def sampled_entry_gradient(
     numpy.ndarray
         Unbiased float64 estimates, one per entry.
     """
-    n_rows, row, val = entries.n_rows, entries.row, entries.val
-    total = np.zeros(val.size)
+    total = np.zeros(entries.val.size)
     for u in uniforms:
-        in_r = u < xe
-        data_in = np.where(in_r, val, 0.0)
-        best = np.zeros(n_rows)
-        np.maximum.at(best, row, data_in)
-        out_gain = np.where(in_r, 0.0, np.maximum(val - best[row], 0.0))
-        is_best = in_r & (data_in == best[row]) & (data_in > 0)
-        n_best = np.bincount(row[is_best], minlength=n_rows)
-        second = np.zeros(n_rows)
-        np.maximum.at(second, row, np.where(is_best, 0.0, data_in))
-        in_gain = np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
-        total += out_gain + in_gain
+        total += set_gains(entries.row, entries.val, u < xe, entries.n_rows)
     return total / max(len(uniforms), 1)
 
 
