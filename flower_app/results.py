@@ -104,6 +104,34 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: modules of the server states a checkpoint pickles, as they were named before
+#: ``flower_app.algorithms`` got one subpackage per family (checkpoints of runs interrupted
+#: before that move resume after it)
+MOVED_MODULES = {
+    f"flower_app.algorithms.{old}": f"flower_app.algorithms.{new}"
+    for old, new in {
+        "fedsm": "fedsm.core", "fedsm_alg2": "fedsm.alg2", "fedsm_amplify": "fedsm.amplify",
+        "fedsm_dp": "fedsm.dp", "fedsm_modes": "fedsm.modes", "fedsm_sampling": "fedsm.sampling",
+        "fedsm_user": "fedsm.user", "shuffle_dp": "fedsm.shuffle_dp",
+        "fedcg": "fedcg.continuous", "discrete_greedy": "fedcg.discrete_greedy",
+        "maxfl": "maxfl.core", "appeal": "maxfl.appeal", "fl_baselines": "maxfl.baselines",
+        "participation": "maxfl.participation", "server_rules": "maxfl.server_rules",
+        "learning": "maxfl.learning", "fedsubavg": "fedsubavg.core",
+        "fedsubavg_direct": "fedsubavg.direct", "fedsubavg_named": "fedsubavg.named",
+        "fedsubavg_dp": "fedsubavg.dp", "fedsubavg_torch": "fedsubavg.torch_engine",
+        "torch_tasks": "fedsubavg.torch_tasks", "counts": "common.counts",
+        "dp_noise": "common.dp_noise", "gaussian_dp": "common.gaussian_dp",
+    }.items()
+}  # fmt: skip
+
+
+class _CheckpointUnpickler(pickle.Unpickler):
+    """Read a run's own ``checkpoint.pkl``, mapping the server states' moved modules."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED_MODULES.get(module, module), name)
+
+
 class RunWriter:
     """Writes one run's folder.
 
@@ -199,7 +227,13 @@ class RunWriter:
             )
         try:
             with path.open("rb") as fh:
-                return dict(pickle.load(fh))  # noqa: S301 - the run's own file
+                return dict(_CheckpointUnpickler(fh).load())
+        except (ImportError, AttributeError) as ex:
+            raise ResumeError(
+                f"resume: {path} was written by a version of flower_app whose server state "
+                f"this version cannot read ({type(ex).__name__}: {ex}); finish it with that "
+                "version, or start the run again without 'resume'"
+            ) from ex
         except (EOFError, pickle.UnpicklingError, TypeError, ValueError) as ex:
             raise ResumeError(
                 f"resume: {path} is unreadable ({type(ex).__name__}: {ex}); if the machine "
