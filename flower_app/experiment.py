@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
 from flower_app.results import ResumeError, RunWriter, run_session
@@ -76,6 +76,46 @@ class Experiment:
         return self.problem.objective is None
 
 
+def check_direct_engine(cfg: AppConfig) -> None:
+    """Refuse, for the direct engine, the settings that only ``flwr run`` can honour.
+
+    Raises
+    ------
+    ConfigError
+        With ``server-data = "none"`` (the direct engine holds the data) or
+        ``resume = true`` (it does not checkpoint; it reruns in seconds).
+    """
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+
+
+def _run_config(
+    cfg: AppConfig,
+    engine: str,
+    problem: SubmodularProblem | RemoteProblem,
+    matroid: Matroid,
+    detail: dict[str, Any],
+) -> dict[str, Any]:
+    """Return config.json of a run: the configuration, the engine and the instance's sizes.
+
+    ``detail`` is what the instance adds between its sizes and its matroid (the nnz of
+    the data the server holds, or where the sizes came from).
+    """
+    return {
+        **cfg.to_dict(),
+        "engine": engine,
+        "instance": {
+            "name": problem.name,
+            "n-users": problem.n_users,
+            "n-elements": problem.n_elements,
+            **detail,
+            "matroid": repr(matroid),
+        },
+    }
+
+
 def open_run(
     cfg: AppConfig,
     engine: str,
@@ -102,18 +142,10 @@ def open_run(
     if check is not None:  # before anything is written or any message is sent
         check(problem, matroid)
     reference = lazy_greedy(problem.objective, matroid, cfg.k)
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "instance": {
-            "name": problem.name,
-            "n-users": problem.n_users,
-            "n-elements": problem.n_elements,
-            "nnz": int(problem.objective.values.nnz),
-            "matroid": repr(matroid),
-        },
-    }
-    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    detail = {"nnz": int(problem.objective.values.nnz)}
+    writer = RunWriter(
+        cfg.run_folder(), _run_config(cfg, engine, problem, matroid, detail), resume=cfg.resume
+    )
     return Experiment(cfg, problem, matroid, writer, reference, engine, time.perf_counter())
 
 
@@ -146,18 +178,10 @@ def open_remote_run(
     matroid = remote_matroid(cfg, problem.n_elements)
     if check is not None:
         check(problem, matroid)
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "instance": {
-            "name": problem.name,
-            "n-users": problem.n_users,
-            "n-elements": problem.n_elements,
-            "source": "reported by the nodes (server-data = none)",
-            "matroid": repr(matroid),
-        },
-    }
-    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    detail = {"source": "reported by the nodes (server-data = none)"}
+    writer = RunWriter(
+        cfg.run_folder(), _run_config(cfg, engine, problem, matroid, detail), resume=cfg.resume
+    )
     check_remote_resume(writer, problem)
     return Experiment(cfg, problem, matroid, writer, None, engine, time.perf_counter())
 

@@ -55,6 +55,7 @@ from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
     Experiment,
+    check_direct_engine,
     finish_run,
     open_remote_run,
     open_run,
@@ -312,10 +313,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured FedSM mode on the direct engine and write the run folder."""
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+    check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     history: list[dict[str, Any]] = []

@@ -55,7 +55,11 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
-from flower_app.experiment import check_remote_resume, remote_checkpoint_fn
+from flower_app.experiment import (
+    check_direct_engine,
+    check_remote_resume,
+    remote_checkpoint_fn,
+)
 from flower_app.node_data import (
     RATING_SOURCE_KEYS,
     load_node_ratings,
@@ -428,10 +432,7 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the algorithm on the direct engine and write the run folder; return the summary."""
     if (runner := _torch(cfg)) is not None:
         return runner.direct_run(cfg, progress)
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    check_direct_engine(cfg)
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
     bar = None
