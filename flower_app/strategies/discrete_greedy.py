@@ -137,14 +137,8 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             min_reply_fraction=min_reply_fraction,
             secure_aggregation=secure_aggregation,
         )
-        if cohorts and server is None:
-            raise ValueError("cohort mode needs the prebuilt server state: pass server=")
-        if server is not None and not cohorts:
-            raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+        check_common(cohorts, server, k, seed, min_available_nodes)
         if server is None:
-            check_common(seed, min_available_nodes)
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k={k!r} must be a positive int")
             if not np.isfinite(kappa) or kappa <= 0:
                 raise ValueError(f"kappa={kappa!r} must be positive")
         else:

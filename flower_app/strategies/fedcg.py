@@ -241,14 +241,10 @@ class FedCGStrategy(RoundStrategy):
             min_reply_fraction=min_reply_fraction,
             secure_aggregation=secure_aggregation,
         )
-        if cohorts and server is None:
-            raise ValueError("cohort mode needs the prebuilt server state: pass server=")
-        if server is not None and not cohorts:
-            raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+        check_common(cohorts, server, k, seed, min_available_nodes)
         self.cohort_mode = bool(cohorts)
         self.server: FedCGServer | None = server
         if server is None:
-            check_common(seed, min_available_nodes)
             self.local = LocalSteps(
                 steps=local_steps, gradient=gradient, samples=gradient_samples,
                 fill_base=bool(fill_base),
@@ -259,8 +255,6 @@ class FedCGStrategy(RoundStrategy):
                 raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
             if not np.isfinite(eta) or eta < 0:
                 raise ValueError(f"eta={eta!r} must be >= 0 (0 selects 1/T)")
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k={k!r} must be a positive int")
         else:
             self.local, seed, rounding = server.local, server.seed, server.rounding
         self.k, self.groups, self.capacities = k, groups, capacities

@@ -261,9 +261,29 @@ def matroid_entries(matroid: Matroid) -> tuple[dict[str, Any], dict[str, np.ndar
     return {"matroid-k": k}, {"matroid-groups": groups, "matroid-capacities": caps}
 
 
-def check_common(seed: int, min_available_nodes: int) -> None:
-    """Raise ValueError on a bad ``seed`` or ``min_available_nodes`` (constructor checks)."""
+def check_common(
+    cohorts: bool, server: object | None, k: int, seed: int, min_available_nodes: int
+) -> None:
+    """Check the constructor arguments the FedCG and discrete-greedy strategies share.
+
+    Cohort mode needs the prebuilt server state and a server state needs cohort mode;
+    without one, ``seed``, ``min_available_nodes`` and ``k`` are checked (with one, the
+    server's own values are used).
+
+    Raises
+    ------
+    ValueError
+        Naming the argument and what it must be.
+    """
+    if cohorts and server is None:
+        raise ValueError("cohort mode needs the prebuilt server state: pass server=")
+    if server is not None and not cohorts:
+        raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+    if server is not None:
+        return
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
     if min_available_nodes < 1:
         raise ValueError(f"min_available_nodes={min_available_nodes} must be at least 1")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} must be a positive int")
