@@ -91,6 +91,51 @@ def check_direct_engine(cfg: AppConfig) -> None:
         raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
 
 
+class DirectRounds:
+    """The direct engine's round log for FedSM and FedCG: ``rounds.log`` takes each row.
+
+    A row gets ``wall-time`` (seconds since this object was made), goes to ``history``
+    and to the run folder's ``metrics.jsonl``, and moves the progress bar (tqdm, with
+    ``progress``); :meth:`close` closes the bar.
+
+    Parameters
+    ----------
+    exp : Experiment
+        The open run.
+    progress : bool
+        Show a progress bar.
+    desc : str
+        The bar's label.
+    total : int, optional
+        Rounds expected (None: unknown, as FedSM's Algorithm 2).
+    """
+
+    def __init__(
+        self, exp: Experiment, progress: bool, desc: str, total: int | None = None
+    ) -> None:
+        self.exp = exp
+        self.history: list[dict[str, Any]] = []
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, leave=False)
+        self.t0 = time.perf_counter()
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Record one round's row."""
+        row["wall-time"] = time.perf_counter() - self.t0
+        self.history.append(row)
+        self.exp.writer.log_round(row)
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the progress bar (if any)."""
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _run_config(
     cfg: AppConfig,
     engine: str,
