@@ -106,7 +106,6 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         lr=cfg.get("fsa-lr"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = adam_config(cfg)
     dp = None
     if cfg.get("fsa-dp-noise") > 0:
         dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
@@ -121,16 +120,7 @@ def run_spec(cfg: AppConfig) -> RunSpec:
                 "run_config 'fsa-dp-noise' > 0 needs secure-aggregation = true: the clients "
                 "add the noise, so only a securely aggregated sum is private"
             )
-    return RunSpec(
-        algorithm=cfg.algorithm,
-        rounds=cfg.get("fsa-rounds"),
-        clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
-        local=local,
-        weighting=cfg.get("fsa-weighting"),
-        adam=adam,
-        dp=dp,
-    )
+    return RunSpec(**spec_fields(cfg, local), dp=dp)
 
 
 def adam_config(cfg: AppConfig) -> AdamConfig:
@@ -141,6 +131,23 @@ def adam_config(cfg: AppConfig) -> AdamConfig:
         beta2=cfg.get("fsa-adam-beta2"),
         tau=cfg.get("fsa-adam-tau"),
     )
+
+
+def spec_fields(cfg: AppConfig, local: Any) -> dict[str, Any]:
+    """Return what a run spec holds on either engine (the torch tasks' runner too).
+
+    ``algorithm``, ``rounds``, ``clients_per_round``, ``seed``, ``weighting``, ``adam``
+    (:func:`adam_config`) from the configuration, and the given local training ``local``.
+    """
+    return {
+        "algorithm": cfg.algorithm,
+        "rounds": cfg.get("fsa-rounds"),
+        "clients_per_round": cfg.clients_per_round,
+        "seed": cfg.seed,
+        "local": local,
+        "weighting": cfg.get("fsa-weighting"),
+        "adam": adam_config(cfg),
+    }
 
 
 def resolved_config(
