@@ -41,6 +41,7 @@ from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
+    checkpointed_server,
     decode_int_report,
     matroid_entries,
     named_record,
@@ -171,14 +172,11 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         TypeError, ValueError
             If the checkpoint is not a discrete-greedy server state of the same instance.
         """
-        server = state.get("server") if isinstance(state, dict) else None
-        if not isinstance(server, DiscreteGreedyServer):
-            raise TypeError("a discrete-greedy checkpoint holds {'server': DiscreteGreedyServer}")
         assert self.server is not None
-        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.k)
-        theirs = (server.matroid.n_elements, server.n_users, server.k)
-        if mine != theirs:
-            raise ValueError(f"checkpoint (m, n, k) = {theirs} does not match this run's {mine}")
+        server = checkpointed_server(
+            state, DiscreteGreedyServer, self.server, "discrete-greedy", "(m, n, k)",
+            lambda s: (s.matroid.n_elements, s.n_users, s.k),
+        )  # fmt: skip
         server.expected = self.server.expected  # what this run's nodes announced again
         self.server = server
 

@@ -105,6 +105,7 @@ from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
+    checkpointed_server,
     drop_replies,
     matroid_entries,
     named_record,
@@ -290,15 +291,11 @@ class FedCGStrategy(RoundStrategy):
         TypeError, ValueError
             If the checkpoint is not a FedCG server state of the same instance and T.
         """
-        server = state.get("server") if isinstance(state, dict) else None
-        if not isinstance(server, FedCGServer):
-            raise TypeError("a FedCG checkpoint holds {'server': FedCGServer}")
         assert self.server is not None
-        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.rounds)
-        theirs = (server.matroid.n_elements, server.n_users, server.rounds)
-        if mine != theirs:
-            raise ValueError(f"checkpoint (m, n, T) = {theirs} does not match this run's {mine}")
-        self.server = server
+        self.server = checkpointed_server(
+            state, FedCGServer, self.server, "FedCG", "(m, n, T)",
+            lambda s: (s.matroid.n_elements, s.n_users, s.rounds),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
