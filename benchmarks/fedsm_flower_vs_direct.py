@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flower_app import procfs
 from flower_app.simulation import LocalSimulation, superlink_pids, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,38 +92,29 @@ class ProcInfo:
 
 def _read_proc(pid: int) -> ProcInfo | None:
     """Read ppid, start time, RSS and command line of ``pid`` (None if it vanished)."""
+    fields, raw = procfs.stat_fields(pid), procfs.cmdline(pid)
+    if fields is None or raw is None:
+        return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        # comm may contain spaces and parentheses: split after the last ')'
-        fields = stat[stat.rindex(")") + 2 :].split()
         ppid = int(fields[1])
         start = BOOT + int(fields[19]) / CLK_TCK
         rss = int(fields[21]) * PAGE
-        cmd = (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
+    cmd = raw.replace(b"\0", b" ").decode(errors="replace")
     return ProcInfo(pid, ppid, start, rss, cmd.strip())
 
 
 def _snapshot() -> dict[int, ProcInfo]:
-    """Return every readable process."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            info = _read_proc(int(entry.name))
-            if info is not None:
-                out[info.pid] = info
-    return out
+    """Return every readable process but this one."""
+    infos = (_read_proc(pid) for pid in procfs.pids())
+    return {info.pid: info for info in infos if info is not None}
 
 
 def _environ_has(pid: int, marker: bytes) -> bool | None:
     """Return whether the environment of ``pid`` contains ``marker`` (None if unreadable)."""
-    try:
-        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
+    env = procfs.environ(pid)
+    return None if env is None else marker in env
 
 
 def _pss(pid: int) -> int:
@@ -381,7 +373,7 @@ class LocalFlower(LocalSimulation):
         # superexec / flwr-simulation / Ray processes carry this run's FLWR_HOME
         time.sleep(1.0)
         for p in _snapshot().values():
-            if p.pid != os.getpid() and _environ_has(p.pid, self.marker):
+            if _environ_has(p.pid, self.marker):
                 try:
                     os.kill(p.pid, signal.SIGKILL)
                     print(f"  killed leftover pid {p.pid}: {p.cmdline[:100]}", flush=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
 
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
 from flower_app.results import ResumeError, RunWriter, run_session
@@ -76,6 +76,91 @@ class Experiment:
         return self.problem.objective is None
 
 
+def check_direct_engine(cfg: AppConfig) -> None:
+    """Refuse, for the direct engine, the settings that only ``flwr run`` can honour.
+
+    Raises
+    ------
+    ConfigError
+        With ``server-data = "none"`` (the direct engine holds the data) or
+        ``resume = true`` (it does not checkpoint; it reruns in seconds).
+    """
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+
+
+class DirectRounds:
+    """The direct engine's round log for FedSM and FedCG: ``rounds.log`` takes each row.
+
+    A row gets ``wall-time`` (seconds since this object was made), goes to ``history``
+    and to the run folder's ``metrics.jsonl``, and moves the progress bar (tqdm, with
+    ``progress``); :meth:`close` closes the bar.
+
+    Parameters
+    ----------
+    exp : Experiment
+        The open run.
+    progress : bool
+        Show a progress bar.
+    desc : str
+        The bar's label.
+    total : int, optional
+        Rounds expected (None: unknown, as FedSM's Algorithm 2).
+    """
+
+    def __init__(
+        self, exp: Experiment, progress: bool, desc: str, total: int | None = None
+    ) -> None:
+        self.exp = exp
+        self.history: list[dict[str, Any]] = []
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, leave=False)
+        self.t0 = time.perf_counter()
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Record one round's row."""
+        row["wall-time"] = time.perf_counter() - self.t0
+        self.history.append(row)
+        self.exp.writer.log_round(row)
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the progress bar (if any)."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_config(
+    cfg: AppConfig,
+    engine: str,
+    problem: SubmodularProblem | RemoteProblem,
+    matroid: Matroid,
+    detail: dict[str, Any],
+) -> dict[str, Any]:
+    """Return config.json of a run: the configuration, the engine and the instance's sizes.
+
+    ``detail`` is what the instance adds between its sizes and its matroid (the nnz of
+    the data the server holds, or where the sizes came from).
+    """
+    return {
+        **cfg.to_dict(),
+        "engine": engine,
+        "instance": {
+            "name": problem.name,
+            "n-users": problem.n_users,
+            "n-elements": problem.n_elements,
+            **detail,
+            "matroid": repr(matroid),
+        },
+    }
+
+
 def open_run(
     cfg: AppConfig,
     engine: str,
@@ -102,18 +187,10 @@ def open_run(
     if check is not None:  # before anything is written or any message is sent
         check(problem, matroid)
     reference = lazy_greedy(problem.objective, matroid, cfg.k)
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "instance": {
-            "name": problem.name,
-            "n-users": problem.n_users,
-            "n-elements": problem.n_elements,
-            "nnz": int(problem.objective.values.nnz),
-            "matroid": repr(matroid),
-        },
-    }
-    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    detail = {"nnz": int(problem.objective.values.nnz)}
+    writer = RunWriter(
+        cfg.run_folder(), _run_config(cfg, engine, problem, matroid, detail), resume=cfg.resume
+    )
     return Experiment(cfg, problem, matroid, writer, reference, engine, time.perf_counter())
 
 
@@ -146,18 +223,10 @@ def open_remote_run(
     matroid = remote_matroid(cfg, problem.n_elements)
     if check is not None:
         check(problem, matroid)
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "instance": {
-            "name": problem.name,
-            "n-users": problem.n_users,
-            "n-elements": problem.n_elements,
-            "source": "reported by the nodes (server-data = none)",
-            "matroid": repr(matroid),
-        },
-    }
-    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    detail = {"source": "reported by the nodes (server-data = none)"}
+    writer = RunWriter(
+        cfg.run_folder(), _run_config(cfg, engine, problem, matroid, detail), resume=cfg.resume
+    )
     check_remote_resume(writer, problem)
     return Experiment(cfg, problem, matroid, writer, None, engine, time.perf_counter())
 

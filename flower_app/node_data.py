@@ -575,6 +575,45 @@ def source_of(cfg: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return {key: values[key] for key in keys}
 
 
+def _write_npz(folder: Path, p: int, arrays: dict[str, np.ndarray]) -> Path:
+    """Write node ``p``'s ``node-<p>.npz`` (the MaxFL and FedSubAvg exports); return its path."""
+    path = folder / f"node-{p}.npz"
+    with open(path, "wb") as fh:  # on a handle: np.savez keeps the name as given
+        np.savez(fh, **arrays)
+    return path
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """Read every array of a ``node-<p>.npz`` (no pickles)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {key: z[key] for key in z.files}
+
+
+def _client_manifest(
+    family: str,
+    dataset: str,
+    instance: str,
+    n: int,
+    sizes: dict[str, int],
+    num_partitions: int,
+    source: dict[str, Any],
+    files: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Return the manifest of a per-client export (MaxFL images, FedSubAvg ratings)."""
+    return {
+        "format": FORMAT,
+        "family": family,
+        "dataset": dataset,
+        "instance": instance,
+        "n-users": n,
+        **sizes,
+        "num-partitions": int(num_partitions),
+        "split": "contiguous client blocks (flower_app.clients.cohorts.cohort_range)",
+        "source": dict(source),
+        "files": files,
+    }
+
+
 def _ragged(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([p.size for p in parts])
@@ -633,35 +672,29 @@ def export_images(
         remap = [np.array([local[int(r)] for r in part], dtype=np.int64) for part in rows]
         train, train_off = _ragged(remap[:count])
         test, test_off = _ragged(remap[count:])
-        path = folder / f"node-{p}.npz"
-        with open(path, "wb") as fh:  # on a handle: np.savez keeps the name as given
-            np.savez(
-                fh,
-                images=federation.data.images[used].astype(np.uint8),
-                labels=federation.data.labels[used].astype(np.int64),
-                clients=clients,
-                **{"train-index": train, "train-offsets": train_off},
-                **{"test-index": test, "test-offsets": test_off},
-                flipped=np.asarray(federation.flipped, dtype=bool)[clients],
-                mean=np.float64(federation.mean),
-                std=np.float64(federation.std),
-                **{"n-classes": np.int64(federation.n_classes)},
-            )
+        arrays = {
+            "images": federation.data.images[used].astype(np.uint8),
+            "labels": federation.data.labels[used].astype(np.int64),
+            "clients": clients,
+            "train-index": train,
+            "train-offsets": train_off,
+            "test-index": test,
+            "test-offsets": test_off,
+            "flipped": np.asarray(federation.flipped, dtype=bool)[clients],
+            "mean": np.float64(federation.mean),
+            "std": np.float64(federation.std),
+            "n-classes": np.int64(federation.n_classes),
+        }
+        path = _write_npz(folder, p, arrays)
         files.append(_node_entry(p, path, int(used.size), first, count))
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "family": "maxfl",
-        "dataset": dataset,
-        "instance": str(federation.data.name),
-        "n-users": n,
+    sizes = {
         "n-seen": int(federation.n_seen),
         "n-unseen": int(federation.n_unseen),
         "n-classes": int(federation.n_classes),
-        "num-partitions": int(num_partitions),
-        "split": "contiguous client blocks (flower_app.clients.cohorts.cohort_range)",
-        "source": dict(source),
-        "files": files,
     }
+    manifest = _client_manifest(
+        "maxfl", dataset, str(federation.data.name), n, sizes, num_partitions, source, files
+    )
     return _write_manifest(folder, manifest)
 
 
@@ -697,8 +730,7 @@ def _images_cached(path: str, mtime: int, size: int) -> Any:
 
     manifest, entry = file_entry(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {key: z[key] for key in z.files}
+        arrays = _read_npz(path)
         data = LabelledImages(
             str(manifest["instance"]),
             arrays["images"],
@@ -789,39 +821,29 @@ def export_ratings(
         s_lo, s_hi = int(task.sub_ptr[first]), int(task.sub_ptr[first + count])
         mine = (task.test_client >= first) & (task.test_client < first + count)
         ev = task.eval_idx[(task.eval_idx >= lo) & (task.eval_idx < hi)] - lo
-        path = folder / f"node-{p}.npz"
-        with open(path, "wb") as fh:  # on a handle: np.savez keeps the name as given
-            np.savez(
-                fh,
-                **{
-                    "train-rows": task.train_rows[lo:hi],
-                    "train-pos": task.train_pos[lo:hi],
-                    "train-y": task.train_y[lo:hi],
-                    "train-counts": np.diff(task.train_ptr[first : first + count + 1]),
-                    "sub-rows": task.sub_rows[s_lo:s_hi],
-                    "sub-counts": np.diff(task.sub_ptr[first : first + count + 1]),
-                    "test-rows": task.test_rows[mine],
-                    "test-y": task.test_y[mine],
-                    "test-client": task.test_client[mine],
-                    "eval-local": ev.astype(np.int64),
-                    "n-movies": np.int64(task.layout.n_movies),
-                },
-            )
+        arrays = {
+            "train-rows": task.train_rows[lo:hi],
+            "train-pos": task.train_pos[lo:hi],
+            "train-y": task.train_y[lo:hi],
+            "train-counts": np.diff(task.train_ptr[first : first + count + 1]),
+            "sub-rows": task.sub_rows[s_lo:s_hi],
+            "sub-counts": np.diff(task.sub_ptr[first : first + count + 1]),
+            "test-rows": task.test_rows[mine],
+            "test-y": task.test_y[mine],
+            "test-client": task.test_client[mine],
+            "eval-local": ev.astype(np.int64),
+            "n-movies": np.int64(task.layout.n_movies),
+        }
+        path = _write_npz(folder, p, arrays)
         files.append(_node_entry(p, path, hi - lo, first, count))
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "family": "fedsubavg",
-        "dataset": dataset,
-        "instance": str(task.name),
-        "n-users": n,
+    sizes = {
         "n-params": int(task.n_params),
         "n-movies": int(task.layout.n_movies),
         "n-test-unattributed": int((task.test_client < 0).sum()),
-        "num-partitions": int(num_partitions),
-        "split": "contiguous client blocks (flower_app.clients.cohorts.cohort_range)",
-        "source": dict(source),
-        "files": files,
     }
+    manifest = _client_manifest(
+        "fedsubavg", dataset, str(task.name), n, sizes, num_partitions, source, files
+    )
     return _write_manifest(folder, manifest)
 
 
@@ -860,8 +882,7 @@ def _ratings_cached(path: str, mtime: int, size: int) -> Any:
     if manifest.get("family") != "fedsubavg":
         raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not FedSubAvg's")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            a = {key: z[key] for key in z.files}
+        a = _read_npz(path)
         n = int(manifest["n-users"])
         first, count = int(entry["first-user"]), int(entry["num-users"])
         if a["train-counts"].size != count or a["sub-counts"].size != count:

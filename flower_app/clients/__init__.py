@@ -30,8 +30,9 @@ Names are imported on first use, so a submodular ClientApp does not import torch
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flower_app.lazy_exports import lazy_exports
 
 __all__ = [
     "Coverage",
@@ -101,13 +102,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, stored_rho
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'flower_app.clients' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

@@ -94,6 +94,50 @@ def _subject_alt_names(hosts: list[str]) -> list[x509.GeneralName]:
     return names
 
 
+#: the flags of x509.KeyUsage; a certificate sets the ones it names and clears the others
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    start: dt.datetime,
+    end: dt.datetime,
+    *,
+    ca: bool,
+    usages: tuple[str, ...],
+) -> x509.CertificateBuilder:
+    """Return what the CA and the SuperLink certificate share, ready for their own extensions.
+
+    Names, key, a random serial, the validity, basic constraints (a CA signs leaves only:
+    path length 0) and the key usages named in ``usages`` (both critical).
+    """
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(
+            x509.KeyUsage(**{name: name in usages for name in _KEY_USAGES}), critical=True
+        )
+    )
+
+
 def make_certificates(out: Path, hosts: list[str], days: int = 365) -> Certificates:
     """Write a self-signed CA and a server certificate for ``hosts``.
 
@@ -135,57 +179,18 @@ def make_certificates(out: Path, hosts: list[str], days: int = 365) -> Certifica
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flower_app deployment CA")])
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_usages = ("digital_signature", "key_cert_sign", "crl_sign")
     ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(ca_name, ca_name, ca_key.public_key(), start, end, ca=True, usages=ca_usages)
         .add_extension(ca_ski, critical=False)
         .sign(ca_key, hashes.SHA384())
     )
 
     key = ec.generate_private_key(ec.SECP384R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    usages = ("digital_signature", "key_agreement")
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(subject, ca_name, key.public_key(), start, end, ca=False, usages=usages)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(_subject_alt_names(hosts)), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)

@@ -34,7 +34,6 @@ The common key ``clients-per-round`` is K (draws with replacement per round); th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -63,7 +62,9 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
+    DirectRounds,
     Experiment,
+    check_direct_engine,
     finish_run,
     open_remote_run,
     open_run,
@@ -295,28 +296,14 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured algorithm on the direct engine and write the run folder."""
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+    check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     server = _server(cfg, exp.problem, exp.matroid)
-    history: list[dict[str, Any]] = []
     total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc=f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}", leave=False)
-    t0 = time.perf_counter()
+    desc = f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}"
+    rounds = DirectRounds(exp, progress, desc, total)
+    log_row = rounds.log
     value = _multilinear(exp)
-
-    def log_row(row: dict[str, Any]) -> None:
-        row["wall-time"] = time.perf_counter() - t0
-        history.append(row)
-        exp.writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
 
     def on_continuous(rnd: FedCGRound, x: np.ndarray) -> None:
         log_row(
@@ -355,9 +342,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     else:
         selected = run_fedcg_direct(exp.problem.objective, server, on_continuous)
         extra = _continuous_extra(server, exp)
-    if bar is not None:
-        bar.close()
-    return _finish(exp, selected, history, extra)
+    rounds.close()
+    return _finish(exp, selected, rounds.history, extra)
 
 
 @lru_cache(maxsize=64)

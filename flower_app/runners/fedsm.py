@@ -37,7 +37,6 @@ run_config keys of the family (declared in :mod:`flower_app.settings`, reference
 
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 from logging import INFO
 from typing import Any
@@ -54,7 +53,9 @@ from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
+    DirectRounds,
     Experiment,
+    check_direct_engine,
     finish_run,
     open_remote_run,
     open_run,
@@ -312,31 +313,13 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured FedSM mode on the direct engine and write the run folder."""
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+    check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
-    history: list[dict[str, Any]] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(desc=f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}", leave=False)
-    t0 = time.perf_counter()
-
-    def on_round(row: dict[str, Any]) -> None:
-        row["wall-time"] = time.perf_counter() - t0
-        history.append(row)
-        exp.writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
-
-    run_modes_direct(exp.problem.objective, run, on_round)
-    if bar is not None:
-        bar.close()
-    return _finish(exp, run, history)
+    rounds = DirectRounds(exp, progress, f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}")
+    run_modes_direct(exp.problem.objective, run, rounds.log)
+    rounds.close()
+    return _finish(exp, run, rounds.history)
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

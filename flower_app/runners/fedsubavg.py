@@ -55,7 +55,11 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
-from flower_app.experiment import check_remote_resume, remote_checkpoint_fn
+from flower_app.experiment import (
+    check_direct_engine,
+    check_remote_resume,
+    remote_checkpoint_fn,
+)
 from flower_app.node_data import (
     RATING_SOURCE_KEYS,
     load_node_ratings,
@@ -102,7 +106,6 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         lr=cfg.get("fsa-lr"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = adam_config(cfg)
     dp = None
     if cfg.get("fsa-dp-noise") > 0:
         dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
@@ -117,16 +120,7 @@ def run_spec(cfg: AppConfig) -> RunSpec:
                 "run_config 'fsa-dp-noise' > 0 needs secure-aggregation = true: the clients "
                 "add the noise, so only a securely aggregated sum is private"
             )
-    return RunSpec(
-        algorithm=cfg.algorithm,
-        rounds=cfg.get("fsa-rounds"),
-        clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
-        local=local,
-        weighting=cfg.get("fsa-weighting"),
-        adam=adam,
-        dp=dp,
-    )
+    return RunSpec(**spec_fields(cfg, local), dp=dp)
 
 
 def adam_config(cfg: AppConfig) -> AdamConfig:
@@ -137,6 +131,23 @@ def adam_config(cfg: AppConfig) -> AdamConfig:
         beta2=cfg.get("fsa-adam-beta2"),
         tau=cfg.get("fsa-adam-tau"),
     )
+
+
+def spec_fields(cfg: AppConfig, local: Any) -> dict[str, Any]:
+    """Return what a run spec holds on either engine (the torch tasks' runner too).
+
+    ``algorithm``, ``rounds``, ``clients_per_round``, ``seed``, ``weighting``, ``adam``
+    (:func:`adam_config`) from the configuration, and the given local training ``local``.
+    """
+    return {
+        "algorithm": cfg.algorithm,
+        "rounds": cfg.get("fsa-rounds"),
+        "clients_per_round": cfg.clients_per_round,
+        "seed": cfg.seed,
+        "local": local,
+        "weighting": cfg.get("fsa-weighting"),
+        "adam": adam_config(cfg),
+    }
 
 
 def resolved_config(
@@ -428,10 +439,7 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the algorithm on the direct engine and write the run folder; return the summary."""
     if (runner := _torch(cfg)) is not None:
         return runner.direct_run(cfg, progress)
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    check_direct_engine(cfg)
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
     bar = None

@@ -40,7 +40,7 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter
-from flower_app.runners.fedsubavg import adam_config, resolved_config
+from flower_app.runners.fedsubavg import resolved_config, spec_fields
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
 __all__ = [
@@ -162,17 +162,7 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
         clip_norm=cfg.get("fsa-clip-norm"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = adam_config(cfg)
-    return TorchRunSpec(
-        algorithm=cfg.algorithm,
-        rounds=cfg.get("fsa-rounds"),
-        clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
-        local=local,
-        weighting=cfg.get("fsa-weighting"),
-        adam=adam,
-        eval_every=cfg.get("fsa-eval-every"),
-    )
+    return TorchRunSpec(**spec_fields(cfg, local), eval_every=cfg.get("fsa-eval-every"))
 
 
 def _open(cfg: AppConfig, engine: str) -> tuple[TorchRunSpec, TorchSubmodelTask, RunWriter, int]:

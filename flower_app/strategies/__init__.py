@@ -29,8 +29,9 @@ does not import the others' dependencies (torch for the learning strategies).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flower_app.lazy_exports import lazy_exports
 
 __all__ = [
     "AllRepliesRejectedError",
@@ -96,13 +97,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from flower_app.strategies.maxfl import AppealStrategy, MaxFLStrategy
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'flower_app.strategies' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

@@ -41,6 +41,7 @@ from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
+    checkpointed_server,
     decode_int_report,
     matroid_entries,
     named_record,
@@ -137,14 +138,8 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             min_reply_fraction=min_reply_fraction,
             secure_aggregation=secure_aggregation,
         )
-        if cohorts and server is None:
-            raise ValueError("cohort mode needs the prebuilt server state: pass server=")
-        if server is not None and not cohorts:
-            raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+        check_common(cohorts, server, k, seed, min_available_nodes)
         if server is None:
-            check_common(seed, min_available_nodes)
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k={k!r} must be a positive int")
             if not np.isfinite(kappa) or kappa <= 0:
                 raise ValueError(f"kappa={kappa!r} must be positive")
         else:
@@ -177,14 +172,11 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         TypeError, ValueError
             If the checkpoint is not a discrete-greedy server state of the same instance.
         """
-        server = state.get("server") if isinstance(state, dict) else None
-        if not isinstance(server, DiscreteGreedyServer):
-            raise TypeError("a discrete-greedy checkpoint holds {'server': DiscreteGreedyServer}")
         assert self.server is not None
-        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.k)
-        theirs = (server.matroid.n_elements, server.n_users, server.k)
-        if mine != theirs:
-            raise ValueError(f"checkpoint (m, n, k) = {theirs} does not match this run's {mine}")
+        server = checkpointed_server(
+            state, DiscreteGreedyServer, self.server, "discrete-greedy", "(m, n, k)",
+            lambda s: (s.matroid.n_elements, s.n_users, s.k),
+        )  # fmt: skip
         server.expected = self.server.expected  # what this run's nodes announced again
         self.server = server
 

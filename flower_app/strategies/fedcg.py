@@ -105,6 +105,7 @@ from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
+    checkpointed_server,
     drop_replies,
     matroid_entries,
     named_record,
@@ -241,14 +242,10 @@ class FedCGStrategy(RoundStrategy):
             min_reply_fraction=min_reply_fraction,
             secure_aggregation=secure_aggregation,
         )
-        if cohorts and server is None:
-            raise ValueError("cohort mode needs the prebuilt server state: pass server=")
-        if server is not None and not cohorts:
-            raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+        check_common(cohorts, server, k, seed, min_available_nodes)
         self.cohort_mode = bool(cohorts)
         self.server: FedCGServer | None = server
         if server is None:
-            check_common(seed, min_available_nodes)
             self.local = LocalSteps(
                 steps=local_steps, gradient=gradient, samples=gradient_samples,
                 fill_base=bool(fill_base),
@@ -259,8 +256,6 @@ class FedCGStrategy(RoundStrategy):
                 raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
             if not np.isfinite(eta) or eta < 0:
                 raise ValueError(f"eta={eta!r} must be >= 0 (0 selects 1/T)")
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"k={k!r} must be a positive int")
         else:
             self.local, seed, rounding = server.local, server.seed, server.rounding
         self.k, self.groups, self.capacities = k, groups, capacities
@@ -296,15 +291,11 @@ class FedCGStrategy(RoundStrategy):
         TypeError, ValueError
             If the checkpoint is not a FedCG server state of the same instance and T.
         """
-        server = state.get("server") if isinstance(state, dict) else None
-        if not isinstance(server, FedCGServer):
-            raise TypeError("a FedCG checkpoint holds {'server': FedCGServer}")
         assert self.server is not None
-        mine = (self.server.matroid.n_elements, self.server.n_users, self.server.rounds)
-        theirs = (server.matroid.n_elements, server.n_users, server.rounds)
-        if mine != theirs:
-            raise ValueError(f"checkpoint (m, n, T) = {theirs} does not match this run's {mine}")
-        self.server = server
+        self.server = checkpointed_server(
+            state, FedCGServer, self.server, "FedCG", "(m, n, T)",
+            lambda s: (s.matroid.n_elements, s.n_users, s.rounds),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "build_matroid",
     "check_common",
+    "checkpointed_server",
     "decode_int_report",
     "drop_replies",
     "majority_m",
@@ -261,9 +262,65 @@ def matroid_entries(matroid: Matroid) -> tuple[dict[str, Any], dict[str, np.ndar
     return {"matroid-k": k}, {"matroid-groups": groups, "matroid-capacities": caps}
 
 
-def check_common(seed: int, min_available_nodes: int) -> None:
-    """Raise ValueError on a bad ``seed`` or ``min_available_nodes`` (constructor checks)."""
+def check_common(
+    cohorts: bool, server: object | None, k: int, seed: int, min_available_nodes: int
+) -> None:
+    """Check the constructor arguments the FedCG and discrete-greedy strategies share.
+
+    Cohort mode needs the prebuilt server state and a server state needs cohort mode;
+    without one, ``seed``, ``min_available_nodes`` and ``k`` are checked (with one, the
+    server's own values are used).
+
+    Raises
+    ------
+    ValueError
+        Naming the argument and what it must be.
+    """
+    if cohorts and server is None:
+        raise ValueError("cohort mode needs the prebuilt server state: pass server=")
+    if server is not None and not cohorts:
+        raise ValueError("server= is for cohort mode: pass cohorts=True as well")
+    if server is not None:
+        return
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
     if min_available_nodes < 1:
         raise ValueError(f"min_available_nodes={min_available_nodes} must be at least 1")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} must be a positive int")
+
+
+def checkpointed_server(
+    state: Any, cls: type, current: Any, what: str, names: str, sizes: Callable[[Any], tuple]
+) -> Any:
+    """Return the server state of a checkpoint ``{"server": cls}`` of this same instance.
+
+    Parameters
+    ----------
+    state : Any
+        What the checkpoint holds.
+    cls : type
+        The server state's class.
+    current : object
+        This run's server state (built by ``setup``).
+    what : str
+        The algorithm, for the error message.
+    names : str
+        The sizes compared, for the error message (e.g. ``"(m, n, T)"``).
+    sizes : callable
+        ``sizes(server) -> tuple``: what must match between the checkpoint and this run.
+
+    Raises
+    ------
+    TypeError
+        If the checkpoint does not hold a ``cls``.
+    ValueError
+        If its sizes differ from this run's.
+    """
+    server = state.get("server") if isinstance(state, dict) else None
+    if not isinstance(server, cls):
+        raise TypeError(f"a {what} checkpoint holds {{'server': {cls.__name__}}}")
+    mine, theirs = sizes(current), sizes(server)
+    if mine != theirs:
+        raise ValueError(f"checkpoint {names} = {theirs} does not match this run's {mine}")
+    return server

@@ -7,11 +7,13 @@ report and its options. A command offers, in ``--dataset``, exactly the datasets
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
+from typing import Any
 
 from flower_app.registry import ALGORITHMS
 
-__all__ = ["FILE_DATASETS", "runnable_datasets"]
+__all__ = ["FILE_DATASETS", "data_overrides", "runnable_datasets"]
 
 #: dataset kinds read from run_config ``data-file`` (your own data, docs/own-data.md): a
 #: command without a ``--data-file`` option cannot run them
@@ -40,3 +42,16 @@ def runnable_datasets(
     """
     skip = set(exclude) | (set() if data_file else set(FILE_DATASETS))
     return tuple(d for d in ALGORITHMS[algorithm].datasets if d not in skip)
+
+
+def data_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the run_config entries of ``--data-dir``, ``--num-users`` and ``--num-elements``.
+
+    Only the options given (non-empty, non-zero): the others keep their run_config default.
+    """
+    given = {
+        "data-dir": args.data_dir,
+        "num-users": args.num_users,
+        "num-elements": args.num_elements,
+    }
+    return {key: value for key, value in given.items() if value}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
+from flower_app.sweeps import data_overrides
 
 __all__ = ["PRESETS", "Variant", "build_parser", "main"]
 
@@ -240,13 +241,7 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.csv"
-    base = {**preset.base}
-    if args.data_dir:
-        base["data-dir"] = args.data_dir
-    if args.num_users:
-        base["num-users"] = args.num_users
-    if args.num_elements:
-        base["num-elements"] = args.num_elements
+    base = {**preset.base, **data_overrides(args)}
     label = "synthetic-dblp" if preset.dataset == "synthetic-dblp" else preset.dataset
     done = _done(path)
     only = set(args.variants.split("|")) if args.variants else None

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
-from flower_app.sweeps import runnable_datasets
+from flower_app.sweeps import data_overrides, runnable_datasets
 
 __all__ = ["ALG2_VARIANTS", "DATASETS_RUN", "build_parser", "main"]
 
@@ -112,13 +112,8 @@ def _base(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "dataset": args.dataset,
         "k": args.k,
         "output-dir": str(out / "runs"),
+        **data_overrides(args),
     }
-    if args.data_dir:
-        base["data-dir"] = args.data_dir
-    if args.num_users:
-        base["num-users"] = args.num_users
-    if args.num_elements:
-        base["num-elements"] = args.num_elements
     if args.matroid != "uniform":
         base["matroid"] = args.matroid
         base["partition-capacity"] = args.partition_capacity

@@ -355,6 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="research mode: DP noise keyed by the seed (no privacy against the "
                        "server; the recorded tables)")  # fmt: skip
 
+    def gaussian(p: argparse.ArgumentParser, prefix: str) -> None:
+        """Add the σ grid, clip and δ of a client-level Gaussian DP sweep (``<prefix>-dp-*``)."""
+        p.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0],
+                       help="noise multipliers σ (default: 0.01 0.03 0.1 0.3 1)")  # fmt: skip
+        p.add_argument("--clip", type=float, default=1.0, help=help_text(f"{prefix}-dp-clip"))
+        p.add_argument("--delta", type=float, default=1e-5, help=help_text(f"{prefix}-dp-delta"))
+
     parser = argparse.ArgumentParser(
         prog="run_sim.py privacy",
         description="Utility against privacy on the direct engine: each command runs every "
@@ -388,10 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--algorithm", default="maxfl", choices=["maxfl", "fedavg"],
                     help="maxfl or fedavg (default: maxfl)")  # fmt: skip
     mx.add_argument("--rounds", type=int, default=30, help="rounds per run (default: 30)")
-    mx.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0],
-                    help="noise multipliers σ (default: 0.01 0.03 0.1 0.3 1)")  # fmt: skip
-    mx.add_argument("--clip", type=float, default=1.0, help=help_text("maxfl-dp-clip"))
-    mx.add_argument("--delta", type=float, default=1e-5, help=help_text("maxfl-dp-delta"))
+    gaussian(mx, "maxfl")
     common(mx)
     fs = sub.add_parser(
         "fedsubavg-dp", help="FedSubAvg train loss and accuracy against σ: "
@@ -406,10 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "scaffold-sub"],
                     help="the algorithm (default: fedsubavg)")  # fmt: skip
     fs.add_argument("--rounds", type=int, default=50, help="rounds per run (default: 50)")
-    fs.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0],
-                    help="noise multipliers σ (default: 0.01 0.03 0.1 0.3 1)")  # fmt: skip
-    fs.add_argument("--clip", type=float, default=1.0, help=help_text("fsa-dp-clip"))
-    fs.add_argument("--delta", type=float, default=1e-5, help=help_text("fsa-dp-delta"))
+    gaussian(fs, "fsa")
     common(fs)
     return parser
 
