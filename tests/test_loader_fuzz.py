@@ -1049,3 +1049,115 @@ def test_own_images_npz(case) -> None:
     images = got.data.images
     assert (images.shape[0], images.shape[1], got.data.n_classes, sizes,
             tuple(got.data.labels.tolist())) == expected, kind  # fmt: skip
+
+
+# ------------------------------------------------------------------ own images (IDX pair)
+IDX_PAIR_KINDS = ["none", "gz", "labels-missing", "labels-gz-only", "labels-short",
+                  "labels-long", "labels-2d", "images-1d", "images-4d", "images-2d",
+                  "images-empty", "one-class", "no-images-in-name", "labels-cut"]  # fmt: skip
+
+
+@EXAMPLES
+@given(
+    st.integers(2, 9),
+    st.sampled_from([(2, 3), (1, 4)]),
+    st.sampled_from(IDX_PAIR_KINDS),
+    st.integers(0, 2**32 - 1),
+)
+def test_own_images_idx_pair(n, hw, kind, seed) -> None:
+    """An IDX images file and the labels file beside it: read as they are (N images of
+    H*W pixels, labels 0..C-1) or refused naming one of the two files."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (n, *hw))
+    y = np.concatenate([[0, 1], rng.integers(0, 3, n - 2)])
+    expected = (n, hw[0] * hw[1], int(y.max()) + 1, tuple(y.tolist()))
+    images_name, labels_name = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"
+    if kind == "labels-short":
+        y, expected = y[:-1], None
+    elif kind == "labels-long":
+        y, expected = np.append(y, 1), None
+    elif kind == "labels-2d":
+        y, expected = y[:, None], None
+    elif kind == "images-1d":
+        x, expected = x.reshape(-1), None
+    elif kind == "images-4d":
+        x, expected = x[..., None], None
+    elif kind == "images-2d":  # (N, D): read as N images of D pixels
+        x = x.reshape(n, -1)
+    elif kind == "images-empty":
+        x, y, expected = x[:0], y[:0], None
+    elif kind == "one-class":
+        y, expected = np.zeros_like(y), None
+    elif kind == "no-images-in-name":
+        images_name, expected = "t10k-pictures-idx3-ubyte", None
+    elif kind in ("labels-missing", "labels-gz-only", "labels-cut"):
+        expected = None
+    gz = kind == "gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        suffix = ".gz" if gz else ""
+        images = write_idx(Path(tmp) / f"{images_name}{suffix}", x, compress=gz)
+        labels = Path(tmp) / f"{labels_name}{suffix}"
+        if kind == "labels-gz-only":  # only labels.gz beside plain images: not the pair's name
+            labels = labels.with_name(labels.name + ".gz")
+        if kind != "labels-missing":
+            write_idx(labels, y, compress=gz or kind == "labels-gz-only")
+        if kind == "labels-cut":
+            labels.write_bytes(labels.read_bytes()[:-1])
+        try:
+            got = load_image_clients.__wrapped__(str(images))
+        except OwnDataError as err:
+            assert str(images) in str(err) or str(labels) in str(err), err  # a file is named
+            assert expected is None, f"{kind}: refused a valid pair: {err}"
+            return
+    assert expected is not None, f"{kind}: read a pair the format refuses"
+    assert got.clients is None and got.n_clients == 0
+    data = got.data
+    assert (*data.images.shape, data.n_classes, tuple(data.labels.tolist())) == expected, kind
+
+
+# ------------------------------------------------------------------ own data: item names
+@st.composite
+def item_name_files(draw):
+    style = draw(ids)
+    items = draw(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True))
+    rows = [["item", "name"]] + [[_label(style, i, "p"), f"Product {i}"] for i in items]
+    return (style, *draw(mutate(rows, True, (0,))))
+
+
+def _names_reference(data: bytes) -> dict[str, str] | None:
+    """item -> name, or None: header exactly item,name; two fields a row; items unique."""
+    text = _decode(data)
+    rows = None if text is None else _csv(text)
+    if not rows or [h.strip() for h in rows[0]] != ["item", "name"]:
+        return None
+    names: dict[str, str] = {}
+    for r in rows[1:]:
+        if not r:
+            continue
+        if len(r) != 2 or not r[0].strip() or r[0].strip() in names:
+            return None
+        names[r[0].strip()] = r[1].strip()
+    return names
+
+
+@EXAMPLES
+@given(item_name_files())
+def test_item_names_csv(case) -> None:
+    style, rows, encoding, kind = case
+    data = render(rows, ",", encoding)
+    expected = _names_reference(data)
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = Path(tmp) / "sets.txt"  # every item 0..7 in the instance, in sorted order
+        sets.write_text("".join(f"{_label(style, i, 'p')}\n" for i in range(8)))
+        path = Path(tmp) / "names.csv"
+        path.write_bytes(data)
+        try:
+            inst = load_coverage_sets(str(sets), item_names=str(path))
+        except OwnDataError as err:
+            assert str(path) in str(err), err  # the file is named
+            assert re.search(r"line \d+|byte \d+", str(err)), err  # and where
+            assert kind != "none", f"the valid file was refused: {err}"
+            assert expected is None, f"{kind}: refused a valid file: {err}"
+            return
+    assert expected is not None, f"{kind}: read a names file the format refuses"
+    assert inst.item_names == tuple(expected.get(i, "") for i in inst.items), kind
