@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1161,3 +1162,109 @@ def test_item_names_csv(case) -> None:
             return
     assert expected is not None, f"{kind}: read a names file the format refuses"
     assert inst.item_names == tuple(expected.get(i, "") for i in inst.items), kind
+
+
+# ------------------------------------------------------------------ own data: parquet tables
+PARQUET_KINDS = ["none", "null", "empty-label", "nan", "inf", "negative", "dup-pair", "rename",
+                 "drop-column", "extra-column", "list-cells", "cut", "no-rows", "bool-value",
+                 "text-value", "spaces"]  # fmt: skip
+
+
+def _parquet_labels(draw, prefix: str, k: list[int]):
+    style = draw(st.sampled_from(["str", "int64", "uint64", "category", "float"]))
+    if style == "str":
+        return [f"{prefix}{v}" for v in k]
+    if style == "int64":
+        return np.asarray(k, dtype=np.int64)
+    if style == "uint64":  # ids above 2**63: distinct, read exactly
+        return np.asarray([2**64 - 1 - v for v in k], dtype=np.uint64)
+    if style == "category":
+        return pd.Categorical([f"{prefix}{v}" for v in k])
+    return np.asarray(k, dtype=np.float64) + 0.5
+
+
+@st.composite
+def parquet_tables(draw):
+    pairs = draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=2,
+                          max_size=20, unique=True))  # fmt: skip
+    frame = pd.DataFrame({
+        "user": _parquet_labels(draw, "u", [u for u, _ in pairs]),
+        "item": _parquet_labels(draw, "i", [i for _, i in pairs]),
+        "value": np.asarray([draw(st.integers(0, 5)) for _ in pairs],
+                            dtype=draw(st.sampled_from([np.int64, np.float64]))),
+    })  # fmt: skip
+    kind = draw(st.sampled_from(PARQUET_KINDS))
+    row = draw(st.integers(0, len(frame) - 1))
+    col = draw(st.sampled_from(["user", "item", "value"]))
+    if kind == "null":  # (pyarrow writes no object column of ints above 2**63)
+        frame[col] = frame[col].astype("UInt64" if frame[col].dtype == np.uint64 else object)
+        frame.loc[row, col] = None
+    elif kind == "empty-label":
+        label = col if col != "value" else "user"
+        frame[label] = frame[label].astype(str)
+        frame.loc[row, label] = draw(st.sampled_from(["", "  "]))
+    elif kind in ("nan", "inf", "negative"):
+        frame["value"] = frame["value"].astype(np.float64)
+        frame.loc[row, "value"] = {"nan": np.nan, "inf": np.inf, "negative": -1.0}[kind]
+    elif kind == "dup-pair":
+        frame = pd.concat([frame, frame.iloc[[row]]], ignore_index=True)
+    elif kind == "rename":
+        frame = frame.rename(columns={col: col.upper()})
+    elif kind == "drop-column":
+        frame = frame.drop(columns=col)
+    elif kind == "extra-column":
+        frame["note"] = "x"
+    elif kind == "list-cells":
+        frame[col] = [[int(v) % 3, 7] for v in range(len(frame))]
+    elif kind == "no-rows":
+        frame = frame.iloc[:0]
+    elif kind == "bool-value":
+        frame["value"] = frame["value"] > 0
+    elif kind == "text-value":  # numbers written as text: read as the numbers
+        frame["value"] = frame["value"].astype(str)
+    elif kind == "spaces":
+        frame["user"] = [f" {v} " for v in frame["user"].astype(str)]
+    return frame, kind, draw(st.integers(0, 2**32 - 1))
+
+
+def _parquet_reference(frame: pd.DataFrame, kind: str, coverage: bool):
+    """(n, m, nnz) the documented rules give for the frame written, or None."""
+    columns = ["user", "item"] if coverage else ["user", "item", "value"]
+    if kind == "cut" or not set(columns) <= set(frame.columns) or frame.empty:
+        return None
+    cells = {c: frame[c].tolist() for c in columns}
+    if any(v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+           or isinstance(v, list) for c in columns for v in cells[c]):  # fmt: skip
+        return None
+    labels = [[str(v).strip() for v in cells[c]] for c in ("user", "item")]
+    if any(not t for col in labels for t in col):
+        return None
+    pairs = list(zip(*labels, strict=True))
+    if coverage:
+        return (len(set(labels[0])), len(set(labels[1])), len(set(pairs)))
+    values = [None if isinstance(v, bool | np.bool_) else _number(str(v)) for v in cells["value"]]
+    if any(v is None or v < 0 for v in values) or len(set(pairs)) != len(pairs):
+        return None
+    return (len(set(labels[0])), len(set(labels[1])), sum(v > 0 for v in values))
+
+
+@settings(max_examples=30)
+@given(parquet_tables(), st.booleans())
+def test_parquet_tables(case, coverage) -> None:
+    frame, kind, seed = case
+    expected = _parquet_reference(frame, kind, coverage)
+    load = load_coverage_sets if coverage else load_facility_table
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "table.parquet"
+        frame.to_parquet(path)
+        if kind == "cut":
+            blob = path.read_bytes()
+            path.write_bytes(blob[: np.random.default_rng(seed).integers(len(blob))])
+        try:
+            inst = load(str(path))
+        except OwnDataError as err:
+            assert str(path) in str(err), err  # the file is named
+            assert expected is None, f"{kind}: refused a valid table: {err}"
+            return
+    assert expected is not None, f"{kind}: read a table the format refuses"
+    assert (len(inst.users), len(inst.items), int(inst.values.nnz)) == expected, kind
