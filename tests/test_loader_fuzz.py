@@ -154,11 +154,14 @@ def _label(style: str, k: int, prefix: str) -> str:
 
 
 # ------------------------------------------------------------------ own data: tables
-def _table_reference(data: bytes, columns: list[str], labels: int):
+TABLE_NAMES = {",": "table.csv", "\t": "table.tsv"}  # the kinds read both, by extension
+
+
+def _table_reference(data: bytes, columns: list[str], labels: int, sep: str = ","):
     """The named columns of a header CSV's rows, or None: each row as many fields as the
     header, names unique, no empty label cell (the first ``labels`` columns)."""
     text = _decode(data)
-    rows = None if text is None else _csv(text)
+    rows = None if text is None else _csv(text, sep)
     if not rows:
         return None
     header = [h.strip() for h in rows[0]]
@@ -185,8 +188,8 @@ def facility_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _facility_reference(data: bytes):
-    body = _table_reference(data, ["user", "item", "value"], 2)
+def _facility_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "item", "value"], 2, sep)
     if body is None:
         return None
     values = [_number(r[2]) for r in body]
@@ -197,16 +200,16 @@ def _facility_reference(data: bytes):
 
 
 @EXAMPLES
-@given(facility_tables())
-def test_facility_table(case) -> None:
+@given(facility_tables(), st.sampled_from([",", "\t"]))
+def test_facility_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         inst = load_facility_table(str(path))
         return (len(inst.users), len(inst.items), int(inst.values.nnz))
 
-    check(render(rows, ",", encoding), "table.csv", load, _facility_reference, OwnDataError,
-          kind)  # fmt: skip
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _facility_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 @st.composite
@@ -218,8 +221,8 @@ def pair_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _pairs_reference(data: bytes):
-    body = _table_reference(data, ["user", "item"], 2)
+def _pairs_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "item"], 2, sep)
     if body is None:
         return None
     pairs = {(r[0], r[1]) for r in body}
@@ -227,15 +230,16 @@ def _pairs_reference(data: bytes):
 
 
 @EXAMPLES
-@given(pair_tables())
-def test_coverage_pairs_table(case) -> None:
+@given(pair_tables(), st.sampled_from([",", "\t"]))
+def test_coverage_pairs_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         inst = load_coverage_sets(str(path))
         return (len(inst.users), len(inst.items), int(inst.values.nnz))
 
-    check(render(rows, ",", encoding), "pairs.csv", load, _pairs_reference, OwnDataError, kind)
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _pairs_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 @st.composite
@@ -250,8 +254,8 @@ def rating_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _rating_reference(data: bytes):
-    body = _table_reference(data, ["user", "movie", "genre", "clicked"], 3)
+def _rating_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "movie", "genre", "clicked"], 3, sep)
     if body is None or any(r[3] not in ("0", "1", "0.0", "1.0", "False", "True", "false",
                                          "true") for r in body):  # fmt: skip
         return None
@@ -259,16 +263,16 @@ def _rating_reference(data: bytes):
 
 
 @EXAMPLES
-@given(rating_tables())
-def test_rating_table(case) -> None:
+@given(rating_tables(), st.sampled_from([",", "\t"]))
+def test_rating_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         task = load_rating_table(str(path), "user,movie,genre,clicked")
         return (task.layout.n_params, int(task.train_y.size + task.test_y.size))
 
-    check(render(rows, ",", encoding), "ratings.csv", load, _rating_reference, OwnDataError,
-          kind)  # fmt: skip
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _rating_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 # ------------------------------------------------------------------ own data: sets file
