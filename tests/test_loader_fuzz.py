@@ -1272,3 +1272,25 @@ def test_parquet_tables(case, coverage) -> None:
             return
     assert expected is not None, f"{kind}: read a table the format refuses"
     assert (len(inst.users), len(inst.items), int(inst.values.nnz)) == expected, kind
+
+
+def test_preflight_check_refuses_npz_arrays_the_loader_refuses(tmp_path) -> None:
+    """`flower-app run`'s data check (before Flower starts) refuses a misspelt 'clients' array
+    as the loader does, instead of letting the run fail after Flower has started."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
+
+    path = tmp_path / "shop-images.npz"
+    x, y = np.zeros((4, 3), np.uint8), np.array([0, 1, 0, 1])
+    for extra, refused in (({}, False), ({"client": np.array([0, 0, 1, 1])}, False),
+                           ({"clients": np.array([0, 0, 1, 1])}, True)):  # fmt: skip
+        np.savez(path, x=x, y=y, **extra)
+        cfg = AppConfig.from_run_config(
+            {"algorithm": "maxfl", "dataset": "image-clients", "data-file": str(path)}
+        )
+        problems = data_problems(cfg)
+        assert bool(problems) == refused, problems
+        if refused:
+            assert "['clients']" in problems[0] and str(path) in problems[0]
+            with pytest.raises(OwnDataError, match=r"\['clients'\] are not among"):
+                load_image_clients.__wrapped__(str(path))
