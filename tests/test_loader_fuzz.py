@@ -15,23 +15,28 @@ Never a different instance without an error. The unmutated file must be read.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
+import os
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flower_app.datasets.amazon import read_rating_only_csv, read_reviews_json
+from flower_app.datasets.dblp import load_dblp_venue_sets
 from flower_app.datasets.idx import read_idx, write_idx
 from flower_app.datasets.movielens import load_movielens_1m
 from flower_app.datasets.own import OwnDataError, load_coverage_sets, load_facility_table
+from flower_app.datasets.own_images import load_image_clients
 from flower_app.datasets.own_ratings import load_rating_table
 from flower_app.datasets.paths import DataFormatError
 from flower_app.datasets.sent140 import read_leaf_json, read_sentiment140_csv
@@ -149,11 +154,14 @@ def _label(style: str, k: int, prefix: str) -> str:
 
 
 # ------------------------------------------------------------------ own data: tables
-def _table_reference(data: bytes, columns: list[str], labels: int):
+TABLE_NAMES = {",": "table.csv", "\t": "table.tsv"}  # the kinds read both, by extension
+
+
+def _table_reference(data: bytes, columns: list[str], labels: int, sep: str = ","):
     """The named columns of a header CSV's rows, or None: each row as many fields as the
     header, names unique, no empty label cell (the first ``labels`` columns)."""
     text = _decode(data)
-    rows = None if text is None else _csv(text)
+    rows = None if text is None else _csv(text, sep)
     if not rows:
         return None
     header = [h.strip() for h in rows[0]]
@@ -180,8 +188,8 @@ def facility_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _facility_reference(data: bytes):
-    body = _table_reference(data, ["user", "item", "value"], 2)
+def _facility_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "item", "value"], 2, sep)
     if body is None:
         return None
     values = [_number(r[2]) for r in body]
@@ -192,16 +200,16 @@ def _facility_reference(data: bytes):
 
 
 @EXAMPLES
-@given(facility_tables())
-def test_facility_table(case) -> None:
+@given(facility_tables(), st.sampled_from([",", "\t"]))
+def test_facility_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         inst = load_facility_table(str(path))
         return (len(inst.users), len(inst.items), int(inst.values.nnz))
 
-    check(render(rows, ",", encoding), "table.csv", load, _facility_reference, OwnDataError,
-          kind)  # fmt: skip
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _facility_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 @st.composite
@@ -213,8 +221,8 @@ def pair_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _pairs_reference(data: bytes):
-    body = _table_reference(data, ["user", "item"], 2)
+def _pairs_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "item"], 2, sep)
     if body is None:
         return None
     pairs = {(r[0], r[1]) for r in body}
@@ -222,15 +230,16 @@ def _pairs_reference(data: bytes):
 
 
 @EXAMPLES
-@given(pair_tables())
-def test_coverage_pairs_table(case) -> None:
+@given(pair_tables(), st.sampled_from([",", "\t"]))
+def test_coverage_pairs_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         inst = load_coverage_sets(str(path))
         return (len(inst.users), len(inst.items), int(inst.values.nnz))
 
-    check(render(rows, ",", encoding), "pairs.csv", load, _pairs_reference, OwnDataError, kind)
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _pairs_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 @st.composite
@@ -245,8 +254,8 @@ def rating_tables(draw):
     return draw(mutate(rows, True, (0, 1)))
 
 
-def _rating_reference(data: bytes):
-    body = _table_reference(data, ["user", "movie", "genre", "clicked"], 3)
+def _rating_reference(data: bytes, sep: str = ","):
+    body = _table_reference(data, ["user", "movie", "genre", "clicked"], 3, sep)
     if body is None or any(r[3] not in ("0", "1", "0.0", "1.0", "False", "True", "false",
                                          "true") for r in body):  # fmt: skip
         return None
@@ -254,16 +263,16 @@ def _rating_reference(data: bytes):
 
 
 @EXAMPLES
-@given(rating_tables())
-def test_rating_table(case) -> None:
+@given(rating_tables(), st.sampled_from([",", "\t"]))
+def test_rating_table(case, sep) -> None:
     rows, encoding, kind = case
 
     def load(path: Path) -> tuple:
         task = load_rating_table(str(path), "user,movie,genre,clicked")
         return (task.layout.n_params, int(task.train_y.size + task.test_y.size))
 
-    check(render(rows, ",", encoding), "ratings.csv", load, _rating_reference, OwnDataError,
-          kind)  # fmt: skip
+    check(render(rows, sep, encoding), TABLE_NAMES[sep], load,
+          lambda data: _rating_reference(data, sep), OwnDataError, kind)  # fmt: skip
 
 
 # ------------------------------------------------------------------ own data: sets file
@@ -619,3 +628,669 @@ def test_idx_file(shape, kind) -> None:
         else:
             with pytest.raises(DataFormatError, match="x-idx3-ubyte"):
                 read_idx(path)
+
+
+# ------------------------------------------------------------------ DBLP dblp.xml
+DBLP_DTD = """<!ELEMENT dblp (article|inproceedings|proceedings|book|incollection|
+                phdthesis|mastersthesis|www|person|data)*>
+<!ENTITY uuml   "&#252;" >
+<!ENTITY eacute "&#233;" >
+"""
+# (as written in the XML, as read) -- DBLP writes non-ASCII letters as DTD entities
+DBLP_NAMES = [("Alice Smith", "Alice Smith"), ("Bob Jones 0001", "Bob Jones 0001"),
+              ("J&uuml;rgen Schmidt", "Jürgen Schmidt"), ("Ren&eacute; Roy", "René Roy"),
+              ("Carol White", "Carol White")]  # fmt: skip
+DBLP_VENUES = ["conf/icml", "journals/tit", "series/lncs", "journals/corr"]
+DBLP_TAGS = ["article", "inproceedings", "incollection", "proceedings", "phdthesis", "www"]
+DBLP_KINDS = ["none", "noyear", "emptyyear", "badyear", "hugeyear", "twoyears", "dupauthor",
+              "spaceauthor", "emptyauthor", "noauthor", "editor", "nokey", "emptykey",
+              "shortkey", "homepage", "duprecord", "nested", "entity", "dtd", "truncate",
+              "encoding", "comment", "cdata"]  # fmt: skip
+DBLP_ENCODINGS = ["utf-8", "latin-1", "utf-8-in-latin-1", "latin-1-in-utf-8", "utf-16",
+                  "no-declaration", "bom-latin-1"]  # fmt: skip
+
+
+def _draw_records(draw) -> list[dict]:
+    records = []
+    for k in range(draw(st.integers(1, 8))):
+        venue = draw(st.sampled_from(DBLP_VENUES))
+        names = draw(st.lists(st.integers(0, len(DBLP_NAMES) - 1), min_size=1, max_size=3,
+                              unique=True))  # fmt: skip
+        records.append({
+            "tag": draw(st.sampled_from(DBLP_TAGS)), "key": f"{venue}/K{k}",
+            "authors": [DBLP_NAMES[i][0] for i in names], "editors": [],
+            "years": [str(draw(st.integers(2016, 2023)))], "inner": None, "cdata": False,
+        })  # fmt: skip
+    return records
+
+
+@st.composite
+def dblp_files(draw):
+    """A small dblp.xml as a list of records (dicts), one mutation, the file's bytes."""
+    records = _draw_records(draw)
+    kind = draw(st.sampled_from(DBLP_KINDS))
+    r = records[draw(st.integers(0, len(records) - 1))]
+    dtd, encoding, cut = DBLP_DTD, "latin-1", None
+    if kind in ("noyear", "emptyyear"):
+        r["years"] = [] if kind == "noyear" else [""]
+    elif kind == "badyear":
+        arabic = "&#x662;&#x660;&#x661;&#x669;"  # 2019 in Arabic-Indic digits: int() reads it
+        r["years"] = [draw(st.sampled_from(["20l9", "2_019", "+2019", "2019.0", arabic, "-1"]))]
+    elif kind == "hugeyear":
+        r["years"] = [str(HUGE)]
+    elif kind == "twoyears":
+        r["years"] = r["years"] + [draw(st.sampled_from([r["years"][0], "2017", "2020"]))]
+    elif kind == "dupauthor":
+        r["authors"] = r["authors"] + [r["authors"][0]]
+    elif kind == "spaceauthor":
+        r["authors"][0] = f"  {r['authors'][0]}\n"
+    elif kind == "emptyauthor":
+        r["authors"] = r["authors"] + [draw(st.sampled_from(["", "  "]))]
+    elif kind == "noauthor":
+        r["authors"] = []
+    elif kind == "editor":
+        r["editors"], r["authors"] = r["authors"], []
+    elif kind == "nokey":
+        r["key"] = draw(st.sampled_from([None, "", " "]))
+    elif kind == "emptykey":
+        r["key"] = draw(st.sampled_from(["conf//K", "/icml/K", "//K"]))
+    elif kind == "shortkey":
+        r["key"] = draw(st.sampled_from(["dblpnote/error", "conf", "journals/tit"]))
+    elif kind == "homepage":
+        r["key"] = "homepages/12/345"
+    elif kind == "duprecord":
+        records.append(dict(r))
+    elif kind == "nested":  # a record inside another one
+        inner = dict(r, inner=None, key=f"{r['key']}x")
+        outer = records[draw(st.integers(0, len(records) - 1))]
+        outer["inner"] = inner
+    elif kind == "entity":  # not defined in the DTD
+        r["authors"] = r["authors"] + ["Bj&oslash;rn Borg"]
+    elif kind == "dtd":  # the DTD lacks one of the entities
+        dtd = DBLP_DTD.replace(
+            draw(st.sampled_from(['<!ENTITY uuml   "&#252;" >\n', '<!ENTITY eacute "&#233;" >\n'])),
+            "",
+        )
+    elif kind == "encoding":
+        encoding = draw(st.sampled_from(DBLP_ENCODINGS))
+    cdata = kind == "cdata"
+    text = _dblp_text(records, encoding, cdata, kind == "comment")
+    data = _dblp_bytes(text, encoding)
+    if kind == "truncate":  # cut before the end of </dblp>
+        cut = draw(st.integers(0, data.rindex(b"</dblp>") + 6))
+        data = data[:cut]
+    return records, kind, encoding, dtd, data, draw(st.booleans())
+
+
+def _dblp_record(r: dict, cdata: bool) -> str:
+    key = "" if r["key"] is None else f' key="{r["key"]}"'
+    wrap = (lambda s: f"<![CDATA[{s}]]>" if "&" not in s else s) if cdata else (lambda s: s)
+    lines = [f'<{r["tag"]} mdate="2022-01-01"{key}>']
+    lines += [f"<author>{wrap(a)}</author>" for a in r["authors"]]
+    lines += [f"<editor>{e}</editor>" for e in r["editors"]]
+    lines += ["<title>A <i>title</i>.</title>"]
+    lines += [f"<year>{y}</year>" for y in r["years"]]
+    if r["inner"] is not None:
+        lines.append(_dblp_record(r["inner"], cdata))
+    lines.append(f"</{r['tag']}>")
+    return "\n".join(lines)
+
+
+def _dblp_text(records: list[dict], encoding: str, cdata: bool, comment: bool) -> str:
+    body = "\n".join(_dblp_record(r, cdata) for r in records)
+    if comment:
+        body = "<!-- a comment -->\n<?pi data?>\n" + body
+    if encoding != "latin-1":  # non-ASCII names written as characters, not entities
+        body = body.replace("&uuml;", "ü").replace("&eacute;", "é")
+    declared = {"utf-8": "UTF-8", "latin-1-in-utf-8": "UTF-8", "utf-16": "UTF-16"}.get(
+        encoding, "ISO-8859-1"
+    )
+    head = "" if encoding == "no-declaration" else (
+        f'<?xml version="1.0" encoding="{declared}"?>\n')  # fmt: skip
+    return f'{head}<!DOCTYPE dblp SYSTEM "dblp.dtd">\n<dblp>\n{body}\n</dblp>\n'
+
+
+def _dblp_bytes(text: str, encoding: str) -> bytes:
+    codec = {"utf-8": "utf-8", "utf-8-in-latin-1": "utf-8", "no-declaration": "utf-8",
+             "utf-16": "utf-16", "latin-1": "latin-1", "latin-1-in-utf-8": "latin-1",
+             "bom-latin-1": "latin-1"}[encoding]  # fmt: skip
+    data = text.encode(codec)
+    return b"\xef\xbb\xbf" + data if encoding == "bom-latin-1" else data
+
+
+def _dblp_reference(records, kind, encoding, dtd, data) -> set[tuple[str, str]] | None:
+    """The (researcher, venue) pairs the module docstring's rules give, or None (refused)."""
+    if kind == "truncate" or (kind == "nested"):
+        return None
+    non_ascii = not data.isascii()
+    if encoding in ("utf-8-in-latin-1", "latin-1-in-utf-8") and non_ascii:
+        return None  # the bytes contradict the declared encoding
+    if encoding == "bom-latin-1":
+        return None  # a UTF-8 byte-order mark in a file declared ISO-8859-1
+    used = {e for r in records for a in r["authors"] + r["editors"]
+            for e in re.findall(r"&(\w+);", a)}  # fmt: skip
+    if not used <= set(re.findall(r"<!ENTITY (\w+)", dtd)):
+        return None
+    decoded = dict(DBLP_NAMES)
+    pairs = set()
+    for r in records:
+        if r["tag"] not in ("article", "inproceedings", "incollection"):
+            continue
+        key = r["key"]
+        if key is None or not key.strip():
+            return None
+        parts = key.split("/")
+        if key.startswith("homepages/") or len(parts) < 3:
+            continue
+        if not parts[0] or not parts[1]:
+            return None
+        years = {y.strip() for y in r["years"] if y.strip()}
+        if any(not re.fullmatch("[0-9]+", y) for y in years) or len(years) > 1:
+            return None
+        if not years or not 2018 <= int(years.pop()) <= 2021:
+            continue
+        for a in r["authors"]:
+            name = decoded.get(a.strip(), a.strip())
+            if name:
+                pairs.add((name, f"{parts[0]}/{parts[1]}"))
+    return pairs
+
+
+def _write_dblp_case(folder: Path, data: bytes, dtd: str, gz: bool) -> Path:
+    (folder / "dblp").mkdir(parents=True, exist_ok=True)
+    (folder / "dblp" / "dblp.dtd").write_text(dtd, encoding="latin-1")
+    xml = folder / "dblp" / ("dblp.xml.gz" if gz else "dblp.xml")
+    xml.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    return xml
+
+
+def _dblp_pairs(vs) -> set[tuple[str, str]]:
+    coo = vs.matrix.tocoo()
+    names, venues = vs.researchers.tolist(), vs.venues.tolist()
+    assert sorted(set(names)) == names and sorted(set(venues)) == venues
+    assert (np.diff(vs.matrix.indptr) > 0).all(), "a researcher without venues"
+    assert (np.bincount(vs.matrix.indices, minlength=len(venues)) > 0).all(), "an empty venue"
+    return {(names[i], venues[j]) for i, j in zip(coo.row, coo.col, strict=True)}
+
+
+@EXAMPLES
+@given(dblp_files())
+def test_dblp_xml(case) -> None:
+    records, kind, encoding, dtd, data, gz = case
+    expected = _dblp_reference(records, kind, encoding, dtd, data)
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = _write_dblp_case(Path(tmp), data, dtd, gz)
+        try:
+            got = _dblp_pairs(load_dblp_venue_sets(tmp, cache=False))
+        except DataFormatError as err:
+            assert err.path.name in (xml.name, "dblp.dtd"), err  # the file is named
+            assert err.line_number is not None or (gz and kind == "truncate") or not data, err
+            assert expected is None, f"{kind}/{encoding}: refused a valid file: {err}"
+            return
+    assert expected is not None, f"{kind}/{encoding}: read {got} where the rules refuse the file"
+    assert got == expected, f"{kind}/{encoding}: read {got}, the file holds {expected}"
+
+
+CACHE_KINDS = ["none", "truncate", "flip", "garbage", "empty", "other-years", "other-file",
+               "old-version", "drop-array", "index-range", "unsorted-names",
+               "empty-venue"]  # fmt: skip
+
+
+@st.composite
+def dblp_caches(draw):
+    records = _draw_records(draw)
+    data = _dblp_bytes(_dblp_text(records, "latin-1", False, False), "latin-1")
+    kind = draw(st.sampled_from(CACHE_KINDS))
+    return records, data, draw(st.booleans()), kind, draw(st.randoms())
+
+
+def _resave(path: Path, change: Callable[[dict], None]) -> None:
+    """Rewrite the cache .npz with some arrays changed (a well-formed file, wrong content)."""
+    with np.load(path) as stored:
+        arrays = {k: stored[k] for k in stored.files}
+    change(arrays)
+    mtime = path.stat().st_mtime_ns
+    with open(path, "wb") as out:
+        np.savez_compressed(out, **arrays)
+    os.utime(path, ns=(mtime, mtime))
+
+
+def _add_empty_venue(arrays: dict) -> None:
+    arrays["shape"] = arrays["shape"] + [0, 1]
+    arrays["venues"] = np.append(arrays["venues"], np.frombuffer(b"z/z", dtype=np.uint8))
+    arrays["venue_ends"] = np.append(arrays["venue_ends"], arrays["venue_ends"][-1:] + 3)
+
+
+def _other_file(data: bytes) -> bytes:
+    """The same bytes but one letter of one author's name: same size, other researchers."""
+    at = data.index(b"<author>") + len(b"<author>")
+    return data[:at] + (b"Q" if data[at : at + 1] != b"Q" else b"R") + data[at + 1 :]
+
+
+@settings(max_examples=20)
+@given(dblp_caches())
+def test_dblp_cache(case) -> None:
+    """A cache that does not match its dblp.xml (damaged, other file or years, older layout,
+    inconsistent arrays) is rebuilt from the XML: the result is always the XML's."""
+    records, data, gz, kind, rnd = case
+    if kind == "other-file" and b"<author>" not in data:
+        kind = "none"
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = _write_dblp_case(Path(tmp), data, DBLP_DTD, gz)
+        cache = xml.parent / "cache" / "venue-sets-2018-2021.npz"
+        load_dblp_venue_sets(tmp)
+        assert cache.is_file()
+        before = xml.stat().st_mtime_ns
+        blob = cache.read_bytes()
+        if kind == "truncate":
+            cache.write_bytes(blob[: rnd.randrange(len(blob))])
+        elif kind == "flip":
+            at = rnd.randrange(len(blob))
+            cache.write_bytes(blob[:at] + bytes([blob[at] ^ 0xFF]) + blob[at + 1 :])
+        elif kind == "garbage":
+            cache.write_bytes(rnd.randbytes(rnd.randrange(1, 600)))
+        elif kind == "empty":
+            cache.write_bytes(b"")
+        elif kind == "other-years":  # another window's cache under this name
+            load_dblp_venue_sets(tmp, years=(2016, 2023))
+            (xml.parent / "cache" / "venue-sets-2016-2023.npz").replace(cache)
+        elif kind == "other-file":  # dblp.xml replaced by one of the same size and mtime
+            new = _other_file(data)
+            xml.write_bytes(gzip.compress(new, mtime=0) if gz else new)
+            os.utime(xml, ns=(before, before))
+            data = new
+        elif kind == "old-version":
+            _resave(cache, lambda a: a.update(version=np.int64(1)))
+        elif kind == "drop-array":
+            drop = rnd.choice(["indptr", "indices", "researchers", "venue_ends", "shape"])
+            _resave(cache, lambda a: a.pop(drop))
+        elif kind == "index-range":
+            _resave(cache, lambda a: a.update(indices=a["indices"] + a["shape"][1]))
+        elif kind == "unsorted-names":
+            _resave(cache, lambda a: a.update(researcher_ends=a["researcher_ends"][::-1]))
+        elif kind == "empty-venue":  # a venue "z/z" no researcher published in
+            _resave(cache, _add_empty_venue)
+        expected = _dblp_pairs(load_dblp_venue_sets(tmp, cache=False))
+        if kind != "other-file":
+            assert expected == _dblp_reference(records, "none", "latin-1", DBLP_DTD, data)
+        assert _dblp_pairs(load_dblp_venue_sets(tmp)) == expected, kind
+        assert _dblp_pairs(load_dblp_venue_sets(tmp)) == expected, f"{kind}: rewritten cache"
+
+
+# ------------------------------------------------------------------ own images (.npz)
+NPZ_KINDS = ["none", "compressed", "drop", "rename", "extra", "y-short", "y-2d", "y-float",
+             "y-bool", "y-negative", "y-huge", "y-one-class", "x-over", "x-nan", "x-int16",
+             "x-int64", "x-bigendian", "x-ndim", "x-width0", "x-none", "client-short",
+             "client-float", "client-single", "client-huge", "client-negative",
+             "client-big-ids", "object", "truncate", "flip", "empty", "npy"]  # fmt: skip
+
+
+@st.composite
+def npz_files(draw):
+    """Valid image-clients arrays (each client >= 2 images), then one mutation."""
+    k = draw(st.integers(0, 3))  # clients (0: no client array)
+    n = draw(st.integers(4, 12)) if k == 0 else 2 * k + draw(st.integers(0, 4))
+    shape = (n, *draw(st.sampled_from([(3,), (2, 3), (4, 1)])))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.integers(0, 256, shape).astype(np.uint8) if draw(st.booleans()) else rng.random(shape)
+    y = np.concatenate([[0, 1], rng.integers(0, 4, n - 2)]).astype(np.int64)
+    arrays = {"x": x, "y": y}
+    if k:
+        arrays["client"] = np.concatenate([np.repeat(np.arange(k), 2),
+                                           rng.integers(0, k, n - 2 * k)])  # fmt: skip
+    kind = draw(st.sampled_from(NPZ_KINDS))
+    change = {
+        "drop": lambda a: a.pop(draw(st.sampled_from(sorted(a)))),
+        "rename": lambda a: a.update(
+            {
+                draw(st.sampled_from(["clients", "X", "labels"])): a.pop(
+                    draw(st.sampled_from(sorted(a)))
+                )
+            }
+        ),
+        "extra": lambda a: a.update(meta=np.arange(3)),
+        "y-short": lambda a: a.update(y=a["y"][:-1]),
+        "y-2d": lambda a: a.update(y=a["y"][:, None]),
+        "y-float": lambda a: a.update(y=a["y"].astype(float)),
+        "y-bool": lambda a: a.update(y=a["y"] > 0),
+        "y-negative": lambda a: a["y"].__setitem__(-1, -1),
+        "y-huge": lambda a: a.update(y=a["y"].astype(np.uint64) + np.uint64(2**64 - 5)),
+        "y-one-class": lambda a: a.update(y=np.zeros(n, np.int64)),
+        "x-over": lambda a: a.update(
+            x=a["x"] * 1.5 + 0.01 if a["x"].dtype.kind == "f" else a["x"].astype(np.int16) + 1
+        ),
+        "x-nan": lambda a: a.update(
+            x=np.where(np.arange(a["x"].size).reshape(shape) == 0, np.nan, a["x"] / 255.0)
+        ),
+        "x-int16": lambda a: a.update(
+            x=(a["x"] * (255 if a["x"].dtype.kind == "f" else 1)).astype(np.int16)
+        ),
+        "x-int64": lambda a: a.update(
+            x=(a["x"] * (255 if a["x"].dtype.kind == "f" else 1)).astype(np.int64)
+        ),
+        "x-bigendian": lambda a: a.update(x=a["x"].astype(a["x"].dtype.newbyteorder(">"))),
+        "x-ndim": lambda a: a.update(
+            x=draw(st.sampled_from([a["x"].reshape(n, 1, 1, -1), a["x"].reshape(-1)]))
+        ),
+        "x-width0": lambda a: a.update(x=np.zeros((n, 0), np.uint8)),
+        "x-none": lambda a: a.update(x=np.zeros((0, 3), np.uint8), y=np.zeros(0, np.int64)),
+        "client-short": lambda a: a.update(client=np.zeros(n - 1, np.int64)),
+        "client-float": lambda a: a.update(client=np.zeros(n) + 0.5),
+        "client-single": lambda a: a.update(client=np.arange(n)),
+        "client-huge": lambda a: a.update(
+            client=np.repeat(np.array([2**64 - 1, 3], np.uint64), [2, n - 2])
+        ),
+        "client-negative": lambda a: a.update(client=np.repeat([-1, 3], [2, n - 2])),
+        "client-big-ids": lambda a: a.update(client=np.repeat([2**62, 2**62 + 1], [2, n - 2])),
+    }
+    if kind in change:
+        change[kind](arrays)
+    return arrays, kind, draw(st.randoms())
+
+
+def _npz_reference(arrays: dict, kind: str):
+    """(N, D, C, client sizes in sorted id order) the documented format gives, or None."""
+    if kind in ("object", "truncate", "flip", "empty", "npy"):
+        return None  # not an .npz of named numeric arrays
+    if {"x", "y"} - set(arrays) or set(arrays) - {"x", "y", "client"}:
+        return None
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim not in (2, 3) or x.size == 0:
+        return None
+    if x.dtype.kind == "f":
+        if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+            return None
+    elif x.dtype.kind not in "iu" or x.min() < 0 or x.max() > 255:
+        return None
+    n = x.shape[0]
+    for name in ("y", "client"):
+        a = arrays.get(name, np.zeros(n, np.int64))
+        if a.shape != (n,) or a.dtype.kind not in "iu" or any(int(v) < 0 or int(v) >= 2**63
+                                                              for v in a):  # fmt: skip
+            return None
+    if int(y.max()) + 1 < 2:
+        return None
+    sizes = ()
+    if "client" in arrays:
+        ids = [int(v) for v in arrays["client"]]
+        sizes = tuple(ids.count(u) for u in sorted(set(ids)))
+        if min(sizes) < 2:
+            return None
+    return (n, int(np.prod(x.shape[1:])), int(y.max()) + 1, sizes, tuple(int(v) for v in y))
+
+
+@EXAMPLES
+@given(npz_files())
+def test_own_images_npz(case) -> None:
+    arrays, kind, rnd = case
+    expected = _npz_reference(arrays, kind)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "shop-images.npz"
+        save = np.savez_compressed if kind == "compressed" else np.savez
+        if kind == "object":
+            np.savez(path, x=np.array([arrays["x"][0], "a"], dtype=object), y=arrays["y"])
+        elif kind == "npy":
+            with open(path, "wb") as out:
+                np.save(out, arrays["x"])
+        else:
+            save(path, **arrays)
+        blob = path.read_bytes()
+        if kind == "truncate":
+            path.write_bytes(blob[: rnd.randrange(len(blob))])
+        elif kind == "flip":  # a byte of an array's data: the zip's CRC-32 no longer matches
+            at = blob.index(b"PK\x01\x02") - 1 - rnd.randrange(8)
+            path.write_bytes(blob[:at] + bytes([blob[at] ^ 0x5A]) + blob[at + 1 :])
+        elif kind == "empty":
+            path.write_bytes(b"")
+        try:
+            got = load_image_clients.__wrapped__(str(path))
+        except OwnDataError as err:
+            assert str(path) in str(err), err  # the file is named
+            assert expected is None, f"{kind}: refused a valid file: {err}"
+            return
+    assert expected is not None, f"{kind}: read a file the format refuses"
+    sizes = tuple(np.bincount(got.clients).tolist()) if got.clients is not None else ()
+    assert got.n_clients == len(sizes)
+    images = got.data.images
+    assert (images.shape[0], images.shape[1], got.data.n_classes, sizes,
+            tuple(got.data.labels.tolist())) == expected, kind  # fmt: skip
+
+
+# ------------------------------------------------------------------ own images (IDX pair)
+IDX_PAIR_KINDS = ["none", "gz", "labels-missing", "labels-gz-only", "labels-short",
+                  "labels-long", "labels-2d", "images-1d", "images-4d", "images-2d",
+                  "images-empty", "one-class", "no-images-in-name", "labels-cut"]  # fmt: skip
+
+
+@EXAMPLES
+@given(
+    st.integers(2, 9),
+    st.sampled_from([(2, 3), (1, 4)]),
+    st.sampled_from(IDX_PAIR_KINDS),
+    st.integers(0, 2**32 - 1),
+)
+def test_own_images_idx_pair(n, hw, kind, seed) -> None:
+    """An IDX images file and the labels file beside it: read as they are (N images of
+    H*W pixels, labels 0..C-1) or refused naming one of the two files."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (n, *hw))
+    y = np.concatenate([[0, 1], rng.integers(0, 3, n - 2)])
+    expected = (n, hw[0] * hw[1], int(y.max()) + 1, tuple(y.tolist()))
+    images_name, labels_name = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"
+    if kind == "labels-short":
+        y, expected = y[:-1], None
+    elif kind == "labels-long":
+        y, expected = np.append(y, 1), None
+    elif kind == "labels-2d":
+        y, expected = y[:, None], None
+    elif kind == "images-1d":
+        x, expected = x.reshape(-1), None
+    elif kind == "images-4d":
+        x, expected = x[..., None], None
+    elif kind == "images-2d":  # (N, D): read as N images of D pixels
+        x = x.reshape(n, -1)
+    elif kind == "images-empty":
+        x, y, expected = x[:0], y[:0], None
+    elif kind == "one-class":
+        y, expected = np.zeros_like(y), None
+    elif kind == "no-images-in-name":
+        images_name, expected = "t10k-pictures-idx3-ubyte", None
+    elif kind in ("labels-missing", "labels-gz-only", "labels-cut"):
+        expected = None
+    gz = kind == "gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        suffix = ".gz" if gz else ""
+        images = write_idx(Path(tmp) / f"{images_name}{suffix}", x, compress=gz)
+        labels = Path(tmp) / f"{labels_name}{suffix}"
+        if kind == "labels-gz-only":  # only labels.gz beside plain images: not the pair's name
+            labels = labels.with_name(labels.name + ".gz")
+        if kind != "labels-missing":
+            write_idx(labels, y, compress=gz or kind == "labels-gz-only")
+        if kind == "labels-cut":
+            labels.write_bytes(labels.read_bytes()[:-1])
+        try:
+            got = load_image_clients.__wrapped__(str(images))
+        except OwnDataError as err:
+            assert str(images) in str(err) or str(labels) in str(err), err  # a file is named
+            assert expected is None, f"{kind}: refused a valid pair: {err}"
+            return
+    assert expected is not None, f"{kind}: read a pair the format refuses"
+    assert got.clients is None and got.n_clients == 0
+    data = got.data
+    assert (*data.images.shape, data.n_classes, tuple(data.labels.tolist())) == expected, kind
+
+
+# ------------------------------------------------------------------ own data: item names
+@st.composite
+def item_name_files(draw):
+    style = draw(ids)
+    items = draw(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True))
+    rows = [["item", "name"]] + [[_label(style, i, "p"), f"Product {i}"] for i in items]
+    return (style, *draw(mutate(rows, True, (0,))))
+
+
+def _names_reference(data: bytes) -> dict[str, str] | None:
+    """item -> name, or None: header exactly item,name; two fields a row; items unique."""
+    text = _decode(data)
+    rows = None if text is None else _csv(text)
+    if not rows or [h.strip() for h in rows[0]] != ["item", "name"]:
+        return None
+    names: dict[str, str] = {}
+    for r in rows[1:]:
+        if not r:
+            continue
+        if len(r) != 2 or not r[0].strip() or r[0].strip() in names:
+            return None
+        names[r[0].strip()] = r[1].strip()
+    return names
+
+
+@EXAMPLES
+@given(item_name_files())
+def test_item_names_csv(case) -> None:
+    style, rows, encoding, kind = case
+    data = render(rows, ",", encoding)
+    expected = _names_reference(data)
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = Path(tmp) / "sets.txt"  # every item 0..7 in the instance, in sorted order
+        sets.write_text("".join(f"{_label(style, i, 'p')}\n" for i in range(8)))
+        path = Path(tmp) / "names.csv"
+        path.write_bytes(data)
+        try:
+            inst = load_coverage_sets(str(sets), item_names=str(path))
+        except OwnDataError as err:
+            assert str(path) in str(err), err  # the file is named
+            assert re.search(r"line \d+|byte \d+", str(err)), err  # and where
+            assert kind != "none", f"the valid file was refused: {err}"
+            assert expected is None, f"{kind}: refused a valid file: {err}"
+            return
+    assert expected is not None, f"{kind}: read a names file the format refuses"
+    assert inst.item_names == tuple(expected.get(i, "") for i in inst.items), kind
+
+
+# ------------------------------------------------------------------ own data: parquet tables
+PARQUET_KINDS = ["none", "null", "empty-label", "nan", "inf", "negative", "dup-pair", "rename",
+                 "drop-column", "extra-column", "list-cells", "cut", "no-rows", "bool-value",
+                 "text-value", "spaces"]  # fmt: skip
+
+
+def _parquet_labels(draw, prefix: str, k: list[int]):
+    style = draw(st.sampled_from(["str", "int64", "uint64", "category", "float"]))
+    if style == "str":
+        return [f"{prefix}{v}" for v in k]
+    if style == "int64":
+        return np.asarray(k, dtype=np.int64)
+    if style == "uint64":  # ids above 2**63: distinct, read exactly
+        return np.asarray([2**64 - 1 - v for v in k], dtype=np.uint64)
+    if style == "category":
+        return pd.Categorical([f"{prefix}{v}" for v in k])
+    return np.asarray(k, dtype=np.float64) + 0.5
+
+
+@st.composite
+def parquet_tables(draw):
+    pairs = draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=2,
+                          max_size=20, unique=True))  # fmt: skip
+    frame = pd.DataFrame({
+        "user": _parquet_labels(draw, "u", [u for u, _ in pairs]),
+        "item": _parquet_labels(draw, "i", [i for _, i in pairs]),
+        "value": np.asarray([draw(st.integers(0, 5)) for _ in pairs],
+                            dtype=draw(st.sampled_from([np.int64, np.float64]))),
+    })  # fmt: skip
+    kind = draw(st.sampled_from(PARQUET_KINDS))
+    row = draw(st.integers(0, len(frame) - 1))
+    col = draw(st.sampled_from(["user", "item", "value"]))
+    if kind == "null":  # (pyarrow writes no object column of ints above 2**63)
+        frame[col] = frame[col].astype("UInt64" if frame[col].dtype == np.uint64 else object)
+        frame.loc[row, col] = None
+    elif kind == "empty-label":
+        label = col if col != "value" else "user"
+        frame[label] = frame[label].astype(str)
+        frame.loc[row, label] = draw(st.sampled_from(["", "  "]))
+    elif kind in ("nan", "inf", "negative"):
+        frame["value"] = frame["value"].astype(np.float64)
+        frame.loc[row, "value"] = {"nan": np.nan, "inf": np.inf, "negative": -1.0}[kind]
+    elif kind == "dup-pair":
+        frame = pd.concat([frame, frame.iloc[[row]]], ignore_index=True)
+    elif kind == "rename":
+        frame = frame.rename(columns={col: col.upper()})
+    elif kind == "drop-column":
+        frame = frame.drop(columns=col)
+    elif kind == "extra-column":
+        frame["note"] = "x"
+    elif kind == "list-cells":
+        frame[col] = [[int(v) % 3, 7] for v in range(len(frame))]
+    elif kind == "no-rows":
+        frame = frame.iloc[:0]
+    elif kind == "bool-value":
+        frame["value"] = frame["value"] > 0
+    elif kind == "text-value":  # numbers written as text: read as the numbers
+        frame["value"] = frame["value"].astype(str)
+    elif kind == "spaces":
+        frame["user"] = [f" {v} " for v in frame["user"].astype(str)]
+    return frame, kind, draw(st.integers(0, 2**32 - 1))
+
+
+def _parquet_reference(frame: pd.DataFrame, kind: str, coverage: bool):
+    """(n, m, nnz) the documented rules give for the frame written, or None."""
+    columns = ["user", "item"] if coverage else ["user", "item", "value"]
+    if kind == "cut" or not set(columns) <= set(frame.columns) or frame.empty:
+        return None
+    cells = {c: frame[c].tolist() for c in columns}
+    if any(v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+           or isinstance(v, list) for c in columns for v in cells[c]):  # fmt: skip
+        return None
+    labels = [[str(v).strip() for v in cells[c]] for c in ("user", "item")]
+    if any(not t for col in labels for t in col):
+        return None
+    pairs = list(zip(*labels, strict=True))
+    if coverage:
+        return (len(set(labels[0])), len(set(labels[1])), len(set(pairs)))
+    values = [None if isinstance(v, bool | np.bool_) else _number(str(v)) for v in cells["value"]]
+    if any(v is None or v < 0 for v in values) or len(set(pairs)) != len(pairs):
+        return None
+    return (len(set(labels[0])), len(set(labels[1])), sum(v > 0 for v in values))
+
+
+@settings(max_examples=30)
+@given(parquet_tables(), st.booleans())
+def test_parquet_tables(case, coverage) -> None:
+    frame, kind, seed = case
+    expected = _parquet_reference(frame, kind, coverage)
+    load = load_coverage_sets if coverage else load_facility_table
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "table.parquet"
+        frame.to_parquet(path)
+        if kind == "cut":
+            blob = path.read_bytes()
+            path.write_bytes(blob[: np.random.default_rng(seed).integers(len(blob))])
+        try:
+            inst = load(str(path))
+        except OwnDataError as err:
+            assert str(path) in str(err), err  # the file is named
+            assert expected is None, f"{kind}: refused a valid table: {err}"
+            return
+    assert expected is not None, f"{kind}: read a table the format refuses"
+    assert (len(inst.users), len(inst.items), int(inst.values.nnz)) == expected, kind
+
+
+def test_preflight_check_refuses_npz_arrays_the_loader_refuses(tmp_path) -> None:
+    """`flower-app run`'s data check (before Flower starts) refuses a misspelt 'clients' array
+    as the loader does, instead of letting the run fail after Flower has started."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
+
+    path = tmp_path / "shop-images.npz"
+    x, y = np.zeros((4, 3), np.uint8), np.array([0, 1, 0, 1])
+    for extra, refused in (({}, False), ({"client": np.array([0, 0, 1, 1])}, False),
+                           ({"clients": np.array([0, 0, 1, 1])}, True)):  # fmt: skip
+        np.savez(path, x=x, y=y, **extra)
+        cfg = AppConfig.from_run_config(
+            {"algorithm": "maxfl", "dataset": "image-clients", "data-file": str(path)}
+        )
+        problems = data_problems(cfg)
+        assert bool(problems) == refused, problems
+        if refused:
+            assert "['clients']" in problems[0] and str(path) in problems[0]
+            with pytest.raises(OwnDataError, match=r"\['clients'\] are not among"):
+                load_image_clients.__wrapped__(str(path))

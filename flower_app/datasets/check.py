@@ -190,6 +190,10 @@ def _own(cfg: Any) -> list[str]:
             if not {"x", "y"} <= names:
                 return [f"{path}: arrays {sorted(names)} lack x or y; expected an .npz with "
                         "x (images), y (labels) and optionally client"]  # fmt: skip
+            if names - {"x", "y", "client"}:
+                return [f"{path}: arrays {sorted(names - {'x', 'y', 'client'})} are not x, y "
+                        "or client; expected an .npz with x (images), y (labels) and "
+                        "optionally client"]  # fmt: skip
         return []
     if cfg.dataset == "rating-table" and suffix not in tables:
         return [f"{path}: dataset 'rating-table' reads a .csv, .tsv or .parquet table"]

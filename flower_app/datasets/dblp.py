@@ -22,10 +22,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
+import zipfile
+import zlib
 from array import array
 from collections import deque
 from collections.abc import Iterator
@@ -85,8 +89,17 @@ _SKIPPED_KEY_PREFIXES = ("homepages/", "persons/")
 _SUBDIR = "dblp"
 _XML_NAMES = ("dblp.xml", "dblp.xml.gz")
 _DTD_NAME = "dblp.dtd"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: source fingerprint, string offsets, no venue without researchers
 _CHUNK_BYTES = 1 << 20
+_FINGERPRINT_BYTES = 1 << 20
+_YEAR = re.compile(r"[0-9]+")
+_DECLARED_ENCODING = re.compile(
+    rb"""^(?:\xef\xbb\xbf)?<\?xml[^>]*?encoding\s*=\s*["']([^"']+)["']"""
+)
+_LATIN1_NAMES = {"iso-8859-1", "iso8859-1", "iso_8859-1", "latin-1", "latin1", "l1"}
+_UTF8_SEQUENCE = re.compile(
+    rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3}"
+)
 
 
 def find_dblp_files(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
@@ -132,19 +145,30 @@ def load_dblp_venue_sets(
 ) -> VenueSets:
     """Build researcher -> venue sets from the DBLP dump.
 
-    Rules:
+    Rules (the file is read exactly as they say, or refused with its file and line):
 
     * A paper is an ``article``, ``inproceedings`` or ``incollection`` record (see
       :data:`COUNTED_TAGS`); ``proceedings``, ``book``, theses, ``www`` (home pages), ``person``
-      and ``data`` records, and keys under ``homepages/`` or ``persons/``, are skipped.
+      and ``data`` records, and keys under ``homepages/`` or ``persons/``, are skipped. Records
+      are children of the root ``<dblp>``; a record inside another element is refused.
     * A paper counts when its ``<year>`` lies in ``years`` (inclusive); papers without a year
-      are skipped.
+      (or with an empty ``<year/>``) are skipped. A year that is not written in the digits
+      0-9 (``20l9``, ``2_019``, ``+2019``), or two different years in one record, are refused.
     * Its venue is the first two components of its ``key``: ``conf/icml/Smith20`` ->
       ``conf/icml``, ``journals/tit/X`` -> ``journals/tit`` (so arXiv's ``journals/corr`` is a
-      venue too). The venue's group is the first component (``conf``, ``journals``, ...).
-    * A researcher is an ``<author>`` name as DBLP writes it (DBLP disambiguates homonyms with
-      suffixes such as ``0001``); editors are not authors. Their set holds every venue with at
-      least one of their papers.
+      venue too). The venue's group is the first component (``conf``, ``journals``, ...). A
+      key of fewer than three components (DBLP's ``dblpnote/...`` placeholders) names no
+      venue: the record is skipped. A paper without a ``key`` (DBLP's DTD requires one) or
+      with an empty first or second component (``conf//X``) is refused.
+    * A researcher is an ``<author>`` name as DBLP writes it, surrounding white space removed
+      (DBLP disambiguates homonyms with suffixes such as ``0001``); an author listed twice in
+      one paper counts once, an empty ``<author/>`` names no one, editors are not authors.
+      Their set holds every venue with at least one of their papers; a venue is in the
+      network when one of its counted papers has an author.
+    * The XML declaration's encoding is used (DBLP: ISO-8859-1, every non-ASCII character
+      written as an entity that ``dblp.dtd`` defines; an undefined entity is refused). A file
+      declared ISO-8859-1 that holds UTF-8 byte sequences (a UTF-8 re-save) is refused, not
+      read as different names (``JÃ¼rgen``).
 
     Parameters
     ----------
@@ -156,7 +180,10 @@ def load_dblp_venue_sets(
         Drop researchers with fewer venues; venues left without researchers are dropped too.
     cache : bool, default True
         Save the parsed sets as ``<data_dir>/dblp/cache/venue-sets-<y0>-<y1>.npz`` and reuse
-        that file while it is newer than the XML.
+        that file while it is newer than the XML and records the XML's name, size and a
+        SHA-256 of its first and last MiB (a ``.gz`` ends with the CRC of its whole content),
+        the years and this cache version. Any other cache file (another release, other
+        years, damaged, inconsistent arrays) is ignored with a warning and rebuilt.
     progress : bool, default False
         Show a progress bar by bytes read.
 
@@ -171,7 +198,8 @@ def load_dblp_venue_sets(
     DatasetNotFoundError
         If ``dblp.xml``/``dblp.xml.gz`` or ``dblp.dtd`` is missing.
     DataFormatError
-        If the XML is malformed (the message gives the line) or a year is not an integer.
+        If the XML is malformed or a record breaks the rules above: the message names the
+        file and the line (an error inside the DTD names ``dblp.dtd``).
     """
     y0, y1 = (int(year) for year in years)
     if y0 > y1:
@@ -237,7 +265,9 @@ class _Pairs:
     cols: array = field(default_factory=lambda: array("q"))
 
     def add(self, venue: str, authors: list[str]) -> None:
-        """Record that every author in ``authors`` published in ``venue``."""
+        """Record that every author in ``authors`` published in ``venue`` (none: no venue)."""
+        if not authors:
+            return
         col = self.venues.setdefault(venue, len(self.venues))
         for author in authors:
             self.rows.append(self.researchers.setdefault(author, len(self.researchers)))
@@ -250,6 +280,11 @@ class _RecentLines:
     def __init__(self) -> None:
         self._chunks: deque[tuple[int, bytes]] = deque(maxlen=2)
         self._next_line = 1
+
+    @property
+    def empty(self) -> bool:
+        """True while nothing but empty chunks was fed."""
+        return not any(chunk for _, chunk in self._chunks)
 
     def add(self, chunk: bytes) -> None:
         """Remember ``chunk`` and the line number it starts on."""
@@ -268,31 +303,52 @@ class _RecentLines:
         return None
 
 
-def _venue_of(key: str | None) -> str | None:
-    """Return the venue (first two key components) of a record key, or None to skip it."""
-    if not key or key.startswith(_SKIPPED_KEY_PREFIXES):
+def _refuse(xml: Path, element: etree._Element, reason: str) -> DataFormatError:
+    """Return a DataFormatError naming ``xml``, the record and its line."""
+    return DataFormatError(
+        xml, f"<{element.tag} key={element.get('key')!r}> {reason}", line_number=element.sourceline
+    )
+
+
+def _venue_of(element: etree._Element, xml: Path) -> str | None:
+    """Return the venue (first two key components) of a counted record, or None to skip it."""
+    key = element.get("key")
+    if key is None or not key.strip():
+        raise _refuse(xml, element, "has no key (DBLP's records all have one, e.g. "
+                                    "key=\"conf/icml/Smith20\")")  # fmt: skip
+    if key.startswith(_SKIPPED_KEY_PREFIXES):
         return None
     parts = key.split("/")
-    if len(parts) < 3 or not parts[0] or not parts[1]:
+    if len(parts) < 3:
         return None
+    if not parts[0] or not parts[1]:
+        raise _refuse(xml, element, "has a key with an empty venue component; expected "
+                                    "<group>/<venue>/<name>, e.g. conf/icml/Smith20")  # fmt: skip
     return f"{parts[0]}/{parts[1]}"
 
 
 def _year_of(element: etree._Element, xml: Path) -> int | None:
-    """Return the record's ``<year>`` as int, None if absent; DataFormatError if not a number."""
-    text = element.findtext("year")
-    if text is None or not text.strip():
+    """Return the record's ``<year>`` as int, None if absent or empty; refuse anything else."""
+    years: dict[str, etree._Element] = {}
+    for year in element.iterfind("year"):
+        text = "".join(year.itertext()).strip()
+        if text:
+            years.setdefault(text, year)
+    if not years:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        year = element.find("year")
-        raise DataFormatError(
-            xml,
-            f"<{element.tag} key={element.get('key')!r}> has a non-integer <year>{text}</year>",
-            line_number=year.sourceline,
-            line=f"<year>{text}</year>",
-        ) from None
+    for text, year in years.items():
+        if not _YEAR.fullmatch(text):
+            raise DataFormatError(
+                xml,
+                f"<{element.tag} key={element.get('key')!r}> has a non-integer "
+                f"<year>{text}</year>; expected digits 0-9",
+                line_number=year.sourceline,
+                line=f"<year>{text}</year>",
+            )
+    if len(years) > 1:
+        raise _refuse(xml, element, f"has {len(years)} different years {sorted(years)}; "
+                                    "expected one <year>")  # fmt: skip
+    return int(next(iter(years)))
 
 
 def _authors_of(element: etree._Element) -> list[str]:
@@ -323,6 +379,62 @@ def _open_stream(xml: Path, progress: bool) -> Iterator[tuple[BinaryIO, BinaryIO
         yield stream, raw, bar
 
 
+class _EncodingCheck:
+    """Refuse UTF-8 byte sequences in a file whose XML declaration says ISO-8859-1."""
+
+    def __init__(self) -> None:
+        self._latin1: bool | None = None  # unknown until the first chunk
+        self._tail = b""
+        self._line = 1  # line on which ``self._tail`` starts
+
+    def feed(self, chunk: bytes, xml: Path) -> None:
+        """Check ``chunk`` (the file's next bytes, after gzip)."""
+        if self._latin1 is None:
+            declared = _DECLARED_ENCODING.match(chunk)
+            name = declared.group(1).decode("ascii", "replace").lower() if declared else ""
+            self._latin1 = name in _LATIN1_NAMES
+        if not self._latin1:
+            return
+        data = self._tail + chunk
+        if not chunk.isascii():
+            found = _UTF8_SEQUENCE.search(data)
+            if found is not None:
+                start = data.rfind(b"\n", 0, found.start()) + 1
+                stop = data.find(b"\n", found.end())
+                raise DataFormatError(
+                    xml,
+                    "declared encoding ISO-8859-1 but holds UTF-8 byte sequences (e.g. "
+                    f"{found.group().decode('utf-8')!r}); save it as ISO-8859-1 (DBLP's "
+                    'release is) or declare encoding="UTF-8"',
+                    line_number=self._line + data.count(b"\n", 0, found.start()),
+                    line=data[start : stop if stop >= 0 else len(data)].decode("latin-1"),
+                )
+        keep = data[-3:]
+        self._line += data.count(b"\n") - keep.count(b"\n")
+        self._tail = keep
+
+
+def _syntax_error(xml: Path, error: etree.LxmlError, recent: _RecentLines) -> DataFormatError:
+    """Turn an lxml error into a DataFormatError naming the file (the XML or its DTD)."""
+    message = getattr(error, "msg", None) or str(error) or type(error).__name__
+    lineno = getattr(error, "lineno", None)
+    lineno = lineno if lineno and lineno > 0 else None
+    filename = getattr(error, "filename", None)
+    if isinstance(filename, bytes | str) and Path(os.fsdecode(filename)).name == _DTD_NAME:
+        dtd = xml.parent / _DTD_NAME
+        try:
+            lines = dtd.read_bytes().split(b"\n")
+            shown = lines[lineno - 1].decode("latin-1") if lineno and lineno <= len(lines) else None
+        except OSError:
+            shown = None
+        return DataFormatError(dtd, f"malformed DTD: {message}", line_number=lineno, line=shown)
+    if lineno is None and recent.empty:
+        return DataFormatError(xml, "the file is empty; expected DBLP's XML")
+    return DataFormatError(
+        xml, f"malformed XML: {message}", line_number=lineno, line=recent.line(lineno)
+    )
+
+
 def _parse(xml: Path, years: tuple[int, int], *, progress: bool = False) -> _Pairs:
     """Stream ``xml`` and collect the (researcher, venue) pairs of counted papers in ``years``."""
     parser = etree.XMLPullParser(
@@ -336,25 +448,22 @@ def _parse(xml: Path, years: tuple[int, int], *, progress: bool = False) -> _Pai
     )
     pairs = _Pairs()
     recent = _RecentLines()
+    encoding = _EncodingCheck()
     try:
         with _open_stream(xml, progress) as (stream, raw, bar):
             position = 0
             while chunk := stream.read(_CHUNK_BYTES):
                 recent.add(chunk)
+                encoding.feed(chunk, xml)
                 parser.feed(chunk)
                 _consume(parser, pairs, years, xml)
                 bar.update(raw.tell() - position)
                 position = raw.tell()
             parser.close()
             _consume(parser, pairs, years, xml)
-    except etree.XMLSyntaxError as error:
-        raise DataFormatError(
-            xml,
-            f"malformed XML: {error.msg}",
-            line_number=error.lineno,
-            line=recent.line(error.lineno),
-        ) from error
-    except (OSError, EOFError) as error:  # e.g. a truncated or corrupt .gz
+    except etree.LxmlError as error:
+        raise _syntax_error(xml, error, recent) from error
+    except (OSError, EOFError, zlib.error) as error:  # e.g. a truncated or corrupt .gz
         raise DataFormatError(xml, f"cannot read the file: {error}") from error
     return pairs
 
@@ -362,13 +471,17 @@ def _parse(xml: Path, years: tuple[int, int], *, progress: bool = False) -> _Pai
 def _consume(parser: etree.XMLPullParser, pairs: _Pairs, years: tuple[int, int], xml: Path) -> None:
     """Handle the records the parser has completed, then free them."""
     for _, element in parser.read_events():
+        parent = element.getparent()
+        if parent is None or parent.tag != "dblp" or parent.getparent() is not None:
+            where = "as the root" if parent is None else f"inside <{parent.tag}>"
+            raise _refuse(xml, element, f"is {where}; expected every record to be a child of "
+                                        "the root <dblp>")  # fmt: skip
         if element.tag in COUNTED_TAGS:
-            venue = _venue_of(element.get("key"))
+            venue = _venue_of(element, xml)
             year = _year_of(element, xml) if venue else None
             if year is not None and years[0] <= year <= years[1]:
                 pairs.add(venue, _authors_of(element))
         element.clear(keep_tail=True)
-        parent = element.getparent()
         if parent is not None:
             while element.getprevious() is not None:
                 del parent[0]
@@ -432,19 +545,36 @@ def _filter(sets: VenueSets, min_venues: int) -> VenueSets:
 # --------------------------------------------------------------------------- cache
 
 
-def _encode_strings(items: np.ndarray) -> np.ndarray:
-    """Pack strings into one UTF-8 byte array, newline-separated (names hold no newlines)."""
-    return np.frombuffer("\n".join(items.tolist()).encode("utf-8"), dtype=np.uint8)
+def _encode_strings(items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pack strings into one UTF-8 byte array and their end offsets (any characters allowed)."""
+    encoded = [item.encode("utf-8") for item in items.tolist()]
+    ends = np.cumsum([len(item) for item in encoded], dtype=np.int64)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
 
 
-def _decode_strings(blob: np.ndarray, count: int) -> list[str]:
-    """Inverse of :func:`_encode_strings`."""
-    if count == 0:
-        return []
-    items = blob.tobytes().decode("utf-8").split("\n")
-    if len(items) != count:
+def _decode_strings(blob: np.ndarray, ends: np.ndarray, count: int) -> list[str]:
+    """Inverse of :func:`_encode_strings`; ValueError unless it holds ``count`` strings."""
+    if blob.dtype != np.uint8 or blob.ndim != 1 or ends.shape != (count,):
         raise ValueError("corrupt string table")
-    return items
+    if count and (ends[-1] != blob.size or np.any(np.diff(ends) < 0) or ends[0] < 0):
+        raise ValueError("corrupt string table")
+    if not count and blob.size:
+        raise ValueError("corrupt string table")
+    data = blob.tobytes()
+    starts = [0, *ends[:-1].tolist()] if count else []
+    return [data[a:b].decode("utf-8") for a, b in zip(starts, ends.tolist(), strict=True)]
+
+
+def _fingerprint(xml: Path) -> np.ndarray:
+    """SHA-256 of the file's first and last MiB and its size, as 32 bytes."""
+    digest = hashlib.sha256()
+    size = xml.stat().st_size
+    with open(xml, "rb") as fh:
+        digest.update(size.to_bytes(8, "little"))
+        digest.update(fh.read(_FINGERPRINT_BYTES))
+        fh.seek(max(size - _FINGERPRINT_BYTES, 0))
+        digest.update(fh.read(_FINGERPRINT_BYTES))
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
 
 
 def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int]) -> None:
@@ -453,6 +583,8 @@ def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npz", dir=path.parent)
+        researchers, researcher_ends = _encode_strings(sets.researchers)
+        venues, venue_ends = _encode_strings(sets.venues)
         with os.fdopen(handle, "wb") as out:
             np.savez_compressed(
                 out,
@@ -460,11 +592,14 @@ def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int])
                 years=np.asarray(years, dtype=np.int64),
                 source_name=np.frombuffer(xml.name.encode(), dtype=np.uint8),
                 source_size=np.int64(xml.stat().st_size),
+                source_fingerprint=_fingerprint(xml),
                 shape=np.asarray(sets.matrix.shape, dtype=np.int64),
                 indptr=sets.matrix.indptr.astype(np.int64),
                 indices=sets.matrix.indices.astype(np.int32),
-                researchers=_encode_strings(sets.researchers),
-                venues=_encode_strings(sets.venues),
+                researchers=researchers,
+                researcher_ends=researcher_ends,
+                venues=venues,
+                venue_ends=venue_ends,
             )
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
         os.replace(tmp_name, path)
@@ -475,8 +610,38 @@ def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int])
                 os.unlink(tmp_name)
 
 
+def _cached_matrix(stored: np.lib.npyio.NpzFile) -> sp.csr_matrix:
+    """Return the cache's researcher x venue matrix; ValueError unless canonical 0/1 sets."""
+    shape = stored["shape"]
+    if shape.shape != (2,) or shape.dtype.kind not in "iu" or np.any(shape < 0):
+        raise ValueError(f"bad shape {shape!r}")
+    n_rows, n_cols = (int(v) for v in shape)
+    indptr, indices = stored["indptr"], stored["indices"]
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+        raise ValueError("non-integer index arrays")
+    if indptr.shape != (n_rows + 1,) or indices.ndim != 1 or indptr[0] != 0:
+        raise ValueError("index arrays do not match the shape")
+    if indptr[-1] != indices.size or np.any(np.diff(indptr) < 1):
+        raise ValueError("a researcher without venues, or a bad row pointer")
+    if indices.size and (indices.min() < 0 or indices.max() >= n_cols):
+        raise ValueError("a venue index out of range")
+    matrix = sp.csr_matrix(
+        (np.ones(indices.size), indices.astype(np.int32), indptr.astype(np.int64)),
+        shape=(n_rows, n_cols),
+    )
+    if not matrix.has_canonical_format:  # sorted, no repeated venue in a row
+        raise ValueError("unsorted or repeated venues in a row")
+    if np.any(np.bincount(matrix.indices, minlength=n_cols) == 0):
+        raise ValueError("a venue without researchers")
+    return matrix
+
+
 def _read_cache(path: Path, xml: Path, years: tuple[int, int]) -> VenueSets | None:
-    """Load the cache if it exists, is newer than ``xml`` and matches it; else None."""
+    """Load the cache if it exists, is newer than ``xml`` and matches it; else None.
+
+    A cache that cannot be read, or whose arrays are not a consistent researcher-venue
+    network, is ignored with a warning (the caller parses the XML and rewrites it).
+    """
     try:
         if path.stat().st_mtime_ns <= xml.stat().st_mtime_ns:
             return None
@@ -486,24 +651,31 @@ def _read_cache(path: Path, xml: Path, years: tuple[int, int]) -> VenueSets | No
                 or tuple(stored["years"].tolist()) != years
                 or stored["source_name"].tobytes().decode() != xml.name
                 or int(stored["source_size"]) != xml.stat().st_size
+                or not np.array_equal(stored["source_fingerprint"], _fingerprint(xml))
             ):
+                log.warning("ignoring the DBLP cache %s: made for another file, years or "
+                            "version", path)  # fmt: skip
                 return None
-            n_rows, n_cols = (int(v) for v in stored["shape"])
-            indices = stored["indices"]
-            matrix = sp.csr_matrix(
-                (np.ones(len(indices)), indices, stored["indptr"]), shape=(n_rows, n_cols)
-            )
-            researchers = _decode_strings(stored["researchers"], n_rows)
-            venues = np.array(_decode_strings(stored["venues"], n_cols), dtype=str)
-    except (OSError, KeyError, ValueError) as error:
-        if not isinstance(error, FileNotFoundError):
-            log.warning("ignoring unreadable DBLP cache %s: %s", path, error)
+            matrix = _cached_matrix(stored)
+            n_rows, n_cols = matrix.shape
+            researchers = _decode_strings(stored["researchers"], stored["researcher_ends"], n_rows)
+            venues = _decode_strings(stored["venues"], stored["venue_ends"], n_cols)
+        if researchers != sorted(set(researchers)) or venues != sorted(set(venues)):
+            raise ValueError("names not sorted and distinct")
+        if any(venue.count("/") != 1 or venue.startswith("/") or venue.endswith("/")
+               for venue in venues):  # fmt: skip
+            raise ValueError("a venue that is not <group>/<name>")
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, KeyError, ValueError, TypeError, AttributeError,
+            zipfile.BadZipFile, zlib.error, UnicodeDecodeError) as error:  # fmt: skip
+        log.warning("ignoring unreadable DBLP cache %s: %s", path, error)
         return None
     return VenueSets(
         matrix=matrix,
         researchers=np.array(researchers, dtype=np.dtypes.StringDType()),
-        venues=venues,
-        element_groups=_groups(venues),
+        venues=np.array(venues, dtype=str),
+        element_groups=_groups(np.array(venues, dtype=str)),
         name=f"dblp-{years[0]}-{years[1]}",
     )
 

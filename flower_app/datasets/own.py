@@ -12,14 +12,14 @@
     counts in n); blank lines at the end of the file are not users.
 
 A table is UTF-8 text (a byte-order mark is allowed) with a header; every row has as many
-fields as the header (an empty line is no row), and no user or item cell is empty. Users
-and items are labels (numbers or strings, surrounding spaces removed), different whenever
-their text differs (``7`` and ``007`` are two users). Users become clients 0..n−1 and
-items elements 0..m−1 in sorted label order (integers numerically, exactly, however long;
-then decimals numerically; otherwise as text), so the same file always gives the same
-instance. ``item-names`` optionally names a CSV with header ``item,name``;
-``summary.json`` then lists the selected items by label and name. Every error names the
-file, the line (the header is line 1) and the expected format.
+fields as the header (an empty line is no row), and no user or item cell is empty (in
+parquet: null, a list or a record). Users and items are labels (numbers or strings,
+surrounding spaces removed), different whenever their text differs (``7`` and ``007`` are
+two users). Users become clients 0..n−1 and items elements 0..m−1 in sorted label order
+(integers numerically, exactly, however long; then decimals numerically; otherwise as text),
+so the same file always gives the same instance. ``item-names`` optionally names a CSV with
+header ``item,name``; ``summary.json`` then lists the selected items by label and name.
+Every error names the file, the line (the header is line 1) and the expected format.
 """
 
 from __future__ import annotations
@@ -120,8 +120,10 @@ def _read_text_table(file: Path, sep: str, expected: str) -> tuple[pd.DataFrame,
         raise _decode_error(file, err, expected) from None
     except csv.Error as err:
         raise OwnDataError(f"{file}: line {reader.line_num}: {err}; expected {expected}") from None
-    frame = pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
-        columns=header, dtype=str
+    frame = (
+        pd.DataFrame(rows, columns=header, dtype=str)
+        if rows
+        else pd.DataFrame(columns=header, dtype=str)
     )
     return frame, np.asarray(lines, dtype=np.int64)
 
@@ -146,6 +148,12 @@ def _read_table(
             row = int(np.flatnonzero(frame[nulls[0]].isna().to_numpy())[0])
             raise OwnDataError(f"{file}: row {row + 1}: column {nulls[0]!r} is null; "
                                f"expected {expected}")  # fmt: skip
+        for name in (c for c in columns if c in frame.columns and frame[c].dtype == object):
+            nested = frame[name].map(lambda v: isinstance(v, list | tuple | dict | np.ndarray))
+            if nested.any():  # their text could collide (numpy shortens long arrays)
+                row = int(np.flatnonzero(nested.to_numpy())[0])
+                raise OwnDataError(f"{file}: row {row + 1}: column {name!r} holds a list or "
+                                   f"record; expected one value per cell ({expected})")  # fmt: skip
         frame = frame.astype({c: str for c in columns if c in frame.columns})
     else:
         frame, lines = _read_text_table(file, _TABLE[suffix], expected)
@@ -267,9 +275,7 @@ def load_facility_table(
                        _names(item_names, item_labels))  # fmt: skip
 
 
-def load_coverage_sets(
-    path: str, columns: str = "user,item", item_names: str = ""
-) -> OwnInstance:
+def load_coverage_sets(path: str, columns: str = "user,item", item_names: str = "") -> OwnInstance:
     """Load a set system (pairs table or one line of items per user) as max coverage.
 
     Raises

@@ -19,11 +19,15 @@ up) are seen and the next ``maxfl-unseen-users`` (default −1: all the others) 
 client's examples are split into train and test by ``maxfl-train-fraction``. The MaxFL
 setting flips the labels of ``maxfl-label-flip`` of the clients (default 0.3): set it to 0 to
 train on your labels as they are. Every error names the file, the array and what was
-expected.
+expected. An ``.npz`` holds ``x``, ``y`` and optionally ``client``, nothing else (a misspelt
+``clients`` would otherwise leave your clients unused); a damaged archive or an ``.npy``
+saved under the ``.npz`` name is refused.
 """
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -72,7 +76,7 @@ def _fail(path: Path, message: str, expected: str = NPZ_FORMAT) -> OwnDataError:
 
 
 def _images(path: Path, x: np.ndarray) -> np.ndarray:
-    if x.ndim not in (2, 3) or x.shape[0] == 0:
+    if x.ndim not in (2, 3) or x.size == 0:
         raise _fail(path, f"array x has shape {x.shape}")
     flat = x.reshape(x.shape[0], -1)
     if flat.dtype.kind == "f":
@@ -92,18 +96,34 @@ def _labels(path: Path, y: np.ndarray, n: int, name: str = "y") -> np.ndarray:
     if y.min() < 0:
         bad = int(np.flatnonzero(y < 0)[0])
         raise _fail(path, f"array {name}[{bad}] = {int(y[bad])} is negative")
+    if y.dtype == np.uint64 and y.max() > np.iinfo(np.int64).max:  # would wrap to negative
+        bad = int(np.argmax(y))
+        raise _fail(path, f"array {name}[{bad}] = {int(y[bad])} exceeds 2**63 - 1")
     return y.astype(np.int64)
+
+
+_NPZ_ARRAYS = ("x", "y", "client")
+_UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
 def _from_npz(path: Path) -> OwnImages:
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+    except _UNREADABLE as err:
+        raise _fail(path, f"cannot be read as .npz ({type(err).__name__}: {err})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise _fail(path, "holds one unnamed array (an .npy file), not named arrays x and y")
+    try:
+        with loaded as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as err:
-        raise _fail(path, f"cannot be read as .npz ({err})") from None
+    except _UNREADABLE as err:
+        raise _fail(path, f"cannot be read as .npz ({type(err).__name__}: {err})") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
         raise _fail(path, f"arrays {sorted(arrays)} lack {missing}")
+    unknown = sorted(set(arrays) - set(_NPZ_ARRAYS))
+    if unknown:  # e.g. a misspelt 'client': the file's clients would go unused
+        raise _fail(path, f"arrays {unknown} are not among {list(_NPZ_ARRAYS)}")
     images = _images(path, arrays["x"])
     labels = _labels(path, arrays["y"], images.shape[0])
     clients, ids = None, ()
