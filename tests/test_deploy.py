@@ -70,8 +70,9 @@ def test_tls_node_auth_database_run_matches_direct(secure, tmp_path) -> None:
 
 def test_secure_aggregation_on_tls_supernodes_matches_direct(secure, tmp_path) -> None:
     """SecAgg+ over real SuperNodes (each message a fresh ClientApp process: the protocol's
-    state lives in the node's Context between its four stages): the plain run's set, every
-    node in every sum, and the protocol's cost recorded per round."""
+    state — keys for the run, the session between collect and unmask — lives in the node's
+    Context): the plain run's set, every node in every sum, keys set up once, and the
+    protocol's cost recorded per round."""
     run = secure.run({**FEDSM, "secure-aggregation": True}, timeout=400)
     assert run.status == "finished:completed", run.output + run.details
     direct = run_direct(
@@ -80,9 +81,11 @@ def test_secure_aggregation_on_tls_supernodes_matches_direct(secure, tmp_path) -
     assert run.summary["selected"] == direct["selected"]
     metrics = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == FEDSM["k"]
-    for row in metrics:
-        assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 2
-        assert row["secagg-messages"] == 8 * row["nodes"] and row["secagg-bytes-up"] > 0
+    for t, row in enumerate(metrics):
+        assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 3
+        assert row["secagg-sessions"] == 1 and row["secagg-bytes-up"] > 0
+        setup = row["nodes"] if t == 0 else 0  # keys once per run
+        assert row["secagg-messages"] == 2 * (setup + row["nodes"] + row["secagg-unmask-nodes"])
 
 
 def test_supernode_with_unregistered_key_is_refused(secure) -> None:

@@ -61,7 +61,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
+from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 
 __all__ = [
     "AllRepliesRejectedError",
@@ -670,6 +670,9 @@ class RoundStrategy(Strategy):
 
         The users of an offline node are recorded in the round's ``failed-nodes`` and
         ``users-missing`` (reason: offline) and count against ``min_reply_fraction``.
+        Under secure aggregation, when the users sit on fewer than ``min_nodes`` nodes,
+        other online nodes are added with no users (they reply zeros), so that the round
+        can be summed securely (e.g. K = 2 users on one node).
         """
         cohorts = self.cohorts  # type: ignore[attr-defined]
         groups = cohorts.group(users)
@@ -678,6 +681,17 @@ class RoundStrategy(Strategy):
                 int(groups.pop(node).size),
                 "node offline (left the SuperLink's node list; not sent)",
             )
+        if self.secure_aggregation is not None:
+            # a secure sum needs at least min_nodes nodes: when the sampled users sit on
+            # fewer, other online nodes take part with no users (their replies are zeros;
+            # the server learns the same sum over the sampled users)
+            least = int(self.secure_aggregation.min_nodes)
+            idle = [int(n) for n in cohorts.node_ids
+                    if int(n) not in groups and int(n) not in cohorts.offline]  # fmt: skip
+            for node in idle[: max(0, least - len(groups))]:
+                groups[node] = np.zeros(0, dtype=np.asarray(users).dtype)
+            order = {int(n): i for i, n in enumerate(cohorts.node_ids)}
+            groups = dict(sorted(groups.items(), key=lambda item: order[item[0]]))
         return groups
 
     def checkpoint_state(self) -> Any:
@@ -910,6 +924,7 @@ class RoundStrategy(Strategy):
             server_round,
             self.secure_public_metrics,
             self.secure_transform(),
+            keys=key_book(grid),
         )
         checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
         checked.missing = len(outcome.failed) - outcome.bad
