@@ -387,10 +387,11 @@ def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_
     assert len(rows) == 4
     for t, row in enumerate(rows):
         assert row["secagg-nodes"] == 6 and row["bad-replies"] == 0
-        # keys once per run (6 setups in round 1); each round collect (6) and unmask: k = 3,
-        # t = 2, so 4 nodes hold two shares of every seed
-        assert row["secagg-unmask-nodes"] == 4
-        assert row["secagg-messages"] == 2 * ((6 if t == 0 else 0) + 6 + 4)
+        # keys once per run (6 setups in round 1); each round collect (6) and unmask (k = 3,
+        # t = 2: at least 4 of the 6 ring nodes are needed for two shares of every seed)
+        unmask = row["secagg-unmask-nodes"]
+        assert 4 <= unmask <= 6
+        assert row["secagg-messages"] == 2 * ((6 if t == 0 else 0) + 6 + unmask)
         assert row["secagg-bytes-up"] == row["bytes-up"] > 0
     cfg = AppConfig.from_run_config({**small, "output-dir": str(tmp_path), "run-name": "d"})
     assert run.summary["selected"] == run_direct(cfg)["selected"]

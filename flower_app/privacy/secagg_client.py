@@ -106,6 +106,11 @@ __all__ = [
 
 #: the ConfigRecord that marks a secure-aggregation message (request and reply)
 SECAGG_RECORD = "secagg"
+#: the node's protocol state in its Context: its key pair (once per run), the keys it
+#: pinned and the pairwise keys it derived (grow as it meets nodes), the current session
+KEYS_RECORD = "secagg-keys"
+PEERS_RECORD = "secagg-peers"
+PAIRS_RECORD = "secagg-pairs"
 STATE_RECORD = "secagg-state"
 #: what reply transforms keep on the node between rounds (e.g. FedSubAvg's declared rows)
 STORE_RECORD = "secagg-store"
@@ -123,7 +128,7 @@ _COLLECT_KEYS = {
     "frac-bits", "public", "transform",
 }  # fmt: skip
 _UNMASK_KEYS = {"stage", "session", "round", "sources", "ciphertexts"}
-_PLAINTEXT = struct.Struct(">qqq32s")  # source, destination, session, parameters digest
+_PLAINTEXT = struct.Struct(">QQq32s")  # source, destination, session, parameters digest
 
 
 class SecureAggregationRefusedError(ValueError):
@@ -155,14 +160,48 @@ def _refuse(text: str) -> SecureAggregationRefusedError:
     return SecureAggregationRefusedError(f"secure aggregation refused: {text}")
 
 
-def _load(context: Context) -> dict[str, Any]:
-    if STATE_RECORD not in context.state.config_records:
-        return {}
-    return dict(context.state.config_records[STATE_RECORD])
+def _record(context: Context, name: str) -> dict[str, Any]:
+    """Return a ConfigRecord of the node's state as a dict ({} if absent)."""
+    return dict(context.state[name]) if name in context.state else {}
 
 
-def _save(context: Context, state: dict[str, Any]) -> None:
-    context.state.config_records[STATE_RECORD] = ConfigRecord(state)
+class _NodeState:
+    """The node's protocol state, read from and written back to its Context.
+
+    ``keys``: ``sk``, ``pk`` (PEM); ``peers``: node id -> the public key pinned for it;
+    ``pairs``: node id -> the pairwise key (Fernet key, also the pairwise masks' secret);
+    ``session``: ``session`` (int), ``stage`` ("", "collecting", "collected",
+    "unmasked", "refused"), ``neighbours``, ``digest``, ``own-share``.
+    """
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.keys = _record(context, KEYS_RECORD)
+        self.session = _record(context, STATE_RECORD) or {"session": 0, "stage": ""}
+        self._peers: dict[str, bytes] | None = None
+        self._pairs: dict[str, bytes] | None = None
+
+    @property
+    def peers(self) -> dict[str, bytes]:
+        if self._peers is None:
+            self._peers = _record(self.context, PEERS_RECORD)
+        return self._peers
+
+    @property
+    def pairs(self) -> dict[str, bytes]:
+        if self._pairs is None:
+            self._pairs = _record(self.context, PAIRS_RECORD)
+        return self._pairs
+
+    def save(self, keys: bool = False, peers: bool = False) -> None:
+        """Write the session (always) and, when they changed, the keys and peers back."""
+        state = self.context.state
+        state[STATE_RECORD] = ConfigRecord(self.session)
+        if keys:
+            state[KEYS_RECORD] = ConfigRecord(self.keys)
+        if peers:
+            state[PEERS_RECORD] = ConfigRecord(self.peers)
+            state[PAIRS_RECORD] = ConfigRecord(self.pairs)
 
 
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Message:
@@ -175,12 +214,12 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Me
     SecureAggregationRefusedError
         If the request breaks the protocol (parameters, stage order, consistency).
     """
-    if msg.has_error() or SECAGG_RECORD not in msg.content.config_records:
+    if msg.has_error() or not isinstance(msg.content.get(SECAGG_RECORD), ConfigRecord):
         return call_next(msg, context)
-    cfg = dict(msg.content.config_records[SECAGG_RECORD])
+    cfg = dict(msg.content[SECAGG_RECORD])
     stage = str(cfg.get("stage"))
     nid = int(msg.metadata.dst_node_id)
-    state = _load(context)
+    state = _NodeState(context)
     if stage == "setup":
         reply = _setup(state)
     elif stage == "collect":
@@ -189,26 +228,24 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Me
         try:
             reply = _unmask(nid, state, cfg)
         except SecureAggregationRefusedError:
-            if state.get("stage") == "collected":  # a lying server: the session is burnt
-                state["stage"] = "refused"
-                _save(context, state)
+            if state.session.get("stage") == "collected":  # a lying server: session burnt
+                state.session["stage"] = "refused"
+                state.save()
             raise
+        state.save()
         _drop_cache(context)
     else:
         raise _refuse(f"unknown stage {stage!r}")
-    _save(context, state)
     return Message(RecordDict({SECAGG_RECORD: ConfigRecord(reply)}), reply_to=msg)
 
 
-def _setup(state: dict[str, Any]) -> dict[str, Any]:
+def _setup(state: _NodeState) -> dict[str, Any]:
     """Make this node's key pair once per run (OS entropy); answer with the public key."""
-    if "sk" not in state:
+    if "sk" not in state.keys:
         sk, pk = generate_key_pairs()
-        state.update(
-            {"sk": private_key_to_bytes(sk), "pk": public_key_to_bytes(pk), "session": 0,
-             "stage": "", "peer-ids": [], "peer-pks": [], "pair-ids": [], "pair-keys": []}
-        )  # fmt: skip
-    return {"pk": state["pk"]}
+        state.keys = {"sk": private_key_to_bytes(sk), "pk": public_key_to_bytes(pk)}
+        state.save(keys=True)
+    return {"pk": state.keys["pk"]}
 
 
 def _ids(value: Any, what: str) -> list[int]:
@@ -230,18 +267,18 @@ def _int(cfg: dict[str, Any], key: str) -> int:
     return int(value)
 
 
-def _check_collect(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> None:
+def _check_collect(nid: int, state: _NodeState, cfg: dict[str, Any]) -> None:
     """Every check of a collect request before the handler runs (see the module docstring)."""
-    if "sk" not in state:
+    if "sk" not in state.keys:
         raise _refuse("this node has no keys for this run (setup missing or its state lost)")
     unknown = set(cfg) - _COLLECT_KEYS - {k for k in cfg if str(k).startswith("transform-")}
     if unknown:
         raise _refuse(f"unexpected fields {sorted(unknown)} in a collect request")
     session = _int(cfg, "session")
-    if session <= int(state["session"]):
+    if session <= int(state.session["session"]):
         raise _refuse(
             f"collect for session {session}, but this node already took part in session "
-            f"{state['session']} (a session is collected once; sessions only increase)"
+            f"{state.session['session']} (a session is collected once; sessions only increase)"
         )
     announced = _ids(cfg.get("announced"), "announced")
     neighbours = _ids(cfg.get("neighbours"), "neighbours")
@@ -272,12 +309,11 @@ def _check_collect(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> None
         raise _refuse("'keys' must hold one public key per neighbour")
     if len({bytes(k) for k in keys}) != len(keys):
         raise _refuse("two neighbours were given the same public key")
-    pinned = dict(zip(state["peer-ids"], state["peer-pks"], strict=True))
-    pinned[str(nid)] = state["pk"]
+    pinned = state.peers
     for node, key in zip(neighbours, keys, strict=True):
         if not isinstance(key, bytes):
             raise _refuse(f"the key of node {node} is not bytes")
-        known = pinned.get(str(node))
+        known = state.keys["pk"] if node == nid else pinned.get(str(node))
         if known is not None and known != key:
             raise _refuse(
                 f"node {node} is announced with another public key than the one this node "
@@ -293,27 +329,22 @@ def _check_collect(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> None
 
 
 def _pin_and_pair_keys(
-    nid: int, state: dict[str, Any], neighbours: list[int], keys: list[bytes]
-) -> dict[int, bytes]:
-    """Pin the neighbours' keys (first use) and return the pairwise keys (cached)."""
-    ids, pks = list(state["peer-ids"]), list(state["peer-pks"])
-    for node, key in zip(neighbours, keys, strict=True):
-        if node != nid and str(node) not in ids:
-            ids.append(str(node))
-            pks.append(bytes(key))
-    state["peer-ids"], state["peer-pks"] = ids, pks
-    cached = dict(zip(state["pair-ids"], state["pair-keys"], strict=True))
+    nid: int, state: _NodeState, neighbours: list[int], keys: list[bytes]
+) -> tuple[dict[int, bytes], bool]:
+    """Pin new neighbours' keys (first use); return the pairwise keys and whether any is new."""
     out: dict[int, bytes] = {}
     sk = None
+    new = False
     for node, key in zip(neighbours, keys, strict=True):
         if node == nid:
             continue
-        if str(node) not in cached:
-            sk = sk or cast(ec.EllipticCurvePrivateKey, bytes_to_private_key(state["sk"]))
-            cached[str(node)] = generate_shared_key(sk, bytes_to_public_key(bytes(key)))
-        out[node] = cached[str(node)]
-    state["pair-ids"], state["pair-keys"] = list(cached), list(cached.values())
-    return out
+        if str(node) not in state.pairs:
+            sk = sk or cast(ec.EllipticCurvePrivateKey, bytes_to_private_key(state.keys["sk"]))
+            state.peers[str(node)] = bytes(key)
+            state.pairs[str(node)] = generate_shared_key(sk, bytes_to_public_key(bytes(key)))
+            new = True
+        out[node] = state.pairs[str(node)]
+    return out, new
 
 
 def _content_digest(content: RecordDict) -> bytes:
@@ -340,29 +371,29 @@ def _collect(
     context: Context,
     call_next: Any,
     nid: int,
-    state: dict[str, Any],
+    state: _NodeState,
     cfg: dict[str, Any],
 ) -> Message:
     _check_collect(nid, state, cfg)
     session = int(cfg["session"])
     neighbours = [int(n) for n in cfg["neighbours"]]
-    pair = _pin_and_pair_keys(nid, state, neighbours, [bytes(k) for k in cfg["keys"]])
+    pair, new_peers = _pin_and_pair_keys(nid, state, neighbours, [bytes(k) for k in cfg["keys"]])
     public_keys = [str(k) for k in cfg.get("public", [])]
     # the session is spent from here on: a second collect for it is refused even if the
     # handler fails below
-    state.update({"session": session, "stage": "collecting"})
-    _save(context, state)
+    state.session = {"session": session, "stage": "collecting"}
+    state.save(peers=new_peers)
     content = RecordDict(
         {name: rec for name, rec in msg.content.items() if name != SECAGG_RECORD}
     )
     digest = _content_digest(content)
-    cached = context.state.config_records.get(CACHE_META_RECORD)
-    if cached is not None and bytes(cached["request"]) == digest:
+    cached = context.state.get(CACHE_META_RECORD)
+    if isinstance(cached, ConfigRecord) and bytes(cached["request"]) == digest:
         # a rerun of the request this node already answered (another node dropped out):
         # the same reply under fresh masks, the handler's side effects not repeated
-        vector = context.state.array_records[CACHE_RECORD]["encoded"].numpy().copy()
+        vector = context.state[CACHE_RECORD]["encoded"].numpy().copy()
         layout = [str(t) for t in cached["layout"]]
-        public = dict(context.state.config_records[CACHE_PUBLIC_RECORD])
+        public = dict(context.state[CACHE_PUBLIC_RECORD])
     else:
         msg.content = content
         out = call_next(msg, context)
@@ -372,11 +403,11 @@ def _collect(
         if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL plain mode)
             params = {k[len("transform-"):]: v for k, v in cfg.items()
                       if k.startswith("transform-")}  # fmt: skip
-            store = dict(context.state.config_records.get(STORE_RECORD, ConfigRecord()))
+            store = _record(context, STORE_RECORD)
             reply_content = apply_transform(
                 str(cfg["transform"]), content, out.content, params, store
             )
-            context.state.config_records[STORE_RECORD] = ConfigRecord(store)
+            context.state[STORE_RECORD] = ConfigRecord(store)
         entries = layout_of(reply_content, public_keys)
         vector = encode_reply(entries, int(cfg["frac-bits"]), len(cfg["announced"]))
         layout = [e.text() for e, _ in entries]
@@ -406,11 +437,11 @@ def _collect(
         plaintext = _PLAINTEXT.pack(nid, other, session, params) + seed_shares[idx]
         dsts.append(str(other))
         cts.append(encrypt(pair[other], plaintext))
-    state.update(
+    state.session.update(
         {"stage": "collected", "neighbours": [str(n) for n in neighbours], "digest": params,
          "own-share": own_share}
     )  # fmt: skip
-    _save(context, state)
+    state.save()
     reply = RecordDict(
         {
             SECAGG_RECORD: ConfigRecord(
@@ -424,8 +455,8 @@ def _collect(
     return Message(reply, reply_to=msg)
 
 
-def _unmask(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    if "sk" not in state:
+def _unmask(nid: int, state: _NodeState, cfg: dict[str, Any]) -> dict[str, Any]:
+    if "sk" not in state.keys:
         raise _refuse("this node has no keys for this run (setup missing or its state lost)")
     unknown = set(cfg) - _UNMASK_KEYS
     if unknown:
@@ -435,13 +466,14 @@ def _unmask(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[str, A
                     "with dropouts is rerun without them)")  # fmt: skip
         raise _refuse(f"unexpected fields {sorted(unknown)} in an unmask request{hint}")
     session = _int(cfg, "session")
-    if session != int(state["session"]) or state.get("stage") != "collected":
+    current = state.session
+    if session != int(current["session"]) or current.get("stage") != "collected":
         raise _refuse(
             f"unmask for session {session}, but this node's last session is "
-            f"{state['session']} ({state.get('stage') or 'nothing collected'}): a session is "
-            "unmasked once, only after its collect, and never after a later one began"
+            f"{current['session']} ({current.get('stage') or 'nothing collected'}): a session "
+            "is unmasked once, only after its collect, and never after a later one began"
         )
-    neighbours = [int(n) for n in state["neighbours"]]
+    neighbours = [int(n) for n in current["neighbours"]]
     sources = _ids(cfg.get("sources"), "sources")
     cts = cfg.get("ciphertexts")
     if not isinstance(cts, list) or len(cts) != len(sources):
@@ -455,7 +487,7 @@ def _unmask(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[str, A
         )
     if set(sources) != expected:
         raise _refuse(f"shares from nodes {sorted(set(sources) - expected)}, not neighbours")
-    pair = dict(zip(state["pair-ids"], state["pair-keys"], strict=True))
+    pair = state.pairs
     got: dict[int, bytes] = {}
     for src, ct in zip(sources, cts, strict=True):
         try:
@@ -470,14 +502,13 @@ def _unmask(nid: int, state: dict[str, Any], cfg: dict[str, Any]) -> dict[str, A
                 f"a share from {actual} to {dst} for session {their_session} relayed as from "
                 f"{src} to {nid} for session {session}"
             )
-        if digest != bytes(state["digest"]):
+        if digest != bytes(current["digest"]):
             raise _refuse(
                 f"node {src} was told another session (parameters or announced nodes) than "
                 "this node"
             )
         got[src] = plaintext[_PLAINTEXT.size :]
-    state["stage"] = "unmasked"  # spent: never answered again
     nodes = [str(nid)] + [str(n) for n in sorted(got)]
-    shares = [bytes(state["own-share"])] + [got[n] for n in sorted(got)]
-    state["own-share"] = b""
+    shares = [bytes(current["own-share"])] + [got[n] for n in sorted(got)]
+    current.update({"stage": "unmasked", "own-share": b""})  # spent: never answered again
     return {"nodes": nodes, "shares": shares}

@@ -703,9 +703,10 @@ def _unmask(
     seeds: dict[int, bytes] = {}
     asked: set[int] = set()
     distrusted: set[int] = set()
+    extra = dict.fromkeys(active, 0)  # shares beyond the threshold, to outvote a liar
     failed_before, bad_before = set(out.failed), out.bad
     while True:
-        need = {o: threshold - len(collected[o]) for o in active if o not in seeds}
+        need = {o: threshold + extra[o] - len(collected[o]) for o in active if o not in seeds}
         holders = _cover(owners, need, asked)
         if any(v > 0 for v in need.values()) and not holders:
             short = sorted(o for o, v in need.items() if v > 0)
@@ -733,12 +734,13 @@ def _unmask(
                     if owner not in seeds:
                         collected[owner][holder] = share
         for owner in active:
-            if owner in seeds or len(collected[owner]) < threshold:
+            if owner in seeds or len(collected[owner]) < threshold + extra[owner]:
                 continue
             seed, liars = _rebuild(owner, collected[owner], threshold, commitments[owner],
                                    session)  # fmt: skip
-            if seed is None:  # no subset passes: distrust every holder beyond the threshold
-                liars = set(collected[owner])
+            if seed is None:  # no subset of these shares passes: ask one more holder
+                extra[owner] += 1
+                continue
             for liar in liars - distrusted:
                 distrusted.add(liar)
                 out.unmask_rejected[liar] = (
