@@ -2,11 +2,14 @@
 
 FedSM on MovieLens-1M (Algorithm 1, k rounds) and MaxFL on Fashion-MNIST (a few rounds)
 run with ``flwr run`` on Flower's simulation engine (Ray) with 10 and 100 SuperNodes, each
-plain and with ``secure-aggregation = true``, one after the other in one invocation. From
-each run's ``metrics.jsonl``: rounds, bytes up and down per round (the protocol's four
-stages included), messages per round, median round time, SecAgg's setup (key exchange)
-and unmask times; the FedSM runs' selected sets and the MaxFL runs' final accuracy are
-compared (equal sets: the integer marginal gains are summed exactly).
+plain and with ``secure-aggregation = true``, alternating ``--repeats`` times in one
+invocation (plain, secure, plain, secure, ...: a machine whose load drifts affects both
+alike). From each run's ``metrics.jsonl``: rounds, bytes up and down per round (every stage
+of the protocol included), messages per round, round time (median over the rounds of all
+repeats), SecAgg's key setup (first round only: keys are agreed once per run) and unmask
+times, sessions per round (more than 1 after a dropout); the FedSM runs' selected sets and
+the MaxFL runs' final accuracy are compared (equal sets: the integer marginal gains are
+summed exactly).
 
 Example (the numbers in docs/privacy.md)::
 
@@ -41,8 +44,11 @@ def _rows(folder: Path) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
 
 
-def _measure(sim: LocalSimulation, job: str, nodes: int, secure: bool, data_dir: str) -> dict:
-    cfg = {**JOBS[job], "data-dir": data_dir, "seed": 1, "run-name": f"{job}-{nodes}-{secure}"}
+def _measure(
+    sim: LocalSimulation, job: str, nodes: int, secure: bool, data_dir: str, repeat: int = 0
+) -> dict:
+    name = f"{job}-{nodes}-{secure}-{repeat}"
+    cfg = {**JOBS[job], "data-dir": data_dir, "seed": 1, "run-name": name}
     if secure:
         cfg["secure-aggregation"] = True
     started = time.perf_counter()
@@ -65,10 +71,11 @@ def _measure(sim: LocalSimulation, job: str, nodes: int, secure: bool, data_dir:
         "bytes-up-per-round": per_round("bytes-up"),
         "bytes-down-per-round": down,
         "messages-per-round": per_round("secagg-messages") if secure else 2 * per_round("nodes"),
+        "round-times": [float(r["round-time"]) for r in rows],
         "round-time-median": statistics.median(float(r["round-time"]) for r in rows),
-        "secagg-setup-time-median": (
-            statistics.median(float(r["secagg-setup-time"]) for r in rows) if secure else 0.0
-        ),
+        "secagg-setup-time-first-round": float(rows[0].get("secagg-setup-time", 0.0)),
+        "secagg-sessions-per-round": per_round("secagg-sessions") if secure else 0.0,
+        "secagg-unmask-nodes-per-round": per_round("secagg-unmask-nodes") if secure else 0.0,
         "secagg-unmask-time-median": (
             statistics.median(float(r["secagg-unmask-time"]) for r in rows) if secure else 0.0
         ),
@@ -87,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default="", help="holds ml-1m/ and fashion-mnist/")
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="plain/secure pairs per job and size, alternating (default 3)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     results = []
@@ -98,16 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         sim = LocalSimulation(Path(tmp) / "home", Path(tmp) / "runs")
         for job in [] if args.table_only else args.jobs:
             for nodes in args.nodes:
-                for secure in (False, True):
-                    res = _measure(sim, job, nodes, secure, args.data_dir)
-                    results.append(res)
-                    print(json.dumps({k: v for k, v in res.items() if k != "final"}), flush=True)
+                runs: dict[bool, list[dict]] = {False: [], True: []}
+                for repeat in range(args.repeats):
+                    for secure in (False, True):
+                        res = _measure(sim, job, nodes, secure, args.data_dir, repeat)
+                        runs[secure].append(res)
+                        shown = {k: v for k, v in res.items() if k not in ("final", "round-times")}
+                        print(json.dumps(shown), flush=True)
+                results += [_pool(runs[False]), _pool(runs[True])]
     for job in args.jobs:
         for nodes in args.nodes:
             plain, secure = (r for r in results if r["job"] == job and r["nodes"] == nodes)
             secure["same-selected-as-plain"] = (
-                secure["selected"] == plain["selected"] if plain["selected"] else None
-            )
+                all(sel == plain["selected"] for sel in secure.get("selected-per-repeat",
+                                                                   [secure["selected"]]))
+                if plain["selected"] else None
+            )  # fmt: skip
             if plain.get("final") and secure.get("final"):
                 secure["seen-acc"] = secure["final"].get("seen-acc")
                 secure["plain-seen-acc"] = plain["final"].get("seen-acc")
@@ -120,10 +135,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge the repeats of one configuration: round times pooled, the rest averaged."""
+    out = dict(runs[-1])
+    times = [t for r in runs for t in r["round-times"]]
+    out.update(
+        {
+            "repeats": len(runs),
+            "round-times": times,
+            "round-time-median": statistics.median(times),
+            "round-time-median-per-repeat": [r["round-time-median"] for r in runs],
+            "same-result-across-repeats": all(
+                r["selected"] == runs[0]["selected"] and r["final"] == runs[0]["final"]
+                for r in runs
+            ) if not runs[0]["secure-aggregation"] else None,
+        }
+    )
+    for key in ("bytes-up-per-round", "bytes-down-per-round", "messages-per-round",
+                "secagg-unmask-time-median", "secagg-setup-time-first-round",
+                "secagg-sessions-per-round", "secagg-unmask-nodes-per-round", "run-wall-time"):
+        out[key] = statistics.mean(float(r[key]) for r in runs)
+    if runs[0]["secure-aggregation"]:
+        out["selected-per-repeat"] = [r["selected"] for r in runs]
+    return out
+
+
 def _table(results: list[dict[str, Any]]) -> str:
     head = (
         "| job | nodes | SecAgg | rounds | bytes up / round | bytes down / round | "
-        "messages / round | round time (median) | SecAgg keys / unmask | time × | same result |\n"
+        "messages / round | round time (median) | SecAgg keys (round 1) / unmask | time × | "
+        "same result |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
@@ -136,8 +177,9 @@ def _table(results: list[dict[str, Any]]) -> str:
             f"{r['rounds']} | {r['bytes-up-per-round']:,.0f} | {r['bytes-down-per-round']:,.0f} | "
             f"{r['messages-per-round']:.0f} | {r['round-time-median']:.2f} s | "
             + (
-                f"{r['secagg-setup-time-median']:.2f} s / {r['secagg-unmask-time-median']:.2f} s | "
-                f"{r['round-time-ratio']:.1f} | {'-' if same is None else same} |"
+                f"{r['secagg-setup-time-first-round']:.2f} s / "
+                f"{r['secagg-unmask-time-median']:.2f} s | "
+                f"{r['round-time-ratio']:.2f} | {'-' if same is None else same} |"
                 if r["secure-aggregation"]
                 else "- | 1.0 | - |"
             )

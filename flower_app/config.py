@@ -184,7 +184,12 @@ class AppConfig:
                 "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
                 "same 'output-dir'): the run folder holds its checkpoint"
             )
-        return cls(**common, extra=extra)
+        out = cls(**common, extra=extra)
+        try:
+            out.secure  # noqa: B018 - the settings' own checks, before Flower starts
+        except ValueError as err:
+            raise ConfigError(f"run_config secure aggregation (secagg-*): {err}") from err
+        return out
 
     @property
     def secure(self) -> SecureAggregation | None:

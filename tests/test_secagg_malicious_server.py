@@ -120,6 +120,7 @@ class Session:
     inbox: dict[int, list[tuple[str, bytes]]] = field(default_factory=dict)
     commitments: dict[int, bytes] = field(default_factory=dict)
     revealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    own_seeds: dict[int, bytes] = field(default_factory=dict)
     refusals: dict[int, str] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
 
@@ -168,16 +169,23 @@ def unmask(fed: Federation, s: Session, holder: int, drop: tuple[int, ...] = (),
         return False
     for owner, share in zip(rec["nodes"], rec["shares"], strict=True):
         s.revealed.setdefault(int(owner), {})[holder] = bytes(share)
+    s.own_seeds[holder] = bytes(rec["seed"])
     return True
 
 
 def seeds_of(s: Session) -> dict[int, bytes]:
-    """Every seed the server can rebuild from the shares it was given (memoised)."""
+    """Every seed the server was given or can rebuild from the shares (memoised)."""
     key = sum(len(v) for v in s.revealed.values())
     if s.cache.get("key") == key:
         return s.cache["seeds"]
-    out = {}
+    out = {
+        node: seed
+        for node, seed in s.own_seeds.items()
+        if seed_commitment(seed, node, s.session) == s.commitments.get(node)
+    }
     for owner, shares in s.revealed.items():
+        if owner in out:
+            continue
         for subset in itertools.combinations(sorted(shares), s.threshold):
             seed = combine_seed([shares[h] for h in subset])
             if seed_commitment(seed, owner, s.session) == s.commitments.get(owner):
@@ -469,6 +477,8 @@ def _tamper_unmask(victim: int, how: str):
             )
         elif how == "lying-share":  # well-formed, wrong value: caught by the commitment
             shares = [s[:2] + bytes(b ^ 0xFF for b in s[2:]) for s in shares]
+        elif how == "lying-seed":  # its own seed wrong: rebuilt from the others' shares
+            rec["seed"] = bytes(16)
         elif how == "not-a-list":
             shares = b"x"
         rec["nodes"], rec["shares"] = nodes, shares
@@ -478,7 +488,9 @@ def _tamper_unmask(victim: int, how: str):
 
 
 @pytest.mark.parametrize(
-    "how", ["duplicate", "wrong-kind", "malformed", "wrong-index", "lying-share", "not-a-list"]
+    "how",
+    ["duplicate", "wrong-kind", "malformed", "wrong-index", "lying-share", "lying-seed",
+     "not-a-list"],  # fmt: skip
 )
 def test_bad_unmask_replies_are_left_out_and_the_round_goes_on(how: str) -> None:
     grid = LocalGrid(6, {}, app=_grid_app())
@@ -495,8 +507,10 @@ def test_bad_unmask_replies_are_left_out_and_the_round_goes_on(how: str) -> None
 
 
 def test_too_few_valid_shares_fail_the_round() -> None:
+    """Threshold 4 of 4: a node whose own seed is wrong has its whole reply left out, and
+    its seed has only three shares left."""
     grid = LocalGrid(4, {}, app=_grid_app())
-    grid.tamper = _tamper_unmask(1000, "lying-share")
+    grid.tamper = _tamper_unmask(1000, "lying-seed")
     out = _round(grid, KeyBook(), SecureAggregation(reconstruction_threshold=4))
     assert out.content is None and "than the threshold 4" in next(iter(out.failed.values()))
 

@@ -30,7 +30,8 @@ stage        request ``"secagg"``                         reply
              and ``transform-*``
 ``unmask``   ``session``, ``sources`` (str ids: every     ``"secagg"``: ``nodes`` (str ids),
              neighbour but this node), ``ciphertexts``    ``shares`` (bytes): this node's
-             (what each of them sent this node)           share of each neighbour's seed
+             (what each of them sent this node)           share of each neighbour's seed;
+                                                          ``seed``: its own seed
 ===========  ===========================================  ===================================
 
 What the node enforces (each refusal is an exception, which Flower returns to the server
@@ -50,7 +51,9 @@ as an error reply naming the reason):
   of this session's parameters and announced set). The server cannot forge one: a session
   in which some announced node did not submit, or in which two neighbours were told
   different things, is never unmasked (the server reruns it without the missing nodes);
-* **what is revealed** — only shares of the session's fresh self-mask seeds. Private keys
+* **what is revealed** — only the session's fresh self-mask seeds: its own, and its shares
+  of its neighbours' (the server rebuilds the seed of a node that fails to answer from t of
+  them; revealing its own seed tells the server nothing the shares would not). Private keys
   are never shared, so there is no key share to ask for (a request naming dropped nodes is
   refused), and no seed of another session.
 
@@ -171,7 +174,7 @@ class _NodeState:
     ``keys``: ``sk``, ``pk`` (PEM); ``peers``: node id -> the public key pinned for it;
     ``pairs``: node id -> the pairwise key (Fernet key, also the pairwise masks' secret);
     ``session``: ``session`` (int), ``stage`` ("", "collecting", "collected",
-    "unmasked", "refused"), ``neighbours``, ``digest``, ``own-share``.
+    "unmasked", "refused"), ``neighbours``, ``digest``, ``own-seed``, ``own-share``.
     """
 
     def __init__(self, context: Context) -> None:
@@ -439,7 +442,7 @@ def _collect(
         cts.append(encrypt(pair[other], plaintext))
     state.session.update(
         {"stage": "collected", "neighbours": [str(n) for n in neighbours], "digest": params,
-         "own-share": own_share}
+         "own-seed": seed, "own-share": own_share}
     )  # fmt: skip
     state.save()
     reply = RecordDict(
@@ -510,5 +513,7 @@ def _unmask(nid: int, state: _NodeState, cfg: dict[str, Any]) -> dict[str, Any]:
         got[src] = plaintext[_PLAINTEXT.size :]
     nodes = [str(nid)] + [str(n) for n in sorted(got)]
     shares = [bytes(current["own-share"])] + [got[n] for n in sorted(got)]
-    current.update({"stage": "unmasked", "own-share": b""})  # spent: never answered again
-    return {"nodes": nodes, "shares": shares}
+    seed = bytes(current["own-seed"])
+    # spent: never answered again
+    current.update({"stage": "unmasked", "own-seed": b"", "own-share": b""})
+    return {"nodes": nodes, "shares": shares, "seed": seed}

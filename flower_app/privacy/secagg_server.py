@@ -17,10 +17,11 @@ SecAgg+'s double masking (Bell et al., CCS 2020) in a form that a lying server c
    encrypts each share to its owner under the pair key (Fernet) together with the session
    and a digest of the session's parameters and announced set, and sends the masked
    vector, the ciphertexts and a SHA-256 commitment to the seed.
-3. ``unmask``: only if **every** node of U submitted. Each neighbour gets the ciphertexts
-   addressed to it and returns its shares of the seeds; with t shares per seed (checked
-   against the commitment) the server removes every self mask; the pairwise masks cancel
-   in the sum, and the sum is decoded.
+3. ``unmask``: only if **every** node of U submitted. Each node asked gets the ciphertexts
+   addressed to it and returns its own seed and its shares of its neighbours' seeds; the
+   seed of a node that was not asked (or did not answer) is rebuilt from t shares; every
+   seed is checked against its commitment. The server removes every self mask; the
+   pairwise masks cancel in the sum, and the sum is decoded.
 
 Dropouts. A node that fails before or during ``collect`` (or whose reply is malformed) is
 left out and the session is **rerun** without it (a new session: fresh seeds, fresh masks;
@@ -35,7 +36,8 @@ about who dropped out exploits, so it is not used here: no private key is ever s
 
 Costs. Keys are agreed once per run (``setup`` only for nodes not seen before), so a round
 is two exchanges: ``collect`` (the round's own, carrying the masked reply) and ``unmask``,
-which goes only to as many nodes as needed to hold t shares of every seed.
+which goes only to as many nodes as needed to hold t shares of the seeds of the others
+(each asked node also sends its own seed, which spares the server rebuilding it).
 
 What the server learns: the sum over the session's nodes of every reply entry (every
 array and every metric except the ``public`` ones, which the strategy names: values that
@@ -109,7 +111,7 @@ from flower_app.privacy.secagg_client import (
     SECAGG_RECORD,
     minimum_threshold,
 )
-from flower_app.privacy.shares import combine_seed, seed_commitment, share_index
+from flower_app.privacy.shares import SEED_BYTES, combine_seed, seed_commitment, share_index
 
 __all__ = ["KeyBook", "SecureAggregation", "SecureSum", "key_book", "secure_sum"]
 
@@ -422,7 +424,11 @@ def _check_collect_reply(
 
 
 def _cover(owners: dict[int, list[int]], need: dict[int, int], exclude: set[int]) -> list[int]:
-    """Pick holders so that every owner with ``need`` > 0 gets that many more shares."""
+    """Pick nodes to ask so that every owner with ``need`` > 0 is served.
+
+    An asked node sends its own seed (its need is met) and one share of each of its
+    neighbours' seeds (their need drops by one). Greedy: the node serving most owners first.
+    """
     holders: dict[int, set[int]] = {}
     for owner, around in owners.items():
         if need.get(owner, 0) > 0:
@@ -438,6 +444,7 @@ def _cover(owners: dict[int, list[int]], need: dict[int, int], exclude: set[int]
         picked.append(best)
         for o in holders.pop(best):
             need[o] -= 1
+        need[best] = 0
     return picked
 
 
@@ -446,6 +453,9 @@ def _accept_unmask_reply(
 ) -> tuple[dict[int, bytes] | None, str]:
     """Return the holder's shares by owner, or None and why they are all left out."""
     rec = content[SECAGG_RECORD]
+    seed = rec.get("seed")
+    if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
+        return None, "malformed reply (no seed of its own)"
     nodes, shares = rec.get("nodes"), rec.get("shares")
     if not isinstance(nodes, list) or not isinstance(shares, list) or len(nodes) != len(shares):
         return None, "malformed reply (nodes and shares lists of equal length expected)"
@@ -729,6 +739,12 @@ def _unmask(
                 accepted, why = _accept_unmask_reply(holder, content, ring, threshold)
                 if accepted is None:
                     out.unmask_rejected[holder] = why
+                    continue
+                own = bytes(content[SECAGG_RECORD]["seed"])
+                if seed_commitment(own, holder, session) == commitments[holder]:
+                    seeds[holder] = own
+                else:  # its own seed is wrong: every share it sent is suspect too
+                    out.unmask_rejected[holder] = "its own seed fails its commitment"
                     continue
                 for owner, share in accepted.items():
                     if owner not in seeds:
