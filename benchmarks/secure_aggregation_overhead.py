@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,9 +52,11 @@ def _measure(
     cfg = {**JOBS[job], "data-dir": data_dir, "seed": 1, "run-name": name}
     if secure:
         cfg["secure-aggregation"] = True
+    load_before = os.getloadavg()[0]
     started = time.perf_counter()
     run = sim.run(cfg, num_supernodes=nodes)
     wall = time.perf_counter() - started
+    load_after = os.getloadavg()[0]
     if run.status != "finished:completed":
         raise RuntimeError(f"{job} nodes={nodes} secure={secure} failed:\n{run.output[-3000:]}")
     rows = _rows(run.folder)
@@ -80,6 +83,7 @@ def _measure(
             statistics.median(float(r["secagg-unmask-time"]) for r in rows) if secure else 0.0
         ),
         "run-wall-time": wall,
+        "load-average-1min": [load_before, load_after],  # the machine is shared: context
         "selected": summary.get("selected"),
         "ratio-to-greedy": summary.get("ratio-to-greedy"),
         "final": summary.get("final"),
@@ -155,6 +159,7 @@ def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "secagg-unmask-time-median", "secagg-setup-time-first-round",
                 "secagg-sessions-per-round", "secagg-unmask-nodes-per-round", "run-wall-time"):
         out[key] = statistics.mean(float(r[key]) for r in runs)
+    out["load-average-1min"] = [r["load-average-1min"] for r in runs]
     if runs[0]["secure-aggregation"]:
         out["selected-per-repeat"] = [r["selected"] for r in runs]
     return out

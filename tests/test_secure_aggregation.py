@@ -635,3 +635,32 @@ def test_every_runner_honours_secure_aggregation_in_run_config(tmp_path, run_con
     rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
     assert rows and all(r["secagg-nodes"] >= 2 for r in rows)
     assert json.loads((tmp_path / "r" / "config.json").read_text())["secure-aggregation"]
+
+
+@pytest.mark.parametrize(
+    "run_config",
+    [
+        {"algorithm": "fedsm", "num-users": 40, "num-elements": 30, "k": 2},
+        {"algorithm": "fedcg", "num-users": 40, "num-elements": 30, "k": 2, "fedcg-rounds": 2},
+        {**MAXFL_SMALL, "maxfl-rounds": 2, "maxfl-solo-steps": 5, "maxfl-local-steps": 2},
+        {"algorithm": "fedsubavg", "dataset": "synthetic-movielens-rating", "num-users": 30,
+         "num-elements": 20, "fsa-rounds": 2},
+    ],
+    ids=lambda c: c["algorithm"],
+)  # fmt: skip
+def test_cohort_rounds_with_users_on_one_node_are_summed_with_idle_nodes(tmp_path, run_config):
+    """One sampled user per round sits on one node: the other nodes join with no users
+    (zero replies) so the round is a secure sum of 3 nodes instead of a refused one."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.registry import load_runner
+
+    full = {**run_config, "clients-per-round": 1, "secure-aggregation": True,
+            "output-dir": str(tmp_path), "run-name": "r", "seed": 3}  # fmt: skip
+    cfg = AppConfig.from_run_config(full)
+    load_runner(cfg.algorithm).server_run(LocalGrid(3, full), cfg)
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
+    assert rows and all(r["secagg-nodes"] == 3 and r["bad-replies"] == 0 for r in rows)
+    assert all(r.get("users", r.get("clients")) == 1 for r in rows)

@@ -39,6 +39,19 @@ is two exchanges: ``collect`` (the round's own, carrying the masked reply) and `
 which goes only to as many nodes as needed to hold t shares of the seeds of the others
 (each asked node also sends its own seed, which spares the server rebuilding it).
 
+Freshness. Every secret that protects one session is fresh for it and cannot be obtained
+from anything revealed in another: the self-mask seed is 16 bytes of OS entropy drawn for
+the session, revealed (by its owner or through t of its shares) only in that session's
+``unmask``, and bound to it by the commitment, which includes the session; the pairwise
+masks are AES-CTR streams keyed by HKDF(pair key, "pair|<session>"), so the masks of
+different sessions are independent outputs of a pseudo-random function whose key (the
+pairwise key) is never revealed — revealed seeds of other sessions say nothing about them;
+the shares travel encrypted under the pairwise key with the session inside, so a share of
+one session replayed into another is refused. Nothing long-lived is ever revealed (there
+is no key share), so no node has to make new keys after a round, whoever dropped out.
+(Tested in ``tests/test_secagg_malicious_server.py``: seeds and commitments never repeat,
+no seed opens another session's vector, keys never appear in a message, replays refused.)
+
 What the server learns: the sum over the session's nodes of every reply entry (every
 array and every metric except the ``public`` ones, which the strategy names: values that
 must agree, such as FedSM's ``num-elements``), the layout (record names, keys, shapes), who
