@@ -69,7 +69,7 @@ def _true_reply(node: int) -> RecordDict:
 class Federation:
     """n nodes: a real ClientApp with the mod, one real Context each; calls in process."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, node_config: Any = None) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.nodes = list(range(5000, 5000 + n))
         self.calls: Counter[int] = Counter()
@@ -81,10 +81,12 @@ class Federation:
             return Message(_true_reply(int(context.node_id)), reply_to=msg)
 
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
-            for nid in self.nodes
+            nid: Context(run_id=1, node_id=nid, state=RecordDict(), run_config={},
+                         node_config=node_config(i) if node_config else {})  # fmt: skip
+            for i, nid in enumerate(self.nodes)
         }
         self.keys: dict[int, bytes] = {}
+        self.setup_replies: dict[int, dict[str, Any]] = {}
         self.session = 100
 
     def call(self, node: int, stage: dict[str, Any], train: bool = False) -> RecordDict:
@@ -97,7 +99,9 @@ class Federation:
 
     def setup(self) -> None:
         for node in self.nodes:
-            self.keys[node] = bytes(self.call(node, {"stage": "setup"})[SECAGG_RECORD]["pk"])
+            rec = dict(self.call(node, {"stage": "setup"})[SECAGG_RECORD])
+            self.setup_replies[node] = rec
+            self.keys[node] = bytes(rec["pk"])
 
     def encoded(self, node: int, n: int) -> np.ndarray:
         return encode_reply(layout_of(_true_reply(node)), FRAC, n)
@@ -680,3 +684,83 @@ def test_cohort_mode_with_both_sampled_users_on_one_node_finishes() -> None:
     secure, rows = run(SecureAggregation(), 0)
     assert secure.run.selected == plain.run.selected
     assert all(r["secagg-nodes"] == 3 and r["users"] == 2 for r in rows)
+
+
+def test_keys_endorsed_by_trusted_identities_refuse_substituted_and_invented_nodes(
+    tmp_path,
+) -> None:
+    """With ``secagg-identity-key`` and ``secagg-trusted-keys`` in the node_config (set by
+    the nodes' operators), a run key must be signed by a trusted identity for this run and
+    node id: a substituted key, an invented node, a genuine key moved to another node id,
+    or a request without endorsements are refused; an honest session runs as before."""
+    from flwr.supercore.primitives.asymmetric import (
+        generate_key_pairs,
+        private_key_to_bytes,
+        public_key_to_bytes,
+        sign_message,
+    )
+
+    from flower_app.privacy.secagg_client import (
+        IDENTITY_KEY,
+        TRUSTED_KEYS,
+        endorsement_message,
+    )
+
+    n = 5
+    bundle = b""
+    for i in range(n):
+        sk, pk = generate_key_pairs()
+        (tmp_path / f"node{i}.key").write_bytes(private_key_to_bytes(sk))
+        bundle += public_key_to_bytes(pk)
+    (tmp_path / "trusted.pem").write_bytes(bundle)
+
+    def node_config(i: int) -> dict:
+        return {IDENTITY_KEY: str(tmp_path / f"node{i}.key"),
+                TRUSTED_KEYS: str(tmp_path / "trusted.pem")}  # fmt: skip
+
+    fed = Federation(n, node_config)
+    fed.setup()
+    ident = {v: (fed.setup_replies[v]["identity"], fed.setup_replies[v]["endorsement"])
+             for v in fed.nodes}  # fmt: skip
+
+    def endorsed(s: Session, node: int, keys=None, ids=None) -> dict[str, Any]:
+        keys = keys or {v: fed.keys[v] for v in s.ring[node]}
+        ids = ids or ident
+        return collect_stage(fed, s, node, keys=[keys[v] for v in s.ring[node]],
+                             identities=[ids[v][0] for v in s.ring[node]],
+                             endorsements=[ids[v][1] for v in s.ring[node]])  # fmt: skip
+
+    k, t = SecureAggregation().plan(n)
+    s = Session(fed.session + 1, fed.nodes, _neighbours(fed.nodes, k, random.Random(0)), t)
+    a, b, c = fed.nodes[:3]
+    # a request without endorsements
+    refused(fed, a, collect_stage(fed, s, a), "trusts only endorsed keys", train=True)
+    # B's run key replaced by one the server made (B's identity and signature kept)
+    _, fake = generate_key_pairs()
+    keys = {v: fed.keys[v] for v in fed.nodes} | {b: public_key_to_bytes(fake)}
+    refused(fed, a, endorsed(s, a, keys=keys), "not endorsed by the identity", train=True)
+    # an invented node: the server's own key, endorsed by the server's own identity
+    server_id, server_pk = generate_key_pairs()
+    message = endorsement_message(1, b, public_key_to_bytes(fake))
+    ids = dict(ident) | {b: (public_key_to_bytes(server_pk), sign_message(server_id, message))}
+    refused(fed, a, endorsed(s, a, keys=keys, ids=ids), "identity this node trusts",
+            train=True)  # fmt: skip
+    # genuine keys and endorsements moved to other node ids (B's as C's and C's as B's)
+    keys = {v: fed.keys[v] for v in fed.nodes} | {c: fed.keys[b], b: fed.keys[c]}
+    ids = dict(ident) | {c: ident[b], b: ident[c]}
+    refused(fed, a, endorsed(s, a, keys=keys, ids=ids), "not endorsed by the identity",
+            train=True)  # fmt: skip
+    assert fed.calls[a] == 0
+    # the honest session
+    fed.session = s.session
+    s.inbox = {v: [] for v in fed.nodes}
+    for node in fed.nodes:
+        rec = fed.call(node, endorsed(s, node), train=True)
+        s.vectors[node] = rec["secagg-vector"]["masked"].numpy().copy()
+        s.commitments[node] = bytes(rec[SECAGG_RECORD]["commitment"])
+        for dst, ct in zip(rec[SECAGG_RECORD]["destinations"],
+                           rec[SECAGG_RECORD]["ciphertexts"], strict=True):  # fmt: skip
+            s.inbox[int(dst)].append((str(node), bytes(ct)))
+    for node in fed.nodes:
+        assert unmask(fed, s, node)
+    assert set(seeds_of(s)) == set(fed.nodes)

@@ -93,6 +93,8 @@ from flwr.supercore.primitives.asymmetric import (
     generate_key_pairs,
     private_key_to_bytes,
     public_key_to_bytes,
+    sign_message,
+    verify_signature,
 )
 
 from flower_app.privacy.fixed_point import encode_reply, layout_of, mask_stream
@@ -114,6 +116,7 @@ SECAGG_RECORD = "secagg"
 KEYS_RECORD = "secagg-keys"
 PEERS_RECORD = "secagg-peers"
 PAIRS_RECORD = "secagg-pairs"
+IDENTITIES_RECORD = "secagg-identities"
 STATE_RECORD = "secagg-state"
 #: what reply transforms keep on the node between rounds (e.g. FedSubAvg's declared rows)
 STORE_RECORD = "secagg-store"
@@ -128,8 +131,11 @@ MIN_THRESHOLD = 2
 
 _COLLECT_KEYS = {
     "stage", "session", "round", "announced", "neighbours", "keys", "shares", "threshold",
-    "frac-bits", "public", "transform",
+    "frac-bits", "public", "transform", "identities", "endorsements",
 }  # fmt: skip
+#: node_config keys (set by the node's operator; the server cannot change them)
+IDENTITY_KEY = "secagg-identity-key"
+TRUSTED_KEYS = "secagg-trusted-keys"
 _UNMASK_KEYS = {"stage", "session", "round", "sources", "ciphertexts"}
 _PLAINTEXT = struct.Struct(">QQq32s")  # source, destination, session, parameters digest
 
@@ -183,6 +189,7 @@ class _NodeState:
         self.session = _record(context, STATE_RECORD) or {"session": 0, "stage": ""}
         self._peers: dict[str, bytes] | None = None
         self._pairs: dict[str, bytes] | None = None
+        self._identities: dict[bytes, str] | None = None
 
     @property
     def peers(self) -> dict[str, bytes]:
@@ -196,6 +203,14 @@ class _NodeState:
             self._pairs = _record(self.context, PAIRS_RECORD)
         return self._pairs
 
+    @property
+    def identities(self) -> dict[bytes, str]:
+        """Identity (canonical PEM) -> the node id it endorsed (``secagg-trusted-keys``)."""
+        if self._identities is None:
+            record = _record(self.context, IDENTITIES_RECORD)
+            self._identities = {bytes(v): k for k, v in record.items()}
+        return self._identities
+
     def save(self, keys: bool = False, peers: bool = False) -> None:
         """Write the session (always) and, when they changed, the keys and peers back."""
         state = self.context.state
@@ -205,6 +220,10 @@ class _NodeState:
         if peers:
             state[PEERS_RECORD] = ConfigRecord(self.peers)
             state[PAIRS_RECORD] = ConfigRecord(self.pairs)
+            if self._identities:
+                state[IDENTITIES_RECORD] = ConfigRecord(
+                    {node: identity for identity, node in self._identities.items()}
+                )
 
 
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Message:
@@ -224,7 +243,7 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Me
     nid = int(msg.metadata.dst_node_id)
     state = _NodeState(context)
     if stage == "setup":
-        reply = _setup(state)
+        reply = _setup(context, nid, state)
     elif stage == "collect":
         return _collect(msg, context, call_next, nid, state, cfg)
     elif stage == "unmask":
@@ -242,13 +261,62 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Me
     return Message(RecordDict({SECAGG_RECORD: ConfigRecord(reply)}), reply_to=msg)
 
 
-def _setup(state: _NodeState) -> dict[str, Any]:
-    """Make this node's key pair once per run (OS entropy); answer with the public key."""
+def endorsement_message(run_id: int, node: int, key: bytes) -> bytes:
+    """Return what a node's identity key signs: its run key for this run and node id."""
+    return b"flower_app secagg run key v1|%d|%d|" % (int(run_id), int(node)) + bytes(key)
+
+
+def _read_pem(path: Any, what: str) -> bytes:
+    try:
+        with open(str(path), "rb") as handle:
+            return handle.read()
+    except OSError as err:
+        raise _refuse(f"node_config '{what}' = {path!r} cannot be read ({err})") from None
+
+
+def _trusted_identities(context: Context) -> set[bytes] | None:
+    """Return the identities this node's operator trusts (``secagg-trusted-keys``), or None."""
+    path = context.node_config.get(TRUSTED_KEYS)
+    if not path:
+        return None
+    text = _read_pem(path, TRUSTED_KEYS)
+    blocks = [b"-----BEGIN PUBLIC KEY-----" + part for part in
+              text.split(b"-----BEGIN PUBLIC KEY-----")[1:]]  # fmt: skip
+    out: set[bytes] = set()
+    for block in blocks:
+        try:
+            out.add(public_key_to_bytes(bytes_to_public_key(block.strip() + b"\n")))
+        except (ValueError, TypeError):
+            raise _refuse(f"'{TRUSTED_KEYS}' holds a block that is not a PEM public key") from None
+    if not out:
+        raise _refuse(f"'{TRUSTED_KEYS}' = {path!r} holds no PEM public key")
+    return out
+
+
+def _setup(context: Context, nid: int, state: _NodeState) -> dict[str, Any]:
+    """Make this node's key pair once per run (OS entropy); answer with the public key.
+
+    With ``secagg-identity-key`` in the node_config, the reply also carries the identity's
+    public key and its signature over (run, node id, run key), so that nodes trusting the
+    identity can tell this node's run key from one the server made up.
+    """
     if "sk" not in state.keys:
         sk, pk = generate_key_pairs()
         state.keys = {"sk": private_key_to_bytes(sk), "pk": public_key_to_bytes(pk)}
+        path = context.node_config.get(IDENTITY_KEY)
+        if path:
+            try:
+                identity = bytes_to_private_key(_read_pem(path, IDENTITY_KEY))
+            except (ValueError, TypeError):
+                raise _refuse(f"'{IDENTITY_KEY}' = {path!r} is not a PEM private key") from None
+            message = endorsement_message(context.run_id, nid, state.keys["pk"])
+            state.keys["identity"] = public_key_to_bytes(identity.public_key())
+            state.keys["endorsement"] = sign_message(identity, message)
         state.save(keys=True)
-    return {"pk": state.keys["pk"]}
+    reply = {"pk": state.keys["pk"]}
+    if "identity" in state.keys:
+        reply.update(identity=state.keys["identity"], endorsement=state.keys["endorsement"])
+    return reply
 
 
 def _ids(value: Any, what: str) -> list[int]:
@@ -268,6 +336,44 @@ def _int(cfg: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(f"'{key}' must be an int, got {value!r}")
     return int(value)
+
+
+def _check_identities(
+    context: Context, nid: int, state: _NodeState, cfg: dict[str, Any], new: list[int]
+) -> None:
+    """Check new neighbours' run keys against the identities this node trusts.
+
+    With ``secagg-trusted-keys``: every new neighbour's run key is endorsed by a trusted
+    identity, for this run and its node id, and no identity stands for two nodes.
+    """
+    trusted = _trusted_identities(context)
+    if trusted is None or not new:
+        return
+    neighbours = [int(n) for n in cfg["neighbours"]]
+    identities, endorsements = cfg.get("identities"), cfg.get("endorsements")
+    if not isinstance(identities, list) or not isinstance(endorsements, list) or not (
+        len(identities) == len(endorsements) == len(neighbours)
+    ):
+        raise _refuse("this node trusts only endorsed keys, and the request carries none")
+    seen = dict(state.identities)
+    for node, key, identity, signature in zip(
+        neighbours, cfg["keys"], identities, endorsements, strict=True
+    ):
+        if node not in new:
+            continue
+        try:
+            canonical = public_key_to_bytes(bytes_to_public_key(bytes(identity)))
+        except (ValueError, TypeError):
+            canonical = b""
+        if canonical not in trusted:
+            raise _refuse(f"node {node}'s key is not endorsed by an identity this node trusts")
+        message = endorsement_message(context.run_id, node, bytes(key))
+        if not verify_signature(bytes_to_public_key(canonical), message, bytes(signature)):
+            raise _refuse(f"node {node}'s key is not endorsed by the identity given for it")
+        if seen.get(canonical, str(node)) != str(node):
+            raise _refuse(f"one identity stands for nodes {seen[canonical]} and {node}")
+        seen[canonical] = str(node)
+    state.identities.update(seen)
 
 
 def _check_collect(nid: int, state: _NodeState, cfg: dict[str, Any]) -> None:
@@ -380,6 +486,8 @@ def _collect(
     _check_collect(nid, state, cfg)
     session = int(cfg["session"])
     neighbours = [int(n) for n in cfg["neighbours"]]
+    new = [n for n in neighbours if n != nid and str(n) not in state.pairs]
+    _check_identities(context, nid, state, cfg, new)
     pair, new_peers = _pin_and_pair_keys(nid, state, neighbours, [bytes(k) for k in cfg["keys"]])
     public_keys = [str(k) for k in cfg.get("public", [])]
     # the session is spent from here on: a second collect for it is refused even if the

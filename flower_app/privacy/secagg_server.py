@@ -236,12 +236,17 @@ class KeyBook:
     ----------
     keys : dict of int to bytes
         Node id -> the node's public key (PEM), from its ``setup`` reply.
+    endorsed : dict of int to (bytes, bytes)
+        Node id -> (identity public key, its signature over the run key), for nodes whose
+        operator gave them an identity (``secagg-identity-key``); relayed to neighbours
+        that check them (``secagg-trusted-keys``).
     lost : dict of int to str
         Nodes left out for the rest of the run: a node that lost its protocol state makes
         new keys, but its neighbours pinned the old ones.
     """
 
     keys: dict[int, bytes] = field(default_factory=dict)
+    endorsed: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     lost: dict[int, str] = field(default_factory=dict)
 
 
@@ -411,6 +416,11 @@ def _setup(
             continue
         book.keys[node] = key
         known.add(key)
+        identity, endorsement = got[node][SECAGG_RECORD].get("identity"), None
+        if isinstance(identity, bytes):
+            endorsement = got[node][SECAGG_RECORD].get("endorsement")
+        if isinstance(identity, bytes) and isinstance(endorsement, bytes):
+            book.endorsed[node] = (identity, endorsement)
 
 
 def _check_collect_reply(
@@ -659,6 +669,9 @@ def _collect_request(
         "keys": [book.keys[v] for v in around], "shares": shares, "threshold": threshold,
         "frac-bits": int(settings.frac_bits), "public": list(public),
     }  # fmt: skip
+    if any(v in book.endorsed for v in around):  # for nodes that trust only endorsed keys
+        stage["identities"] = [book.endorsed.get(v, (b"", b""))[0] for v in around]
+        stage["endorsements"] = [book.endorsed.get(v, (b"", b""))[1] for v in around]
     if transform:
         stage["transform"] = str(transform["name"])
         stage.update({f"transform-{k}": v for k, v in transform.items() if k != "name"})
