@@ -109,16 +109,34 @@ def main(argv: list[str] | None = None) -> int:
         args.nodes = list(dict.fromkeys(r["nodes"] for r in results))
     with tempfile.TemporaryDirectory() as tmp:
         sim = LocalSimulation(Path(tmp) / "home", Path(tmp) / "runs")
-        for job in [] if args.table_only else args.jobs:
-            for nodes in args.nodes:
-                runs: dict[bool, list[dict]] = {False: [], True: []}
-                for repeat in range(args.repeats):
-                    for secure in (False, True):
-                        res = _measure(sim, job, nodes, secure, args.data_dir, repeat)
-                        runs[secure].append(res)
-                        shown = {k: v for k, v in res.items() if k not in ("final", "round-times")}
-                        print(json.dumps(shown), flush=True)
-                results += [_pool(runs[False]), _pool(runs[True])]
+        try:
+            _run_all(sim, args, results)
+        finally:
+            sim.stop()  # the local SuperLink `flwr run` started outlives it
+    _compare(args, results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(_table(results))
+    print(_table(results))
+    return 0
+
+
+def _run_all(sim: LocalSimulation, args: argparse.Namespace, results: list[dict]) -> None:
+    """Run every job and size, plain and secure alternating ``--repeats`` times."""
+    for job in [] if args.table_only else args.jobs:
+        for nodes in args.nodes:
+            runs: dict[bool, list[dict]] = {False: [], True: []}
+            for repeat in range(args.repeats):
+                for secure in (False, True):
+                    res = _measure(sim, job, nodes, secure, args.data_dir, repeat)
+                    runs[secure].append(res)
+                    shown = {k: v for k, v in res.items() if k not in ("final", "round-times")}
+                    print(json.dumps(shown), flush=True)
+            results += [_pool(runs[False]), _pool(runs[True])]
+
+
+def _compare(args: argparse.Namespace, results: list[dict]) -> None:
+    """Put each secure run's comparison with its plain run into the secure entry."""
     for job in args.jobs:
         for nodes in args.nodes:
             plain, secure = (r for r in results if r["job"] == job and r["nodes"] == nodes)
@@ -132,11 +150,6 @@ def main(argv: list[str] | None = None) -> int:
                 secure["plain-seen-acc"] = plain["final"].get("seen-acc")
             secure["round-time-ratio"] = secure["round-time-median"] / plain["round-time-median"]
             secure["bytes-up-ratio"] = secure["bytes-up-per-round"] / plain["bytes-up-per-round"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(_table(results))
-    print(_table(results))
-    return 0
 
 
 def _pool(runs: list[dict[str, Any]]) -> dict[str, Any]:

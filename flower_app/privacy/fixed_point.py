@@ -37,7 +37,7 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 __all__ = [
     "Entry",
@@ -143,21 +143,24 @@ def layout_of(content: RecordDict, public: Iterable[str] = ()) -> list[tuple[Ent
     ValueError
         If the reply holds a ConfigRecord (which cannot be summed) or a non-numeric array.
     """
-    if len(content.config_records):
+    # one pass over the records (RecordDict's typed views copy the dict on every access)
+    records = dict(content.items())
+    configs = sorted(n for n, r in records.items() if isinstance(r, ConfigRecord))
+    if configs:
         raise ValueError(
             f"secure aggregation sums arrays and metrics; the reply has ConfigRecord(s) "
-            f"{sorted(content.config_records)}, which cannot be summed"
+            f"{configs}, which cannot be summed"
         )
     public = set(public)
     out: list[tuple[Entry, np.ndarray]] = []
-    for name in sorted(content.array_records):
-        for key, array in content.array_records[name].items():
+    for name in sorted(n for n, r in records.items() if isinstance(r, ArrayRecord)):
+        for key, array in records[name].items():
             a = array.numpy()
             if a.dtype.kind not in "biuf":
                 raise ValueError(f"array '{name}/{key}' has dtype {a.dtype}: not a number")
             out.append((Entry("array", name, key, a.dtype.kind == "f", tuple(a.shape)), a))
-    for name in sorted(content.metric_records):
-        for key, value in content.metric_records[name].items():
+    for name in sorted(n for n, r in records.items() if isinstance(r, MetricRecord)):
+        for key, value in records[name].items():
             if name == "metrics" and key in public:
                 continue
             out.append(_metric_entry(name, key, value))

@@ -16,7 +16,10 @@ round's train message, each carrying ``"secagg"`` with a ``stage``:
 stage        request ``"secagg"``                         reply
 ===========  ===========================================  ===================================
 ``setup``    (nothing else; once per node and run)        ``"secagg"``: ``pk`` (bytes, the
-                                                          node's ECDH public key, PEM)
+                                                          node's ECDH public key, PEM); with
+                                                          an identity: ``identity`` (PEM),
+                                                          ``endorsement`` (its signature
+                                                          over run id, node id and ``pk``)
 ``collect``  the round's own train content, plus          ``"secagg"``: ``layout`` (str list),
              ``session`` (int, strictly increasing),      ``destinations`` (str ids),
              ``round`` (int, for the log),                ``ciphertexts`` (bytes: a Shamir
@@ -27,7 +30,8 @@ stage        request ``"secagg"``                         reply
              neighbourhood's size), ``threshold``,        uint64; ``"secagg-public"``: the
              ``frac-bits``, ``public`` (metric keys       public metrics
              sent in the clear), optional ``transform``
-             and ``transform-*``
+             and ``transform-*``, ``identities`` and
+             ``endorsements`` (one per neighbour)
 ``unmask``   ``session``, ``sources`` (str ids: every     ``"secagg"``: ``nodes`` (str ids),
              neighbour but this node), ``ciphertexts``    ``shares`` (bytes): this node's
              (what each of them sent this node)           share of each neighbour's seed;
@@ -43,6 +47,9 @@ as an error reply naming the reason):
   neighbour ever holds a seed whole) and at most ``shares``; every neighbour's key is a
   P-384 public key, distinct from the others, this node's own is its own, and a node id
   keeps the key first seen for it in this run (trust on first use, see the server module);
+  with ``secagg-trusted-keys`` in the node_config (a PEM file of the identities its
+  operator trusts), a neighbour's key must also be signed by one of them for this run and
+  that node id (the node's own ``secagg-identity-key`` signs its key in ``setup``);
 * **stage order** — sessions strictly increase; a session is collected once and unmasked
   at most once, only if it is the last one collected; nothing is answered for a session
   after its unmask or after a later session began;
@@ -459,13 +466,14 @@ def _pin_and_pair_keys(
 def _content_digest(content: RecordDict) -> bytes:
     """SHA-256 of a request's content (arrays' bytes, metrics, configs), in a fixed order."""
     h = hashlib.sha256()
-    for name in sorted(content.array_records):
-        for key, arr in content.array_records[name].items():
-            h.update(repr((name, key, arr.dtype, tuple(arr.shape))).encode())
-            h.update(arr.data)
-    for records in (content.metric_records, content.config_records):
-        for name in sorted(records):
-            h.update(repr((name, sorted(records[name].items()))).encode())
+    for name, record in sorted(content.items()):
+        h.update(repr((name, type(record).__name__)).encode())
+        if isinstance(record, ArrayRecord):
+            for key, arr in record.items():
+                h.update(repr((key, arr.dtype, tuple(arr.shape))).encode())
+                h.update(arr.data)
+        else:
+            h.update(repr(sorted(record.items())).encode())
     return h.digest()
 
 

@@ -76,12 +76,14 @@ unless said otherwise. Guaranteed, per session, for an honest node X:
 
 Not guaranteed:
 
-* **Keys are trusted on first use.** The server relays the public keys; there is no PKI.
-  A server that substitutes keys when two nodes first meet (or invents nodes, i.e. plays
-  all of X's neighbours itself) can read X's shares and knows X's pairwise masks: it then
-  recovers X's reply. Nodes pin the first key they see for each node id for the run, so
-  keys cannot be swapped afterwards. Binding keys to something the server cannot forge
-  (e.g. node keys certified out of band) is not implemented.
+* **Keys are trusted on first use** unless the nodes' operators bind them. The server
+  relays the public keys. A server that substitutes keys when two nodes first meet (or
+  invents nodes, i.e. plays all of X's neighbours itself) can read X's shares and knows X's
+  pairwise masks: it then recovers X's reply. Nodes pin the first key they see for each
+  node id for the run, so keys cannot be swapped afterwards. With ``secagg-identity-key``
+  and ``secagg-trusted-keys`` in every node's node_config (identities distributed out of
+  band), a run key counts only if a trusted identity signed it for the run and node id:
+  the server can then neither substitute keys nor invent nodes.
 * **Colluding nodes.** A node colluding with the server knows its pairwise keys with its
   neighbours: if all of X's session neighbours collude, X's reply is exposed. Below that,
   X's reply is hidden in a sum with its honest neighbours' replies.
