@@ -764,3 +764,23 @@ def test_keys_endorsed_by_trusted_identities_refuse_substituted_and_invented_nod
     for node in fed.nodes:
         assert unmask(fed, s, node)
     assert set(seeds_of(s)) == set(fed.nodes)
+
+
+def test_a_private_metric_announced_as_public_is_refused(tmp_path) -> None:
+    """A lying server cannot have a node send a metric in the clear by calling it public:
+    only problem sizes (num-elements, n-elements) and what the node's operator allows."""
+    from flower_app.privacy.secagg_client import PUBLIC_METRICS
+
+    fed = Federation(4)
+    fed.setup()
+    k, t = SecureAggregation().plan(4)
+    s = Session(fed.session + 1, fed.nodes, _neighbours(fed.nodes, k, random.Random(0)), t)
+    node = fed.nodes[0]
+    refused(fed, node, collect_stage(fed, s, node, public=["count"]), "asked in the clear",
+            train=True)  # fmt: skip
+    assert fed.calls[node] == 0
+    allowed = Federation(4, lambda i: {PUBLIC_METRICS: "count"})
+    allowed.setup()
+    first = allowed.nodes[0]
+    reply = allowed.call(first, collect_stage(allowed, s, first, public=["count"]), train=True)
+    assert dict(reply["secagg-public"]) == {"count": _true_reply(first)["metrics"]["count"]}

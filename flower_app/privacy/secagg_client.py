@@ -58,6 +58,10 @@ as an error reply naming the reason):
   of this session's parameters and announced set). The server cannot forge one: a session
   in which some announced node did not submit, or in which two neighbours were told
   different things, is never unmasked (the server reruns it without the missing nodes);
+* **what travels in the clear** — only the public metrics the node allows: the problem
+  sizes this package's strategies need (``num-elements``, ``n-elements``) and whatever its
+  operator adds in ``secagg-public-metrics``; a request naming another metric as public
+  (e.g. a loss) is refused;
 * **what is revealed** — only the session's fresh self-mask seeds: its own, and its shares
   of its neighbours' (the server rebuilds the seed of a node that fails to answer from t of
   them; revealing its own seed tells the server nothing the shares would not). Private keys
@@ -143,6 +147,11 @@ _COLLECT_KEYS = {
 #: node_config keys (set by the node's operator; the server cannot change them)
 IDENTITY_KEY = "secagg-identity-key"
 TRUSTED_KEYS = "secagg-trusted-keys"
+PUBLIC_METRICS = "secagg-public-metrics"
+#: metrics a node sends in the clear when asked (problem sizes every node must agree on:
+#: FedSM's num-elements, FedCG's and the discrete greedy's n-elements); anything else only
+#: if the node's operator adds it (node_config ``secagg-public-metrics``, comma-separated)
+DEFAULT_PUBLIC_METRICS = frozenset({"num-elements", "n-elements"})
 _UNMASK_KEYS = {"stage", "session", "round", "sources", "ciphertexts"}
 _PLAINTEXT = struct.Struct(">QQq32s")  # source, destination, session, parameters digest
 
@@ -420,6 +429,16 @@ def _check_collect(nid: int, state: _NodeState, cfg: dict[str, Any]) -> None:
         )
     if not 0 <= _int(cfg, "frac-bits") <= 52:
         raise _refuse(f"frac-bits {cfg['frac-bits']} outside 0..52")
+    public = cfg.get("public", [])
+    if not isinstance(public, list) or not all(isinstance(k, str) for k in public):
+        raise _refuse("'public' must be a list of metric names")
+    extra = str(state.context.node_config.get(PUBLIC_METRICS, ""))
+    allowed = set(DEFAULT_PUBLIC_METRICS) | {k.strip() for k in extra.split(",") if k.strip()}
+    if not set(public) <= allowed:
+        raise _refuse(
+            f"metrics {sorted(set(public) - allowed)} asked in the clear; this node sends only "
+            f"{sorted(allowed)} unmasked (node_config '{PUBLIC_METRICS}' adds names)"
+        )
     keys = cfg.get("keys")
     if not isinstance(keys, list) or len(keys) != len(neighbours):
         raise _refuse("'keys' must hold one public key per neighbour")
