@@ -274,12 +274,18 @@ def test_an_honest_session_sums_exactly_and_the_recovery_needs_the_pair_keys() -
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("claim", ["missing-share", "dead-list"])
-def test_inconsistent_dropout_claims_are_refused(n: int, claim: str) -> None:
+@pytest.mark.parametrize("neighbourhood", ["default", "everyone"])
+def test_inconsistent_dropout_claims_are_refused(n: int, claim: str, neighbourhood: str) -> None:
     """Issue 26's attack: tell X and threshold - 1 neighbours "X is active" and the other
-    neighbours "X dropped out". The lied-to neighbours refuse; no reply is recoverable."""
+    neighbours "X dropped out", with the default plan's neighbourhoods and with every node
+    as neighbour (announced as such: an unannounced oversized list is refused earlier, see
+    below). The lied-to neighbours refuse; no reply is recoverable."""
     fed = Federation(n)
     fed.setup()
-    s = collect(fed, fed.nodes)
+    plan = (n, n // 2 + 1) if neighbourhood == "everyone" else None
+    s = collect(fed, fed.nodes, plan=plan)
+    assert all(len(around) == (n if plan else SecureAggregation().plan(n)[0])
+               for around in s.ring.values())  # fmt: skip
     target = fed.nodes[n // 2]
     around = [v for v in s.ring[target] if v != target]
     honest = around[: s.threshold - 1]
@@ -497,17 +503,33 @@ def _tamper_unmask(victim: int, how: str):
      "not-a-list"],  # fmt: skip
 )
 def test_bad_unmask_replies_are_left_out_and_the_round_goes_on(how: str) -> None:
+    """A bad reply is left out whole; a lying share is found (by the commitment) when the
+    seed it is a share of has to be rebuilt: here node 1001 does not answer its unmask."""
     grid = LocalGrid(6, {}, app=_grid_app())
     book = KeyBook()
-    victim = 1000  # among the first holders asked
-    grid.tamper = _tamper_unmask(victim, how)
+    victim, silent = 1000, 1001
+    bad = _tamper_unmask(victim, how)
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        cfg = msg.content.config_records.get(SECAGG_RECORD)
+        if how == "lying-share" and int(msg.metadata.dst_node_id) == silent and cfg and (
+            cfg["stage"] == "unmask"
+        ):
+            return Message(Error(code=0, reason="gone"), reply_to=msg)
+        return bad(msg, reply)
+
+    grid.tamper = tamper
     out = _round(grid, book)
     assert out.content is not None and out.survivors == grid.node_ids
     v, count = _expected(grid.node_ids)
     np.testing.assert_array_equal(out.content["arrays"]["v"].numpy(), v)  # exact
     assert out.content["metrics"]["count"] == count
-    assert set(out.unmask_rejected) == {victim} and out.failed == {}
-    assert out.cost["secagg-unmask-nodes"] > SecureAggregation().plan(6)[1]  # asked others
+    expected = {victim, silent} if how == "lying-share" else {victim}
+    assert set(out.unmask_rejected) == expected and out.failed == {}
+    assert "does not rebuild its committed seed" in out.unmask_rejected[victim] or (
+        how != "lying-share"
+    )
+    assert out.cost["secagg-unmask-nodes"] == 6 and out.cost["secagg-sessions"] == 1
 
 
 def test_too_few_valid_shares_fail_the_round() -> None:

@@ -52,7 +52,8 @@ as an error reply naming the reason):
   that node id (the node's own ``secagg-identity-key`` signs its key in ``setup``);
 * **stage order** — sessions strictly increase; a session is collected once and unmasked
   at most once, only if it is the last one collected; nothing is answered for a session
-  after its unmask or after a later session began;
+  after its unmask, after a later session began, or after the server was caught lying in
+  it (a refused ``unmask`` burns the session);
 * **consistency** — ``unmask`` is answered only with a share from *every* neighbour, each
   decrypting under the pairwise key to (that neighbour, this node, this session, the digest
   of this session's parameters and announced set). The server cannot forge one: a session

@@ -17,27 +17,27 @@ SecAgg+'s double masking (Bell et al., CCS 2020) in a form that a lying server c
    encrypts each share to its owner under the pair key (Fernet) together with the session
    and a digest of the session's parameters and announced set, and sends the masked
    vector, the ciphertexts and a SHA-256 commitment to the seed.
-3. ``unmask``: only if **every** node of U submitted. Each node asked gets the ciphertexts
+3. ``unmask``: only if **every** node of U submitted. Each node gets the ciphertexts
    addressed to it and returns its own seed and its shares of its neighbours' seeds; the
-   seed of a node that was not asked (or did not answer) is rebuilt from t shares; every
-   seed is checked against its commitment. The server removes every self mask; the
-   pairwise masks cancel in the sum, and the sum is decoded.
+   seed of a node that does not answer (or answers wrongly) is rebuilt from t of the
+   others' shares; every seed is checked against its commitment. The server removes every
+   self mask; the pairwise masks cancel in the sum, and the sum is decoded.
 
 Dropouts. A node that fails before or during ``collect`` (or whose reply is malformed) is
 left out and the session is **rerun** without it (a new session: fresh seeds, fresh masks;
 each node answers a rerun of the same request from the reply it kept, so its handler runs
 once per round). The aborted session is never unmasked, so the vectors the server holds
 from it — even one that arrives late — stay masked by seeds nobody reveals. A node that
-fails during ``unmask`` stays in the sum: other holders of its neighbours' shares are asked.
+fails during ``unmask`` stays in the sum: its seed is rebuilt from its neighbours' shares.
 The round fails only when some seed has fewer than t valid shares left, or fewer than 3
 nodes remain. (SecAgg+ instead removes a dropped node's pairwise masks by rebuilding its
 private key from its neighbours' shares; that recovery is exactly what a server that lies
 about who dropped out exploits, so it is not used here: no private key is ever shared.)
 
 Costs. Keys are agreed once per run (``setup`` only for nodes not seen before), so a round
-is two exchanges: ``collect`` (the round's own, carrying the masked reply) and ``unmask``,
-which goes only to as many nodes as needed to hold t shares of the seeds of the others
-(each asked node also sends its own seed, which spares the server rebuilding it).
+is two exchanges: ``collect`` (the round's own, carrying the masked reply) and ``unmask``
+(small messages; the server rebuilds a seed from shares only for a node that failed, so
+pycryptodome's pure-Python Shamir stays off the common path).
 
 Freshness. Every secret that protects one session is fresh for it and cannot be obtained
 from anything revealed in another: the self-mask seed is 16 bytes of OS entropy drawn for
@@ -300,9 +300,10 @@ class SecureSum:
     cost : dict
         ``secagg-messages``, ``secagg-bytes-up``, ``secagg-bytes-down`` (all stages),
         ``secagg-bytes-up-max-node`` (the most one node sent, all stages),
-        ``secagg-setup-time`` (key setup of new nodes), ``secagg-unmask-time`` (stage 3
-        and the server's unmasking), ``secagg-sessions`` (1, or more after dropouts),
-        ``secagg-unmask-nodes`` (nodes asked for shares).
+        ``secagg-setup-time`` (key setup of new nodes), ``secagg-collect-time`` (stage 2,
+        reruns included), ``secagg-unmask-time`` (stage 3 and the server's unmasking),
+        ``secagg-sessions`` (1, or more after dropouts), ``secagg-unmask-nodes`` (nodes
+        asked to unmask).
     """
 
     content: RecordDict | None = None
@@ -446,31 +447,6 @@ def _check_collect_reply(
     if vector.dtype != np.uint64 or vector.ndim != 1 or (size is not None and vector.size != size):
         return "the masked vector is not a uint64 vector of the layout's size"
     return None
-
-
-def _cover(owners: dict[int, list[int]], need: dict[int, int], exclude: set[int]) -> list[int]:
-    """Pick nodes to ask so that every owner with ``need`` > 0 is served.
-
-    An asked node sends its own seed (its need is met) and one share of each of its
-    neighbours' seeds (their need drops by one). Greedy: the node serving most owners first.
-    """
-    holders: dict[int, set[int]] = {}
-    for owner, around in owners.items():
-        if need.get(owner, 0) > 0:
-            for h in around:
-                if h not in exclude:
-                    holders.setdefault(h, set()).add(owner)
-    need = dict(need)
-    picked: list[int] = []
-    while any(v > 0 for v in need.values()) and holders:
-        best = max(sorted(holders), key=lambda h: sum(need[o] > 0 for o in holders[h]))
-        if not any(need[o] > 0 for o in holders[best]):
-            break
-        picked.append(best)
-        for o in holders.pop(best):
-            need[o] -= 1
-        need[best] = 0
-    return picked
 
 
 def _accept_unmask_reply(
@@ -728,7 +704,13 @@ def _unmask(
     session: int,
     out: SecureSum,
 ) -> tuple[dict[int, bytes] | None, int]:
-    """Ask holders for shares until every seed is rebuilt; return the seeds (or None)."""
+    """Ask every node to unmask; rebuild the seeds of those that did not send a valid one.
+
+    Returns the seeds by node (None if some seed has fewer than ``threshold`` valid shares)
+    and the number of nodes asked. A reply that is malformed, of the wrong kind, or whose
+    own seed fails its commitment is left out whole; a holder whose share fails a rebuilt
+    seed's commitment is found by trying subsets and left out too.
+    """
     active = sorted(got)
     inbox: dict[int, list[tuple[str, bytes]]] = {n: [] for n in active}
     for src in active:
@@ -736,7 +718,6 @@ def _unmask(
         for dst, ct in zip(rec["destinations"], rec["ciphertexts"], strict=True):
             inbox[int(dst)].append((str(src), bytes(ct)))
     commitments = {n: bytes(got[n][SECAGG_RECORD]["commitment"]) for n in active}
-    owners = {n: ring[n] for n in active}
     collected: dict[int, dict[int, bytes]] = {n: {} for n in active}
     seeds: dict[int, bytes] = {}
     asked: set[int] = set()
@@ -745,7 +726,9 @@ def _unmask(
     failed_before, bad_before = set(out.failed), out.bad
     while True:
         need = {o: threshold + extra[o] - len(collected[o]) for o in active if o not in seeds}
-        holders = _cover(owners, need, asked)
+        # every node is asked, once: each sends its own seed (no seed to rebuild) and its
+        # shares, so those of a node that fails to answer are already in
+        holders = [] if asked else list(active)
         if any(v > 0 for v in need.values()) and not holders:
             short = sorted(o for o, v in need.items() if v > 0)
             for n in active:
@@ -812,6 +795,7 @@ def _cost(
         "secagg-bytes-down": int(exchange.down),
         "secagg-bytes-up-max-node": max(exchange.node_up.values(), default=0),
         "secagg-setup-time": t1 - t0,
+        "secagg-collect-time": t2 - t1,
         "secagg-unmask-time": time.perf_counter() - t2,
         "secagg-sessions": int(sessions),
         "secagg-unmask-nodes": int(asked),

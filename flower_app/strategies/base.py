@@ -932,6 +932,9 @@ class RoundStrategy(Strategy):
             log(WARNING, "%s: node %s left out: %s", context, node, reason)
             if checked.first_error is None:
                 checked.first_error = f"node {node}: {reason}"
+        for node, reason in sorted(outcome.unmask_rejected.items()):
+            log(WARNING, "%s: node %s's unmask reply left out (its reply is in the sum): %s",
+                context, node, reason)  # fmt: skip
         if outcome.content is not None and outcome.template is not None:
             self._summed_nodes = list(outcome.survivors)
             sender = self.merge_senders(outcome.survivors)
@@ -954,6 +957,7 @@ class RoundStrategy(Strategy):
         if metrics is not None:
             metrics["bad-replies"] = int(checked.left_out)
             metrics["secagg-nodes"] = len(outcome.survivors)
+            metrics["secagg-unmask-rejected"] = len(outcome.unmask_rejected)
             for key, value in outcome.cost.items():
                 metrics[key] = value
             if "secagg-bytes-up" in outcome.cost:  # what really went up, not the sum's size
