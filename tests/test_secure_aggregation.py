@@ -228,11 +228,12 @@ def test_secure_fedsm_selects_the_same_set_from_exactly_the_same_sums() -> None:
     rows = [r for r in secure.history if r["server-round"] >= 1]
     assert all(r["secagg-nodes"] == NODES and r["bad-replies"] == 0 for r in rows)
     assert all(r["secagg-sessions"] == 1 and r["secagg-unmask-rejected"] == 0 for r in rows)
-    # keys are set up once, in the first round; every round: collect and unmask, each
-    # node once (its own seed and its shares of its neighbours' seeds)
-    assert all(r["secagg-unmask-nodes"] == NODES for r in rows)
-    assert rows[0]["secagg-messages"] == 2 * 3 * NODES  # setup, collect, unmask
-    assert all(r["secagg-messages"] == 2 * 2 * NODES for r in rows[1:])
+    # keys are set up once, in the first round; every round: collect, and unmask from the
+    # three nodes that give every seed (5 of 5 neighbours, threshold 3: their own seeds,
+    # three shares of each other one)
+    assert all(r["secagg-unmask-nodes"] == 3 for r in rows)
+    assert rows[0]["secagg-messages"] == 2 * (NODES + NODES + 3)  # setup, collect, unmask
+    assert all(r["secagg-messages"] == 2 * (NODES + 3) for r in rows[1:])
     assert all(r["bytes-up"] == r["secagg-bytes-up"] > 0 for r in rows)
 
 
@@ -242,7 +243,7 @@ def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> No
     assert reports
     # every reply of the rounds (discovery's cohort sizes are not replies to sum)
     train_replies = [m for m in grid.received if m.metadata.message_type == "train"]
-    assert len(train_replies) == NODES + K * 2 * NODES  # setup once; collect, unmask
+    assert len(train_replies) == NODES + K * (NODES + 3)  # setup once; collect, unmask
     for msg in train_replies:
         # nothing but the masked vector travels as an array, and it is uint64
         for name, rec in msg.content.array_records.items():
@@ -388,9 +389,11 @@ def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_
     assert len(rows) == 4
     for t, row in enumerate(rows):
         assert row["secagg-nodes"] == 6 and row["bad-replies"] == 0
-        # keys once per run (6 setups in round 1); each round collect (6) and unmask (6)
-        assert row["secagg-unmask-nodes"] == 6
-        assert row["secagg-messages"] == 2 * ((6 if t == 0 else 0) + 6 + 6)
+        # keys once per run (6 setups in round 1); each round collect (6) and unmask (k = 3,
+        # t = 2: a node not asked needs both its ring neighbours asked, so at least 3)
+        unmask = row["secagg-unmask-nodes"]
+        assert 3 <= unmask <= 6
+        assert row["secagg-messages"] == 2 * ((6 if t == 0 else 0) + 6 + unmask)
         assert row["secagg-bytes-up"] == row["bytes-up"] > 0
     cfg = AppConfig.from_run_config({**small, "output-dir": str(tmp_path), "run-name": "d"})
     assert run.summary["selected"] == run_direct(cfg)["selected"]

@@ -17,10 +17,11 @@ SecAgg+'s double masking (Bell et al., CCS 2020) in a form that a lying server c
    encrypts each share to its owner under the pair key (Fernet) together with the session
    and a digest of the session's parameters and announced set, and sends the masked
    vector, the ciphertexts and a SHA-256 commitment to the seed.
-3. ``unmask``: only if **every** node of U submitted. Each node gets the ciphertexts
-   addressed to it and returns its own seed and its shares of its neighbours' seeds; the
-   seed of a node that does not answer (or answers wrongly) is rebuilt from t of the
-   others' shares; every seed is checked against its commitment. The server removes every
+3. ``unmask``: only if **every** node of U submitted. The nodes asked (as few as give
+   every seed: 6 of 10 with the default neighbourhood) get the ciphertexts addressed to
+   them and return their own seeds and their shares of their neighbours' seeds; the seed
+   of a node not asked, or that does not answer or answers wrongly, is rebuilt from t
+   shares; every seed is checked against its commitment. The server removes every
    self mask; the pairwise masks cancel in the sum, and the sum is decoded.
 
 Dropouts. A node that fails before or during ``collect`` (or whose reply is malformed) is
@@ -28,7 +29,8 @@ left out and the session is **rerun** without it (a new session: fresh seeds, fr
 each node answers a rerun of the same request from the reply it kept, so its handler runs
 once per round). The aborted session is never unmasked, so the vectors the server holds
 from it — even one that arrives late — stay masked by seeds nobody reveals. A node that
-fails during ``unmask`` stays in the sum: its seed is rebuilt from its neighbours' shares.
+fails during ``unmask`` stays in the sum: other holders of its neighbours' shares are asked,
+and its own seed is rebuilt from shares.
 The round fails only when some seed has fewer than t valid shares left, or fewer than 3
 nodes remain. (SecAgg+ instead removes a dropped node's pairwise masks by rebuilding its
 private key from its neighbours' shares; that recovery is exactly what a server that lies
@@ -36,8 +38,7 @@ about who dropped out exploits, so it is not used here: no private key is ever s
 
 Costs. Keys are agreed once per run (``setup`` only for nodes not seen before), so a round
 is two exchanges: ``collect`` (the round's own, carrying the masked reply) and ``unmask``
-(small messages; the server rebuilds a seed from shares only for a node that failed, so
-pycryptodome's pure-Python Shamir stays off the common path).
+(small messages, to as few nodes as give every seed).
 
 Freshness. Every secret that protects one session is fresh for it and cannot be obtained
 from anything revealed in another: the self-mask seed is 16 bytes of OS entropy drawn for
@@ -449,6 +450,31 @@ def _check_collect_reply(
     return None
 
 
+def _cover(owners: dict[int, list[int]], need: dict[int, int], exclude: set[int]) -> list[int]:
+    """Pick nodes to ask so that every owner with ``need`` > 0 is served.
+
+    An asked node sends its own seed (its need is met) and one share of each of its
+    neighbours' seeds (their need drops by one). Greedy: the node serving most owners first.
+    """
+    holders: dict[int, set[int]] = {}
+    for owner, around in owners.items():
+        if need.get(owner, 0) > 0:
+            for h in around:
+                if h not in exclude:
+                    holders.setdefault(h, set()).add(owner)
+    need = dict(need)
+    picked: list[int] = []
+    while any(v > 0 for v in need.values()) and holders:
+        best = max(sorted(holders), key=lambda h: sum(need[o] > 0 for o in holders[h]))
+        if not any(need[o] > 0 for o in holders[best]):
+            break
+        picked.append(best)
+        for o in holders.pop(best):
+            need[o] -= 1
+        need[best] = 0
+    return picked
+
+
 def _accept_unmask_reply(
     holder: int, content: RecordDict, ring: dict[int, list[int]], threshold: int
 ) -> tuple[dict[int, bytes] | None, str]:
@@ -704,10 +730,12 @@ def _unmask(
     session: int,
     out: SecureSum,
 ) -> tuple[dict[int, bytes] | None, int]:
-    """Ask every node to unmask; rebuild the seeds of those that did not send a valid one.
+    """Ask nodes to unmask until every seed is known; rebuild those not sent by their owner.
 
-    Returns the seeds by node (None if some seed has fewer than ``threshold`` valid shares)
-    and the number of nodes asked. A reply that is malformed, of the wrong kind, or whose
+    The first nodes asked are as few as give every seed (their own, and t shares of each
+    other's); a node that fails or lies makes the server ask others. Returns the seeds by
+    node (None if some seed has fewer than ``threshold`` valid shares) and the number of
+    nodes asked. A reply that is malformed, of the wrong kind, or whose
     own seed fails its commitment is left out whole; a holder whose share fails a rebuilt
     seed's commitment is found by trying subsets and left out too.
     """
@@ -718,6 +746,7 @@ def _unmask(
         for dst, ct in zip(rec["destinations"], rec["ciphertexts"], strict=True):
             inbox[int(dst)].append((str(src), bytes(ct)))
     commitments = {n: bytes(got[n][SECAGG_RECORD]["commitment"]) for n in active}
+    owners = {n: ring[n] for n in active}
     collected: dict[int, dict[int, bytes]] = {n: {} for n in active}
     seeds: dict[int, bytes] = {}
     asked: set[int] = set()
@@ -726,9 +755,10 @@ def _unmask(
     failed_before, bad_before = set(out.failed), out.bad
     while True:
         need = {o: threshold + extra[o] - len(collected[o]) for o in active if o not in seeds}
-        # every node is asked, once: each sends its own seed (no seed to rebuild) and its
-        # shares, so those of a node that fails to answer are already in
-        holders = [] if asked else list(active)
+        # as few nodes as give every seed: each asked node sends its own seed and its
+        # shares of its neighbours' (one unmask message costs more in Flower's simulation
+        # than rebuilding a seed); more only if a node fails or lies
+        holders = _cover(owners, need, asked)
         if any(v > 0 for v in need.values()) and not holders:
             short = sorted(o for o, v in need.items() if v > 0)
             for n in active:
