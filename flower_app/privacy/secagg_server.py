@@ -9,7 +9,8 @@ SecAgg+'s double masking (Bell et al., CCS 2020) in a form that a lying server c
    (ECDH + HKDF, Flower's ``generate_shared_key``) that the server never learns.
 2. ``collect`` (one *session*): the server announces the session's nodes U, each node's
    neighbours (a ring of ``shares`` nodes, shuffled by a generator seeded from the
-   strategy's seed and the round) with their public keys, the threshold t and the
+   strategy's seed: the same ring every round for the same nodes, so each node derives a
+   pairwise key once per neighbour and run) with their public keys, the threshold t and the
    encoding. Each node runs its handler, encodes its reply in Z/2^64, and adds a **self
    mask** from a fresh 16-byte seed and, for each neighbour, the **pairwise mask** of the
    session (AES-CTR keyed by HKDF(pair key, "pair|session"); one node adds it, the other
@@ -555,7 +556,8 @@ def secure_sum(
     settings : SecureAggregation
         Shares, threshold, fixed point.
     rng : random.Random
-        Shuffles the neighbour ring (seeded per round by the strategy).
+        Shuffles the neighbour ring (the strategies seed it once per run: the same nodes
+        get the same ring every round).
     server_round : int
         The round (for the nodes' logs; sessions are numbered by the server).
     public : sequence of str

@@ -915,7 +915,10 @@ class RoundStrategy(Strategy):
         assert self.secure_aggregation is not None
         context = f"round {server_round}"
         expected = {int(m.metadata.dst_node_id) for m in messages}
-        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg-{server_round}")
+        # the same neighbour ring every round for the same nodes: pairwise keys are derived
+        # once per pair and run (a ring reshuffled each round costs every node an ECDH per
+        # new neighbour per round)
+        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg")
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs),
             messages,
