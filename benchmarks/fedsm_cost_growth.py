@@ -42,7 +42,7 @@ LABELS = {"per-user": "FedSM, per-user streams", "batched": "FedSM, batched draw
 _CHILD = """
 import json, resource, time, sys
 import numpy as np
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
 from flower_app.datasets.synthetic import synthetic_dblp
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxCoverage
@@ -79,7 +79,7 @@ print(json.dumps({
 _CHILD_FEDCG = """
 import json, resource, time, sys
 import numpy as np
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
 from flower_app.datasets.synthetic import synthetic_dblp
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxCoverage

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, RoundPlan, cohort_report
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, RoundPlan, cohort_report
 from flower_app.datasets.synthetic import synthetic_dblp
 from flower_app.submodular.greedy import greedy
 from flower_app.submodular.matroids import UniformMatroid

@@ -20,8 +20,12 @@ import platform
 import time
 from pathlib import Path
 
-from flower_app.algorithms.fedsubavg_torch import TorchLocalConfig, TorchRunSpec, run_torch_direct
-from flower_app.algorithms.torch_tasks import load_torch_task
+from flower_app.algorithms.fedsubavg.torch_engine import (
+    TorchLocalConfig,
+    TorchRunSpec,
+    run_torch_direct,
+)
+from flower_app.algorithms.fedsubavg.torch_tasks import load_torch_task
 from flower_app.datasets import amazon, sent140
 from flower_app.runners.fedsubavg_torch import submodel_bytes
 

@@ -30,7 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
-from flower_app.submodular.rounding import greedy_rounding, pipage_rounding, swap_rounding
+from flower_app.submodular.rounding import (
+    complete_by_scan,
+    greedy_rounding,
+    pipage_rounding,
+    swap_rounding,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = [
@@ -45,17 +50,6 @@ COLUMNS = [
     "greedy-s",
     "greedy-reference-s",
 ]
-
-
-def _old_greedy(x: np.ndarray, matroid: Matroid) -> list[int]:
-    """The first greedy rounding: one independence check (O(n)) per element scanned."""
-    chosen: list[int] = []
-    for e in np.lexsort((np.arange(x.size), -x)):
-        if len(chosen) >= matroid.rank:
-            break
-        if matroid.feasible_mask(chosen)[e]:
-            chosen.append(int(e))
-    return sorted(chosen)
 
 
 def _best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
@@ -104,7 +98,7 @@ def measure(kind: str, n: int, repeat: int, reference_max: int, seed: int) -> di
         t_ref, ref = _best(
             lambda: pipage_rounding(x, matroid, np.random.default_rng(seed), method="reference"), 1
         )
-        t_old_greedy, old_greedy = _best(lambda: _old_greedy(x, matroid), 1)
+        t_old_greedy, old_greedy = _best(lambda: complete_by_scan([], x, matroid), 1)
         assert old_greedy == greedy
         row.update(
             {

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flower_app.algorithms.torch_tasks import Sent140Task
+from flower_app.algorithms.fedsubavg.torch_tasks import Sent140Task
 from flower_app.datasets.sent140 import synthetic_sent140
 
 ROOT = Path(__file__).resolve().parents[1]

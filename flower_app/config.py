@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flower_app.registry import ALGORITHMS, DATASETS
-from flower_app.settings import MATROIDS, SETTINGS, ConfigError, parse
+from flower_app.settings import MATROIDS, SETTINGS, ConfigError, parse, problems
 
 if TYPE_CHECKING:
     from flower_app.privacy import SecureAggregation
@@ -28,6 +28,50 @@ SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg", "fedsubavg")
 NOT_SECURE = ("mwfed", "central-sgd")
 
 __all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
+
+
+def combination_problems(values: Mapping[str, Any]) -> list[str]:
+    """Return the problems of valid keys that do not go together (one line each).
+
+    Parameters
+    ----------
+    values : Mapping
+        Every key's validated value (:func:`flower_app.settings.parse`).
+    """
+    found = []
+    family = ALGORITHMS[values["algorithm"]].family
+    if values["server-data"] == "none" and (
+        family not in ("fedsm", "fedcg", "fedsubavg") or values["algorithm"] == "central-sgd"
+    ):
+        found.append(
+            f"run_config 'server-data' = 'none' is implemented for the submodular families "
+            f"(fedsm, fedcg) and the federated FedSubAvg family, not for "
+            f"{values['algorithm']!r} ({family})"
+        )
+    if values["resume"] and (
+        values["algorithm"] == "central-sgd"
+        or family not in ("fedsm", "fedcg", "maxfl", "fedsubavg")
+    ):
+        found.append(
+            "run_config 'resume' = true is implemented for every federated algorithm (not "
+            "central-sgd, which trains inside the ServerApp), not for algorithm "
+            f"{values['algorithm']!r}"
+        )
+    if values["secure-aggregation"] and (
+        family not in SECURE_FAMILIES or values["algorithm"] in NOT_SECURE
+    ):
+        found.append(
+            f"run_config 'secure-aggregation' = true is implemented for the "
+            f"{', '.join(SECURE_FAMILIES)} families (except {', '.join(NOT_SECURE)}: "
+            f"their steps need every client's reply), not yet for "
+            f"{values['algorithm']!r} ({family})"
+        )
+    if values["resume"] and not values["run-name"]:
+        found.append(
+            "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
+            "same 'output-dir'): the run folder holds its checkpoint"
+        )
+    return found
 
 
 @dataclass(frozen=True)
@@ -81,6 +125,9 @@ class AppConfig:
     data_file, data_columns, item_names : str
         Your own data (``dataset`` = ``facility-location-table`` or ``coverage-sets``):
         the file, its column names, an optional item-name table (docs/own-data.md).
+    dp_reproducible_noise : bool
+        Research mode: DP noise derived from the seed (no privacy against the server;
+        :mod:`flower_app.algorithms.common.dp_noise`).
     secure_aggregation : bool
         Sum each round's replies with secure aggregation (see :attr:`secure`).
     secagg_num_shares : int
@@ -117,6 +164,7 @@ class AppConfig:
     data_file: str
     data_columns: str
     item_names: str
+    dp_reproducible_noise: bool
     secure_aggregation: bool
     secagg_num_shares: int
     secagg_reconstruction_threshold: int | float
@@ -152,44 +200,26 @@ class AppConfig:
         # only the algorithm's own family: another family's key with a non-default value was
         # refused by parse(), and config.json records the keys that applied to the run
         extra = tuple(sorted((k, v) for k, v in values.items() if SETTINGS[k].family == family))
-        if values["server-data"] == "none" and (
-            family not in ("fedsm", "fedcg", "fedsubavg") or values["algorithm"] == "central-sgd"
-        ):
-            raise ConfigError(
-                f"run_config 'server-data' = 'none' is implemented for the submodular families "
-                f"(fedsm, fedcg) and the federated FedSubAvg family, not for "
-                f"{values['algorithm']!r} ({family})"
-            )
-        if values["resume"] and (
-            values["algorithm"] == "central-sgd"
-            or family not in ("fedsm", "fedcg", "maxfl", "fedsubavg")
-            or values["server-data"] != "full"
-        ):
-            raise ConfigError(
-                "run_config 'resume' = true is implemented for every federated algorithm (not "
-                f"central-sgd) with server-data = 'full', not for algorithm "
-                f"{values['algorithm']!r} (server-data {values['server-data']!r})"
-            )
-        if values["secure-aggregation"] and (
-            family not in SECURE_FAMILIES or values["algorithm"] in NOT_SECURE
-        ):
-            raise ConfigError(
-                f"run_config 'secure-aggregation' = true is implemented for the "
-                f"{', '.join(SECURE_FAMILIES)} families (except {', '.join(NOT_SECURE)}: "
-                f"their steps need every client's reply), not yet for "
-                f"{values['algorithm']!r} ({family})"
-            )
-        if values["resume"] and not values["run-name"]:
-            raise ConfigError(
-                "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
-                "same 'output-dir'): the run folder holds its checkpoint"
-            )
+        found = combination_problems(values)
+        if found:
+            raise ConfigError("\n".join(found))
         out = cls(**common, extra=extra)
         try:
             out.secure  # noqa: B018 - the settings' own checks, before Flower starts
         except ValueError as err:
             raise ConfigError(f"run_config secure aggregation (secagg-*): {err}") from err
         return out
+
+    @classmethod
+    def problems(cls, cfg: Mapping[str, Any]) -> list[str]:
+        """Return every problem :meth:`from_run_config` would raise, one line each."""
+        found = problems(cfg) or combination_problems(parse(cfg))
+        if not found:
+            try:
+                cls.from_run_config(cfg)
+            except ConfigError as err:  # the secure-aggregation settings' own checks
+                found = str(err).splitlines()
+        return found
 
     @property
     def secure(self) -> SecureAggregation | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context
@@ -18,7 +18,7 @@ from flwr.app import Context
 from flower_app.config import AppConfig
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
-from flower_app.results import RunWriter
+from flower_app.results import ResumeError, RunWriter, run_session
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Experiment",
+    "check_remote_resume",
     "finish_run",
     "open_remote_run",
     "open_run",
     "partition_of",
+    "remote_checkpoint_fn",
     "run_direct",
     "summary_line",
 ]
@@ -155,8 +157,50 @@ def open_remote_run(
             "matroid": repr(matroid),
         },
     }
-    writer = RunWriter(cfg.run_folder(), config)
+    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    check_remote_resume(writer, problem)
     return Experiment(cfg, problem, matroid, writer, None, engine, time.perf_counter())
+
+
+def remote_checkpoint_fn(
+    writer: RunWriter,
+    problem: RemoteProblem,
+    extra: Callable[[], dict[str, Any]] | None = None,
+) -> Callable[[dict[str, Any]], None]:
+    """Return a strategy's ``checkpoint_fn`` for a run without server data.
+
+    The checkpoint holds the strategy's payload (its round, state, arrays, history), plus
+    what the server learnt from the nodes instead of reading data (``remote-problem``: n,
+    m and λ as they reported them) and ``extra()`` (e.g. round-0 metrics of a federated
+    evaluation that a resumed run does not redo). Never client data.
+    """
+
+    def save(payload: dict[str, Any]) -> None:
+        writer.save_checkpoint(
+            {**payload, "remote-problem": asdict(problem), **(extra() if extra else {})}
+        )
+
+    return save
+
+
+def check_remote_resume(writer: RunWriter, problem: RemoteProblem) -> None:
+    """Refuse to resume when the nodes now report another instance than the checkpoint's.
+
+    Raises
+    ------
+    ResumeError
+        If the checkpoint has no ``remote-problem`` (it was written by a run with server
+        data) or the nodes' n, m or λ differ from it (their data changed).
+    """
+    if writer.checkpoint is None:
+        return
+    saved = writer.checkpoint.get("remote-problem")
+    now = asdict(problem)
+    if saved != now:
+        raise ResumeError(
+            f"resume: the nodes now report {now}, the interrupted run's checkpoint "
+            f"{saved}: resume only on the nodes (and node files) the run started on"
+        )
 
 
 def finish_run(
@@ -253,7 +297,8 @@ def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
     dict
         The run's summary (as in ``summary.json``).
     """
-    return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
+    with run_session():  # summary.json's run-wall-time counts from here
+        return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
 
 
 def partition_of(context: Context) -> tuple[int, int]:

@@ -91,6 +91,34 @@ def node_file_name(partition_id: int) -> str:
 
 
 # ---------------------------------------------------------------------- export
+def _export_folder(out: str | os.PathLike[str], num_partitions: int) -> Path:
+    """Check the number of nodes and return the (created) output folder of an export."""
+    if num_partitions < 1:
+        raise ValueError(f"num-partitions={num_partitions}: expected >= 1")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _node_entry(p: int, path: Path, rows: int, first: int, count: int) -> dict[str, Any]:
+    """Return the manifest's entry of node ``p``'s file (its users first..first+count−1)."""
+    return {
+        "partition-id": p,
+        "file": path.name,
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "rows": rows,
+        "first-user": int(first),
+        "num-users": int(count),
+    }
+
+
+def _write_manifest(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write ``folder/manifest.json`` and return the manifest."""
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
 def export_rows(
     values: sp.spmatrix,
     num_partitions: int,
@@ -131,10 +159,7 @@ def export_rows(
     """
     import pandas as pd
 
-    if num_partitions < 1:
-        raise ValueError(f"num-partitions={num_partitions}: expected >= 1")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _export_folder(out, num_partitions)
     csr = sp.csr_matrix(values, dtype=np.float64)
     csr.eliminate_zeros()
     csr.sort_indices()
@@ -152,17 +177,7 @@ def export_rows(
         )
         path = folder / node_file_name(p)
         frame.to_parquet(path, engine="pyarrow", index=False)
-        files.append(
-            {
-                "partition-id": p,
-                "file": path.name,
-                "sha256": sha256_file(path),
-                "bytes": path.stat().st_size,
-                "rows": int(block.nnz),
-                "first-user": int(first),
-                "num-users": int(count),
-            }
-        )
+        files.append(_node_entry(p, path, int(block.nnz), first, count))
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "family": "submodular",
@@ -192,8 +207,7 @@ def export_rows(
             "sha256": sha256_file(path),
             "groups": int(np.unique(groups).size),
         }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
+    return _write_manifest(folder, manifest)
 
 
 # ---------------------------------------------------------------------- reading
@@ -323,6 +337,26 @@ class NodeRows:
     num_partitions: int
     manifest: dict[str, Any]
     folder: Path
+
+
+def _check_source(
+    path: str | os.PathLike[str], source: dict[str, Any], keys: tuple[str, ...], what: str
+) -> None:
+    """Refuse a node file exported for other run_config values of ``keys`` than ``source``'s.
+
+    Raises
+    ------
+    NodeDataError
+        Naming every differing key, its value in this run and in the export.
+    """
+    manifest = read_manifest(Path(path).expanduser().resolve().parent)
+    differ = [
+        f"{key}={source[key]!r} (export: {manifest['source'].get(key)!r})"
+        for key in keys
+        if key in source and manifest["source"].get(key) != source[key]
+    ]
+    if differ:
+        raise NodeDataError(f"{path}: exported for {what} than this run's: " + ", ".join(differ))
 
 
 def load_node_rows(path: str | os.PathLike[str], dataset: str | None = None) -> NodeRows:
@@ -585,10 +619,7 @@ def export_images(
     offsets[j+1]]``), ``flipped`` bool per client, and the dataset-wide ``mean`` / ``std``
     of the pixel standardisation and ``n-classes``.
     """
-    if num_partitions < 1:
-        raise ValueError(f"num-partitions={num_partitions}: expected >= 1")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _export_folder(out, num_partitions)
     n = int(federation.n_clients)
     files = []
     for p in range(num_partitions):
@@ -616,17 +647,7 @@ def export_images(
                 std=np.float64(federation.std),
                 **{"n-classes": np.int64(federation.n_classes)},
             )
-        files.append(
-            {
-                "partition-id": p,
-                "file": path.name,
-                "sha256": sha256_file(path),
-                "bytes": path.stat().st_size,
-                "rows": int(used.size),
-                "first-user": int(first),
-                "num-users": int(count),
-            }
-        )
+        files.append(_node_entry(p, path, int(used.size), first, count))
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "family": "maxfl",
@@ -641,8 +662,7 @@ def export_images(
         "source": dict(source),
         "files": files,
     }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
+    return _write_manifest(folder, manifest)
 
 
 def load_node_images(path: str | os.PathLike[str], source: dict[str, Any]) -> Any:
@@ -666,16 +686,7 @@ def load_node_images(path: str | os.PathLike[str], source: dict[str, Any]) -> An
         Missing or tampered file or manifest, or a run whose clients differ from the export.
     """
     fed = _images_cached(*_stamp(str(path)))
-    manifest = read_manifest(Path(path).expanduser().resolve().parent)
-    differ = [
-        f"{key}={source[key]!r} (export: {manifest['source'].get(key)!r})"
-        for key in MAXFL_SOURCE_KEYS
-        if key in source and manifest["source"].get(key) != source[key]
-    ]
-    if differ:
-        raise NodeDataError(
-            f"{path}: exported for other clients than this run's: " + ", ".join(differ)
-        )
+    _check_source(path, source, MAXFL_SOURCE_KEYS, "other clients")
     return fed
 
 
@@ -769,10 +780,7 @@ def export_ratings(
     ``eval-local`` int64 (which of its training samples belong to the pooled train-loss
     sample) and ``n-movies``.
     """
-    if num_partitions < 1:
-        raise ValueError(f"num-partitions={num_partitions}: expected >= 1")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _export_folder(out, num_partitions)
     n = int(task.n_clients)
     files = []
     for p in range(num_partitions):
@@ -799,17 +807,7 @@ def export_ratings(
                     "n-movies": np.int64(task.layout.n_movies),
                 },
             )
-        files.append(
-            {
-                "partition-id": p,
-                "file": path.name,
-                "sha256": sha256_file(path),
-                "bytes": path.stat().st_size,
-                "rows": hi - lo,
-                "first-user": int(first),
-                "num-users": int(count),
-            }
-        )
+        files.append(_node_entry(p, path, hi - lo, first, count))
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "family": "fedsubavg",
@@ -824,8 +822,7 @@ def export_ratings(
         "source": dict(source),
         "files": files,
     }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
+    return _write_manifest(folder, manifest)
 
 
 def load_node_ratings(path: str | os.PathLike[str], source: dict[str, Any]) -> Any:
@@ -841,16 +838,7 @@ def load_node_ratings(path: str | os.PathLike[str], source: dict[str, Any]) -> A
         Missing or tampered file or manifest, or a run whose task differs from the export.
     """
     task = _ratings_cached(*_stamp(str(path)))
-    manifest = read_manifest(Path(path).expanduser().resolve().parent)
-    differ = [
-        f"{key}={source[key]!r} (export: {manifest['source'].get(key)!r})"
-        for key in RATING_SOURCE_KEYS
-        if key in source and manifest["source"].get(key) != source[key]
-    ]
-    if differ:
-        raise NodeDataError(
-            f"{path}: exported for another task than this run's: " + ", ".join(differ)
-        )
+    _check_source(path, source, RATING_SOURCE_KEYS, "another task")
     return task
 
 

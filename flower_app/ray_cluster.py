@@ -27,7 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from flower_app.simulation import BIN, _free_port
+from flower_app import procfs
+from flower_app.simulation import BIN, free_port
 
 __all__ = ["LoopbackRayCluster"]
 
@@ -90,8 +91,8 @@ class LoopbackRayCluster:
         self.root, self.num_nodes, self.num_cpus = root, num_nodes, num_cpus
         self.object_store_bytes = object_store_mib * 1024 * 1024
         self.ips = [f"127.0.0.{2 + i}" for i in range(num_nodes)]
-        self.port = _free_port()
-        self.client_port = _free_port()
+        self.port = free_port()
+        self.client_port = free_port()
         self.procs: list[subprocess.Popen] = []
         self.env = {
             **os.environ,
@@ -131,7 +132,7 @@ class LoopbackRayCluster:
             "--temp-dir",
             str(node_dir / "tmp"),
             "--dashboard-agent-listen-port",
-            str(_free_port()),
+            str(free_port()),
         ]
         with (node_dir / "ray-start.log").open("w") as log:
             self.procs.append(
@@ -174,10 +175,12 @@ class LoopbackRayCluster:
                 "--include-dashboard",
                 "false",
                 "--dashboard-port",
-                str(_free_port()),
+                str(free_port()),
             ],
         )
         self._wait_log(0, deadline)
+        if self.num_nodes == 1:  # `ray start` logs "Ray runtime started" once the head is up
+            return self
         for i in range(1, self.num_nodes):
             self._ray_start(i, ["--address", self.address])
         for i in range(1, self.num_nodes):
@@ -249,22 +252,15 @@ class LoopbackRayCluster:
     def _own_pids(self) -> list[int]:
         """PIDs in this cluster's sessions or whose command line names its root."""
         sessions = {p.pid for p in self.procs}
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        found = []
+        for pid in procfs.pids():
+            fields, argv = procfs.stat_fields(pid), procfs.argv(pid)
+            if fields is None or argv is None or fields[0] == "Z":  # Z: exited, unreaped
                 continue
-            try:
-                stat = (proc / "stat").read_text()
-                argv = (proc / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            # fields after the parenthesised command: state ppid pgrp session ...
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] == "Z":  # exited, only waiting to be reaped by its parent
-                continue
-            if int(fields[3]) in sessions or f"{self.root}{os.sep}" in argv:
-                pids.append(int(proc.name))
-        return pids
+            # fields: state ppid pgrp session ...
+            if int(fields[3]) in sessions or any(f"{self.root}{os.sep}" in a for a in argv):
+                found.append(pid)
+        return found
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every process this cluster started: SIGTERM per session, then SIGKILL."""

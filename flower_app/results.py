@@ -10,6 +10,13 @@ Ctrl-C, an out-of-memory kill) loses nothing. Forcing it to the disk (``fsync``)
 milliseconds, as much as a whole short round, so it happens at most once per ``sync_every``
 seconds (default 1 s) and at the end: a machine that loses power may lose the last second of
 rounds, and resuming then continues from the last checkpoint that reached the disk.
+
+Two times are recorded in ``summary.json``: ``wall-time``, the rounds' (from the strategy's
+start to its end, as each family's runner measures it), and ``run-wall-time``, the whole run's:
+from the start of the session (:func:`run_session`: the SuperLink accepting the run under
+``flwr run``, the call of :func:`flower_app.experiment.run_direct`), through loading data, the
+greedy reference and discovery, to the summary. A resumed run adds each earlier session's time
+up to its last checkpoint (kept in ``checkpoint.pkl``), and ``run-sessions`` counts them.
 """
 
 from __future__ import annotations
@@ -19,17 +26,55 @@ import math
 import os
 import pickle
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CHECKPOINT", "ResumeError", "RunWriter", "read_metrics", "to_jsonable"]
+__all__ = [
+    "CHECKPOINT",
+    "ResumeError",
+    "RunWriter",
+    "read_metrics",
+    "run_session",
+    "to_jsonable",
+]
 
 #: the checkpoint file of a run folder
 CHECKPOINT = "checkpoint.pkl"
 #: config keys that may differ between an interrupted run and its resumption
 RESUME_MAY_CHANGE = ("resume", "round-timeout", "discovery-timeout", "min-reply-fraction")
+#: checkpoint key of the run's time so far (seconds, all sessions up to that checkpoint)
+_ELAPSED = "run-elapsed"
+#: when the current session started (Unix time), set by :func:`run_session`
+_SESSION_START: ContextVar[float | None] = ContextVar("flower_app_session_start", default=None)
+
+
+@contextmanager
+def run_session(started_at: float | None = None) -> Iterator[float]:
+    """Mark the start of a run session for the :class:`RunWriter` opened inside it.
+
+    Parameters
+    ----------
+    started_at : float, optional
+        Unix time the session started (e.g. when the SuperLink accepted the run); default:
+        now. A writer opened outside any session counts from its own creation.
+
+    Yields
+    ------
+    float
+        The start time used.
+    """
+    start = time.time() if started_at is None else float(started_at)
+    token = _SESSION_START.set(start)
+    try:
+        yield start
+    finally:
+        _SESSION_START.reset(token)
 
 
 class ResumeError(ValueError):
@@ -57,6 +102,34 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+#: modules of the server states a checkpoint pickles, as they were named before
+#: ``flower_app.algorithms`` got one subpackage per family (checkpoints of runs interrupted
+#: before that move resume after it)
+MOVED_MODULES = {
+    f"flower_app.algorithms.{old}": f"flower_app.algorithms.{new}"
+    for old, new in {
+        "fedsm": "fedsm.core", "fedsm_alg2": "fedsm.alg2", "fedsm_amplify": "fedsm.amplify",
+        "fedsm_dp": "fedsm.dp", "fedsm_modes": "fedsm.modes", "fedsm_sampling": "fedsm.sampling",
+        "fedsm_user": "fedsm.user", "shuffle_dp": "fedsm.shuffle_dp",
+        "fedcg": "fedcg.continuous", "discrete_greedy": "fedcg.discrete_greedy",
+        "maxfl": "maxfl.core", "appeal": "maxfl.appeal", "fl_baselines": "maxfl.baselines",
+        "participation": "maxfl.participation", "server_rules": "maxfl.server_rules",
+        "learning": "maxfl.learning", "fedsubavg": "fedsubavg.core",
+        "fedsubavg_direct": "fedsubavg.direct", "fedsubavg_named": "fedsubavg.named",
+        "fedsubavg_dp": "fedsubavg.dp", "fedsubavg_torch": "fedsubavg.torch_engine",
+        "torch_tasks": "fedsubavg.torch_tasks", "counts": "common.counts",
+        "dp_noise": "common.dp_noise", "gaussian_dp": "common.gaussian_dp",
+    }.items()
+}  # fmt: skip
+
+
+class _CheckpointUnpickler(pickle.Unpickler):
+    """Read a run's own ``checkpoint.pkl``, mapping the server states' moved modules."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED_MODULES.get(module, module), name)
 
 
 class RunWriter:
@@ -91,12 +164,18 @@ class RunWriter:
         self.folder = Path(folder)
         self.sync_every = float(sync_every)
         self._synced = {"metrics": time.monotonic(), "checkpoint": time.monotonic()}
+        started = _SESSION_START.get()
+        self._session_start = time.time() if started is None else started
+        self._elapsed_before = 0.0  # earlier sessions' time (a resumed run)
+        self._sessions = 1
         self.folder.mkdir(parents=True, exist_ok=True)
         #: the loaded checkpoint (``resume``), else None
         self.checkpoint: dict[str, Any] | None = None
         kept: list[dict[str, Any]] = []
         if resume:
             self.checkpoint = self._load_checkpoint(config)
+            self._elapsed_before = float(self.checkpoint.get(_ELAPSED, 0.0))
+            self._sessions = int(self.checkpoint.get("run-sessions", 1)) + 1
             last = int(self.checkpoint["server-round"])
             kept = [r for r in _complete_rows(self.folder) if int(r.get("server-round", 0)) <= last]
         _atomic_write(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
@@ -106,6 +185,10 @@ class RunWriter:
         self._metrics = (self.folder / "metrics.jsonl").open("a", encoding="utf-8")
         #: merged into ``summary.json`` (e.g. a Flower run's node failures)
         self.extra_summary: dict[str, Any] = {}
+
+    def run_elapsed(self) -> float:
+        """Return the run's time so far in seconds: this session's plus earlier sessions'."""
+        return self._elapsed_before + max(0.0, time.time() - self._session_start)
 
     def _due(self, what: str) -> bool:
         """Return whether ``what`` should be synced now (and note that it is)."""
@@ -144,7 +227,13 @@ class RunWriter:
             )
         try:
             with path.open("rb") as fh:
-                return dict(pickle.load(fh))  # noqa: S301 - the run's own file
+                return dict(_CheckpointUnpickler(fh).load())
+        except (ImportError, AttributeError) as ex:
+            raise ResumeError(
+                f"resume: {path} was written by a version of flower_app whose server state "
+                f"this version cannot read ({type(ex).__name__}: {ex}); finish it with that "
+                "version, or start the run again without 'resume'"
+            ) from ex
         except (EOFError, pickle.UnpicklingError, TypeError, ValueError) as ex:
             raise ResumeError(
                 f"resume: {path} is unreadable ({type(ex).__name__}: {ex}); if the machine "
@@ -155,8 +244,11 @@ class RunWriter:
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
         """Replace ``checkpoint.pkl`` atomically with ``payload`` (a strategy's state).
 
-        When a sync is due, the metrics are synced first, then the checkpoint.
+        When a sync is due, the metrics are synced first, then the checkpoint. The run's
+        time so far and its session count are stored beside the strategy's state, so that a
+        resumed run's ``run-wall-time`` counts the interrupted session too.
         """
+        payload = {**payload, _ELAPSED: self.run_elapsed(), "run-sessions": self._sessions}
         tmp = self.folder / (CHECKPOINT + ".tmp")
         sync = self._due("checkpoint")
         if sync:
@@ -187,6 +279,11 @@ class RunWriter:
             self._metrics.close()
         if self.checkpoint is not None:
             summary["resumed-from-round"] = int(self.checkpoint["server-round"])
+        summary["run-wall-time"] = self.run_elapsed()
+        summary["run-sessions"] = self._sessions
+        summary["session-started-at"] = datetime.fromtimestamp(
+            self._session_start, UTC
+        ).isoformat(timespec="seconds")
         summary.update(self.extra_summary)
         path = self.folder / "summary.json"
         _atomic_write(path, json.dumps(to_jsonable(summary), indent=2))

@@ -5,13 +5,19 @@ every later ``flwr run`` on the machine (DESIGN: "Flower facts that bite").
 :class:`LocalSimulation` gives it its own ``FLWR_HOME`` and free ports, so it never touches
 another SuperLink, checks each run's real status with ``flwr ls`` (``flwr run --stream`` exits
 0 even when the ServerApp fails), and stops exactly the SuperLink it started.
-Used by the tests, ``run_sim.py --engine flower`` and the benchmarks.
+
+It starts that SuperLink itself (the command ``flwr run`` would use) and waits for its health
+endpoint with a generous deadline: ``flwr run`` then finds it running and never starts one
+of its own, whose start-up Flower gives a fixed 15 s (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``),
+too short on a busy machine. Used by the tests, ``run_sim.py --engine flower`` and the
+benchmarks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -19,11 +25,17 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FlwrRun", "LocalSimulation", "toml_value"]
+from flower_app import procfs
+
+__all__ = ["FlwrRun", "LocalSimulation", "free_port", "superlink_pids", "toml_value"]
+
+_log = logging.getLogger(__name__)
 
 #: the project root (where pyproject.toml lives)
 PROJECT = Path(__file__).resolve().parents[1]
@@ -31,7 +43,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """Return a TCP port of 127.0.0.1 that is free right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -48,17 +61,12 @@ def toml_value(value: Any) -> str:
 
 def superlink_pids(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes listening on ``port``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any("flower-superlink" in a for a in argv) and str(port) in argv:
-            pids.append(int(proc.name))
-    return pids
+    found = []
+    for pid in procfs.pids():
+        argv = procfs.argv(pid)
+        if argv and any("flower-superlink" in a for a in argv) and str(port) in argv:
+            found.append(pid)
+    return found
 
 
 @dataclass
@@ -115,8 +123,8 @@ class LocalSimulation:
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
-        self.http_port = _free_port()
-        self.control_port = _free_port()
+        self.http_port = free_port()
+        self.control_port = free_port()
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -130,6 +138,87 @@ class LocalSimulation:
         }
         if ray_address is not None:
             self.env["RAY_ADDRESS"] = ray_address
+        self.superlink: subprocess.Popen | None = None
+        #: put before every ``flwr`` command (e.g. ``ip netns exec NS`` to run the CLI in
+        #: the network namespace of a rehearsal's SuperLink, flower_app.deploy.rehearsal)
+        self.prefix: list[str] = []
+
+    @property
+    def superlink_log(self) -> Path:
+        """The log file of the SuperLink :meth:`start` starts."""
+        return self.home / "local-superlink" / "superlink.log"
+
+    def _healthy(self) -> bool:
+        url = f"http://127.0.0.1:{self.http_port}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (loopback)
+                return 200 <= response.status < 300
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Start this object's local SuperLink (if not running) and wait until it answers.
+
+        The command is the one ``flwr run`` uses for its managed local SuperLink
+        (``flwr/cli/local_superlink.py``), on this object's ports and ``FLWR_HOME``, in a
+        session of its own (stopped by :meth:`stop` by its process group).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds allowed until its health endpoint answers (generous: a busy machine
+            may need a minute; Flower itself allows 15 s).
+
+        Raises
+        ------
+        RuntimeError
+            If the SuperLink exits or does not answer within ``timeout`` (with its log).
+        """
+        if self.superlink is not None and self.superlink.poll() is None:
+            return
+        self.superlink_log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(BIN / "flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--control-api-address",
+            f"127.0.0.1:{self.control_port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http_port),
+            "--log-file",
+            str(self.superlink_log),
+            "--database",
+            str(self.superlink_log.parent / "state.db"),
+        ]
+        started = time.monotonic()
+        self.superlink = subprocess.Popen(
+            cmd,
+            cwd=self.home,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        while not self._healthy():
+            if self.superlink.poll() is not None or time.monotonic() - started > timeout:
+                code = self.superlink.poll()
+                self.stop()
+                tail = self.superlink_log.read_text(errors="replace")[-3000:] if (
+                    self.superlink_log.exists()
+                ) else ""
+                reason = f"exited with code {code}" if code is not None else (
+                    f"did not answer within {timeout:.0f} s"
+                )
+                raise RuntimeError(f"local SuperLink on port {self.http_port} {reason}:\n{tail}")
+            time.sleep(0.2)
+        waited = time.monotonic() - started
+        if waited > 15:
+            _log.warning("local SuperLink on port %d took %.0f s to start", self.http_port, waited)
 
     def run(
         self,
@@ -167,10 +256,13 @@ class LocalSimulation:
         RuntimeError
             If ``flwr run`` did not even start a run.
         """
+        if connection is None and "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT" in self.env:
+            self.start()  # the local SuperLink `flwr run` would start, without its 15 s limit
         name = run_config.get("run-name") or f"run-{time.monotonic_ns()}"
         cfg = {"output-dir": str(self.output_dir), **run_config, "run-name": name}
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
-        cmd = [str(BIN / "flwr"), "run", ".", *([connection] if connection else [])]
+        cmd = [*self.prefix, str(BIN / "flwr"), "run", "."]
+        cmd += [connection] if connection else []
         cmd += ["--stream", "--run-config", overrides]
         if num_supernodes is not None:
             fed = {
@@ -186,13 +278,19 @@ class LocalSimulation:
         match = re.search(r"Successfully started run (\d+)", output)
         if not match:
             raise RuntimeError(f"flwr run did not start a run:\n{output[-4000:]}")
-        status, details = self.status(int(match.group(1)))
+        run_id = int(match.group(1))
+        status, details = self.status(run_id)
+        # the stream can end just before the run's status flips to finished
+        deadline = time.monotonic() + 120.0
+        while not status.startswith("finished") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status, details = self.status(run_id)
         return FlwrRun(output, status, details, Path(cfg["output-dir"]) / name)
 
     def status(self, run_id: int) -> tuple[str, str]:
         """Return ``(status, status-details)`` of a run from ``flwr ls --format json``."""
         proc = subprocess.run(
-            [str(BIN / "flwr"), "ls", "--format", "json"],
+            [*self.prefix, str(BIN / "flwr"), "ls", "--format", "json"],
             cwd=self.project,
             env=self.env,
             capture_output=True,
@@ -205,8 +303,41 @@ class LocalSimulation:
                 return str(run.get("status")), str(run.get("status-details", ""))
         raise RuntimeError(f"run {run_id} not listed by flwr ls:\n{proc.stdout}")
 
-    def stop(self) -> None:
-        """Stop the local SuperLink this object's runs started (matched by its port)."""
-        for pid in superlink_pids(self.http_port):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the local SuperLink of this object and everything under it.
+
+        SIGTERM to the session :meth:`start` made (the SuperLink, its superexec and the
+        ``flwr-simulation`` processes it launched), and to a SuperLink on this object's port
+        that ``flwr run`` started itself; then SIGKILL, after ``timeout`` seconds, to whatever
+        of them (or of the processes whose environment names this ``FLWR_HOME``: Ray's, which
+        run in sessions of their own) is still there.
+        """
+        groups = []
+        if self.superlink is not None:
+            groups.append(self.superlink.pid)
+        groups += [pid for pid in superlink_pids(self.http_port) if pid not in groups]
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self._own_pids(groups) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in self._own_pids(groups):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if self.superlink is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.superlink.wait(timeout=10)
+            self.superlink = None
+
+    def _own_pids(self, groups: list[int]) -> list[int]:
+        """Live PIDs in process ``groups`` or with this ``FLWR_HOME`` in their environment."""
+        marker = f"FLWR_HOME={self.home}".encode()
+        found = []
+        for pid in procfs.pids():
+            fields, environ = procfs.stat_fields(pid), procfs.environ(pid)
+            if fields is None or environ is None or fields[0] == "Z":
+                continue
+            if int(fields[2]) in groups or marker in environ:  # fields[2]: process group
+                found.append(pid)
+        return found

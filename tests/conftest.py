@@ -1,15 +1,25 @@
-"""Shared fixtures: real `flwr run`s against SuperLinks this test session owns."""
+"""Shared fixtures: Flower runs on a runtime this test session starts once, real `flwr run`s
+against SuperLinks it owns, and a sweep of every process it started, however it ends.
+
+- ``flower_cli``: ``flower_cli.run(run_config, num_supernodes=...)`` runs the app on Flower's
+  simulation engine in this process (:class:`flower_app.inprocess_simulation.
+  InProcessSimulation`), its ClientApps in actors of one Ray head per test process
+  (``ray_head``, started on first use): no ``flwr`` CLI, SuperLink or Ray start-up per run.
+  For the tests that check a strategy, a runner or a ClientApp through Flower.
+- ``flwr_cli``: the real ``flwr run . --stream`` against a local SuperLink of this session
+  (:class:`flower_app.simulation.LocalSimulation`; ~30 s of start-up per run). Only for tests
+  that check the ``flwr run`` command itself; each says why in its docstring.
+- Every process started here carries ``FLOWER_APP_PROCESS_TOKEN`` (unique to this pytest run)
+  in its environment; a watchdog (:mod:`flower_app.process_sweep`) stops whatever still
+  carries it once pytest has exited, however it exited (``tests/test_no_survivors.py``).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
+import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +36,16 @@ os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from flower_app.simulation import FlwrRun, LocalSimulation  # noqa: E402
+from flower_app import process_sweep  # noqa: E402
+from flower_app.inprocess_simulation import InProcessSimulation  # noqa: E402
+from flower_app.ray_cluster import LoopbackRayCluster  # noqa: E402
+from flower_app.simulation import LocalSimulation  # noqa: E402
+
+#: set by the process that starts the test run (xdist workers inherit it): the PID the
+#: watchdog outlives
+OWNER_VAR = "FLOWER_APP_PROCESS_OWNER"
+#: optional: where the watchdog writes the survivors it stopped
+REPORT_VAR = "FLOWER_APP_SWEEP_REPORT"
 
 # the nodes' binary data caches of this test session (and of the SuperNodes it starts) stay
 # out of the user's ~/.cache
@@ -40,90 +59,40 @@ BIN = Path(sys.executable).parent  # flower-superlink / flower-supernode of this
 FlowerCLI = LocalSimulation
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# the deployment fixtures (the shared edge-device rehearsal, exports, loopback deployment)
+from tests.deployment import Deployment, deployment, node_export, rehearsal  # noqa: E402, F401
 
 
-class Deployment:
-    """A real SuperLink and SuperNodes (deployment mode, no simulation) on loopback."""
-
-    def __init__(self, root: Path, num_nodes: int, node_config=None) -> None:
-        """``node_config(p)``: node p's ``--node-config`` string (default: its partition)."""
-        self.root = root
-        self.port = _free_port()
-        self.procs: list[subprocess.Popen] = []
-        home = root / "home"
-        home.mkdir()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        self.cli = FlowerCLI(home, root / "runs")
-        self.cli.env.pop("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT")
-        self._start(
-            "superlink", [str(BIN / "flower-superlink"), "--insecure", "--port", str(self.port)]
-        )
-        for p in range(num_nodes):
-            node_home = root / f"node-{p}"
-            node_home.mkdir()
-            self._start(
-                f"supernode-{p}",
-                [
-                    str(BIN / "flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--port",
-                    str(_free_port()),
-                    "--node-config",
-                    (
-                        f"partition-id={p} num-partitions={num_nodes}"
-                        if node_config is None
-                        else node_config(p)
-                    ),
-                ],
-                FLWR_HOME=str(node_home),
-            )
-
-    def _start(self, name: str, cmd: list[str], **env: str) -> None:
-        log = (self.root / f"{name}.log").open("w")
-        self.procs.append(
-            subprocess.Popen(
-                cmd,
-                env={**self.cli.env, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        time.sleep(1.0)
-
-    def run(self, run_config: dict, timeout: float = 600) -> FlwrRun:
-        return self.cli.run(run_config, num_supernodes=None, timeout=timeout)
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    dep = Deployment(tmp_path_factory.mktemp("deployment"), num_nodes=3)
-    try:
-        yield dep
-    finally:
-        dep.stop()
+def _ray_prefix() -> str:
+    """Name prefix of this run's Ray head folders (the watchdog deletes them)."""
+    return f"fa-ray-{os.environ[process_sweep.TOKEN_VAR][-8:]}"
 
 
 @pytest.fixture(scope="session")
-def flower_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerCLI]:
-    cli = FlowerCLI(tmp_path_factory.mktemp("flwr-home"), tmp_path_factory.mktemp("runs"))
+def ray_head() -> Iterator[LoopbackRayCluster]:
+    """One Ray head (2 CPUs) per test process, shared by every ``flower_cli`` run."""
+    # short root: Ray's socket paths live under it and must fit in 107 characters
+    root = Path(tempfile.mkdtemp(prefix=f"{_ray_prefix()}-", dir="/tmp"))
+    cluster = LoopbackRayCluster(root, num_nodes=1, num_cpus=2, object_store_mib=256)
+    try:
+        with cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def flower_cli(
+    ray_head: LoopbackRayCluster, tmp_path_factory: pytest.TempPathFactory
+) -> InProcessSimulation:
+    """Flower simulation runs of this app, in-process, on the session's Ray head."""
+    return InProcessSimulation(tmp_path_factory.mktemp("runs"), ray_head.address)
+
+
+@pytest.fixture(scope="session")
+def flwr_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulation]:
+    """The real ``flwr run . --stream`` against a local SuperLink of this session."""
+    cli = LocalSimulation(tmp_path_factory.mktemp("flwr-home"), tmp_path_factory.mktemp("runs"))
     try:
         yield cli
     finally:
@@ -131,14 +100,24 @@ def flower_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerCLI]:
 
 
 #: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``).
-#: ``long``: ``flwr run`` tests of 30-80 s each on the 2-core CI machine that repeat a path
-#: the default suite already runs once per strategy family; off by default so that the
-#: default suite stays under 8 minutes, on in CI.
+#: ``long``: Flower runs that repeat a path the default suite already runs once per strategy
+#: family (larger federations, more variants); off by default, on in CI.
 DEFAULT_MARKEXPR = "not realdata and not slow and not deploy and not long"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With FLOWER_APP_REALDATA=1 (CI), also run the tests marked ``realdata``, ``deploy``
-    and ``long``."""
+    """Mark this run's processes (and start the watchdog that sweeps them when the run
+    ends); with FLOWER_APP_REALDATA=1 (CI), also run the tests marked ``realdata``,
+    ``deploy`` and ``long``."""
+    if OWNER_VAR not in os.environ:  # the run's first process (not an xdist worker)
+        os.environ.setdefault(process_sweep.TOKEN_VAR, process_sweep.new_token())
+        os.environ[OWNER_VAR] = str(os.getpid())
+        report = os.environ.get(REPORT_VAR)
+        process_sweep.spawn_reaper(
+            os.environ[process_sweep.TOKEN_VAR],
+            os.getpid(),
+            Path(report) if report else None,
+            remove=[f"/tmp/{_ray_prefix()}-*"],
+        )
     if os.environ.get("FLOWER_APP_REALDATA") == "1" and config.option.markexpr == DEFAULT_MARKEXPR:
         config.option.markexpr = "not slow"

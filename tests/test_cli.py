@@ -72,7 +72,7 @@ def test_run_exits_honestly_and_stop_stops_only_its_own_superlink(tmp_path) -> N
         wait_for_port(other_port)
         stopped = _cli(["stop"], env, timeout=60)
         assert stopped.returncode == 0 and str(mine[0]) in stopped.stdout
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while local_superlink_pids(home.resolve()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not local_superlink_pids(home.resolve())

@@ -115,3 +115,25 @@ def test_the_stand_in_matches_table_1_and_carries_a_learnable_signal() -> None:
     same = (cats[task.train_hist] == cats[task.train_mid][:, None]) & (task.train_hist > 0)
     seen = same.any(axis=1)
     assert task.train_clk[seen].mean() > task.train_clk[~seen].mean() + 0.03
+
+
+@pytest.mark.parametrize(
+    "header", ["", "userId,productId,Rating,Timestamp\n", "USERID,PRODUCTID,RATING,TIMESTAMP\n"]
+)
+def test_amazons_own_ratings_file_is_found_and_read_with_any_header(tmp_path, header) -> None:
+    from flower_app.datasets.amazon import find_amazon_files
+
+    rows = [f"{r.user},{r.item},{r.rating},{r.time}" for r in _ratings()]
+    folder = tmp_path / "amazon"
+    folder.mkdir()
+    (folder / "ratings_Electronics.csv").write_text(header + "\n".join(rows) + "\n")
+    (folder / "meta_Electronics.json").write_text(json.dumps({"asin": "i1", "category": ["TV"]}))
+    files = find_amazon_files(folder)
+    assert files.ratings.name == "ratings_Electronics.csv"
+    assert files.meta is not None and files.meta.name == "meta_Electronics.json"
+    assert list(files.read()) == _ratings()
+    (folder / "rating_only.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match="several ratings files"):
+        find_amazon_files(folder)
+    with pytest.raises(FileNotFoundError, match=r"ratings_<Category>.csv"):
+        find_amazon_files(tmp_path)

@@ -15,6 +15,7 @@ from flower_app.datasets.sent140 import (
     PAPER_TABLE1,
     Tweet,
     build_sent140,
+    find_sent140_files,
     load_sent140,
     read_leaf_json,
     read_sentiment140_csv,
@@ -152,3 +153,84 @@ def test_the_stand_in_matches_table_1_and_carries_a_learnable_signal() -> None:
     assert (
         build_sent140([Tweet("a", 1, "w")] * 41, name="real").planted is None
     )  # real data has no planted model
+
+
+def _leaf(rows: list[list[str]]) -> dict:
+    users = sorted({r[4] for r in rows})
+    return {
+        "users": users,
+        "num_samples": [sum(r[4] == u for r in rows) for u in users],
+        "user_data": {
+            u: {"x": [r[1:] for r in rows if r[4] == u],
+                "y": [1 if r[0] == "4" else 0 for r in rows if r[4] == u]}
+            for u in users
+        },
+    }  # fmt: skip
+
+
+def test_every_leaf_file_is_read_by_fedsubavgs_loader(tmp_path) -> None:
+    """LEAF writes several all_data_*.json: FedSubAvg's loader read only the first."""
+    from flower_app.algorithms.fedsubavg.torch_tasks import load_torch_task
+
+    rows = _rows()  # accounts 0, 1, 4 qualify (45, 41, 60 tweets)
+    folder = tmp_path / "sent140"
+    folder.mkdir()
+    (folder / "all_data_0.json").write_text(json.dumps(_leaf([r for r in rows if r[4] <= "acct1"])))
+    (folder / "all_data_1.json").write_text(json.dumps(_leaf([r for r in rows if r[4] > "acct1"])))
+    task = load_torch_task("sent140", str(tmp_path), data_seed=1)
+    assert task.data.users == ("acct0", "acct1", "acct4")
+    csv_path = tmp_path / "s140.csv"
+    _write_csv(csv_path, sorted(rows, key=lambda r: r[4]))
+    whole = load_sent140(csv_path, split_seed=1)
+    assert np.array_equal(task.data.train_y, whole.train_y)
+    # LEAF's own data folder: all_data/ is found as well
+    (folder / "all_data").mkdir()
+    for f in sorted(folder.glob("*.json")):
+        f.rename(folder / "all_data" / f.name)
+    assert load_sent140(folder, split_seed=1).users == ("acct0", "acct1", "acct4")
+
+
+def test_leafs_train_test_split_is_kept(tmp_path) -> None:
+    rows = [r for r in _rows() if r[4] == "acct0"]  # 45 tweets
+    folder = tmp_path / "sent140"
+    for part, chunk in (("train", rows[:36]), ("test", rows[36:])):
+        (folder / part).mkdir(parents=True)
+        (folder / part / f"all_data_0_niid_0_keep_0_{part}_9.json").write_text(
+            json.dumps(_leaf(chunk))
+        )
+    task = load_sent140(folder)
+    assert task.users == ("acct0",) and task.train_y.size == 36 and task.test_y.size == 9
+    assert find_sent140_files(folder).train and find_sent140_files(folder).test
+
+
+@pytest.mark.parametrize(
+    ("layout", "match"),
+    [
+        (["all_data_0.json", "training.1600000.processed.noemoticon.csv"], "keep one source"),
+        (["all_data_0.json", "all_data/all_data_1.json"], "keep one copy"),
+        (["train/a.json"], "test/ has none"),
+        ([], "none of"),
+    ],
+)
+def test_an_ambiguous_or_empty_sent140_folder_is_refused(tmp_path, layout, match) -> None:
+    for name in layout:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        find_sent140_files(tmp_path)
+
+
+def test_a_leaf_file_is_read_exactly_or_refused(tmp_path) -> None:
+    data = _leaf(_rows(2))
+    path = tmp_path / "all_data_0.json"
+    for change, match in (
+        (lambda d: d.update(num_samples=d["num_samples"][:-1]), "'num_samples' has 1 entries"),
+        (lambda d: d.update(users=d["users"][:1]), "'acct1' is in 'user_data' but not in"),
+        (lambda d: d.update(users=d["users"] + d["users"][:1]), "listed twice"),
+        (lambda d: d["user_data"]["acct0"]["x"][0].append("extra"), "sample"),
+    ):
+        bad = json.loads(json.dumps(data))
+        change(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            list(read_leaf_json(path))

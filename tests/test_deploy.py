@@ -1,35 +1,33 @@
-"""Deployment with TLS, SuperNode authentication and a persistent database on loopback.
+"""The edge-device rehearsal: TLS, SuperNode authentication and a database, nodes as devices.
 
-Certificates and node keys from :mod:`flower_app.deploy`, ``flower-superlink --ssl-*
---enable-supernode-auth --database``, keys registered with ``flwr supernode register``,
-3 ``flower-supernode --root-certificates --auth-supernode-private-key`` processes, and the
-app's FedSM job through ``flwr run . secure`` (a ``config.toml`` connection with
-``root-certificates``). Deselected by default; ``-m deploy`` or FLOWER_APP_REALDATA=1 (CI).
+The session's rehearsal (``tests/deployment.py``): ``flower-superlink --ssl-*
+--enable-supernode-auth --database``, keys registered with ``flwr supernode register``, 4
+``flower-supernode --root-certificates --auth-supernode-private-key`` processes, each in its
+own network namespace with its own address, its own folder holding only its exported file,
+and the cgroup memory and CPU limits of an edge device; the app's FedSM job through ``flwr
+run . rehearsal``. Deselected by default; ``-m deploy`` or FLOWER_APP_REALDATA=1 (CI).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from flower_app.config import AppConfig
-from flower_app.deploy import PeakRSS, SecureFederation, make_node_keys
-from flower_app.deploy.processes import BIN
+from flower_app.deploy import PeakRSS, make_node_keys
+from flower_app.deploy.processes import process_tree
 from flower_app.experiment import run_direct
 
 pytestmark = pytest.mark.deploy
 
-NUM_NODES = 3
-#: the default FedSM job (algorithm, dataset, matroid, rounding from pyproject) on a small
-#: instance: deployment rounds cost seconds each (a fresh ClientApp process per message)
+INSTANCE = {"num-users": 40, "num-elements": 60}
+#: the default FedSM job on a small instance: deployment rounds cost seconds each
 FEDSM = {
     "algorithm": "fedsm",
-    "num-users": 40,
-    "num-elements": 60,
+    **INSTANCE,
     "k": 2,
     "clients-per-round": 0.25,
     "elements-per-client": 0.2,
@@ -37,48 +35,71 @@ FEDSM = {
 }
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureFederation]:
-    fed = SecureFederation(tmp_path_factory.mktemp("secure"), NUM_NODES)
+@pytest.fixture
+def synthetic(rehearsal, node_export):
+    """The rehearsal's nodes each holding their file of a small synthetic instance."""
+    rehearsal.provision(node_export("synthetic-facility-location", **INSTANCE), "parquet")
+    return rehearsal
+
+
+def _running(pid: int) -> bool:
+    """True for a process that exists and is not a zombie (an exited ClientApp that Flower's
+    superexec has not reaped yet is listed by its parent but in no cgroup)."""
     try:
-        yield fed.start()
-    finally:
-        fed.stop()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
-def test_tls_node_auth_database_run_matches_direct(secure, tmp_path) -> None:
-    roots = {f"supernode-{i}": secure.nodes[i].pid for i in range(NUM_NODES)}
-    with PeakRSS(roots) as rss:
-        run = secure.run(FEDSM, timeout=240)
-    assert run.status == "finished:completed", run.output + run.details
-    direct = run_direct(
-        AppConfig.from_run_config({**FEDSM, "output-dir": str(tmp_path), "run-name": "direct"})
+def _direct(tmp_path, config: dict) -> dict:
+    return run_direct(
+        AppConfig.from_run_config({**config, "output-dir": str(tmp_path), "run-name": "direct"})
     )
+
+
+def test_nodes_are_separate_limited_devices_and_the_run_matches_direct(synthetic, tmp_path):
+    reh, fed = synthetic, synthetic.federation
+    hosts = [fed.host_of(i) for i in range(reh.nodes)]
+    if reh.namespaced:  # else the rehearsal said why (root, ip) and fell back to loopback
+        assert len({h.address for h in hosts} | {fed.host}) == reh.nodes + 1
+        assert fed.address.startswith(fed.link.address)
+    else:
+        assert reh.fallbacks
+    for i in range(reh.nodes):  # only its own file (and the export's manifest)
+        assert sorted(p.name for p in reh.node_data(i).iterdir()) == [
+            "manifest.json", f"node-{i}.parquet"]  # fmt: skip
+    roots = {f"supernode-{i}": fed.nodes[i].pid for i in range(reh.nodes)}
+    with PeakRSS(roots) as rss:
+        run = fed.run({**FEDSM, "server-data": "none"}, timeout=600)
+    assert run.status == "finished:completed", run.output + run.details
+    direct = _direct(tmp_path, FEDSM)
     assert run.summary["selected"] == direct["selected"]
     assert run.summary["objective"] == pytest.approx(direct["objective"])
     metrics = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == FEDSM["k"] and all(r["bad-replies"] == 0 for r in metrics)
-    online = {int(r["node-id"]) for r in secure.supernodes() if r["status"] == "online"}
-    assert online == set(secure.node_ids.values())  # every registered node, nothing else
-    assert max(r["nodes"] for r in metrics) == NUM_NODES
-    assert secure.database.stat().st_size > 0  # state persisted on disk, not in memory
+    online = {int(r["node-id"]) for r in fed.supernodes() if r["status"] == "online"}
+    assert online == set(fed.node_ids.values())  # every registered node, nothing else
+    assert fed.database.stat().st_size > 0  # state persisted on disk, not in memory
     peak = rss.report()
-    (secure.root / "peak-rss.json").write_text(json.dumps(peak, indent=2))
-    print("peak RSS (MiB):", json.dumps(peak))
-    assert all(p["supernode-mib"] > 0 and p["clientapp-mib"] > 0 for p in peak.values())
+    for i, host in enumerate(hosts):
+        assert peak[f"supernode-{i}"]["clientapps"] >= 1
+        if host.cgroup is not None:  # the node's whole tree is in its cgroup
+            inside = set(host.cgroup.pids())
+            tree = set(process_tree(fed.nodes[i].pid))
+            assert not {p for p in tree - inside if _running(p)}
+            assert host.cgroup.peak() <= host.cgroup.memory
+    print("node trees (MiB):", json.dumps(peak), json.dumps(reh.cgroup_report()))
+    print("round times (s):", [round(r["round-time"], 2) for r in metrics])
 
 
-def test_secure_aggregation_on_tls_supernodes_matches_direct(secure, tmp_path) -> None:
-    """SecAgg+ over real SuperNodes (each message a fresh ClientApp process: the protocol's
-    state — keys for the run, the session between collect and unmask — lives in the node's
-    Context): the plain run's set, every node in every sum, keys set up once, and the
-    protocol's cost recorded per round."""
-    run = secure.run({**FEDSM, "secure-aggregation": True}, timeout=400)
+def test_secure_aggregation_on_the_rehearsal_matches_direct(synthetic, tmp_path) -> None:
+    """SecAgg+ over the rehearsal's nodes (each message a fresh ClientApp process: the
+    protocol's state — keys for the run, the session between collect and unmask — lives in
+    the node's Context): the plain run's set, every node in every sum, keys set up once, and
+    the protocol's cost recorded per round."""
+    run = synthetic.federation.run({**FEDSM, "secure-aggregation": True}, timeout=900)
     assert run.status == "finished:completed", run.output + run.details
-    direct = run_direct(
-        AppConfig.from_run_config({**FEDSM, "output-dir": str(tmp_path), "run-name": "direct"})
-    )
-    assert run.summary["selected"] == direct["selected"]
+    assert run.summary["selected"] == _direct(tmp_path, FEDSM)["selected"]
     metrics = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == FEDSM["k"]
     for t, row in enumerate(metrics):
@@ -88,41 +109,31 @@ def test_secure_aggregation_on_tls_supernodes_matches_direct(secure, tmp_path) -
         assert row["secagg-messages"] == 2 * (setup + row["nodes"] + row["secagg-unmask-nodes"])
 
 
-def test_supernode_with_unregistered_key_is_refused(secure) -> None:
-    stranger = make_node_keys(secure.root / "stranger", 1, prefix="unregistered")[0]
-    proc = secure.start_node(0, key=stranger)
+def test_supernode_with_unregistered_key_is_refused(synthetic) -> None:
+    fed = synthetic.federation
+    stranger = make_node_keys(fed.root / "stranger", 1, prefix="unregistered")[0]
+    proc = fed.start_node(0, key=stranger)  # on a device of its own
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while proc.alive() and "Failed to activate" not in proc.output():
             assert time.monotonic() < deadline, proc.output()
             time.sleep(0.5)
         log = proc.output()
         assert "Failed to activate SuperNode" in log, log
-        listed = {int(r["node-id"]) for r in secure.supernodes()}
-        assert listed == set(secure.node_ids.values())  # only the registered keys
+        listed = {int(r["node-id"]) for r in fed.supernodes()}
+        assert listed == set(fed.node_ids.values())  # only the registered keys
     finally:
         proc.stop()
 
 
-def _runs(secure) -> dict[str, str]:
-    proc = subprocess.run(
-        [str(BIN / "flwr"), "ls", secure.connection, "--format", "json"],
-        env=secure.cli.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    data = json.loads(proc.stdout[proc.stdout.index("{") :])
-    return {str(r["run-id"]): str(r["status"]) for r in data.get("runs", [])}
-
-
-def test_superlink_restart_with_database_keeps_nodes_and_runs(secure) -> None:
+def test_superlink_restart_with_database_keeps_nodes_and_runs(synthetic) -> None:
     """Restart the SuperLink on its database: same registrations, node ids and past runs."""
-    runs = _runs(secure)
-    secure.superlink.stop()
-    secure.start_superlink()
-    rows = secure.wait_online(timeout=60, restarts=0)  # no node may need starting again
+    fed = synthetic.federation
+    runs = fed.runs()
+    fed.superlink.stop()
+    fed.start_superlink()
+    rows = fed.wait_online(timeout=120, restarts=0)  # no node may need starting again
     online = {int(r["node-id"]) for r in rows if r["status"] == "online"}
-    assert online == set(secure.node_ids.values()), rows  # the same ids, reconnected
-    assert all(secure.nodes[i].alive() for i in range(NUM_NODES))  # nodes survived it
-    assert _runs(secure) == runs
+    assert online == set(fed.node_ids.values()), rows  # the same ids, reconnected
+    assert all(fed.nodes[i].alive() for i in range(synthetic.nodes))  # nodes survived it
+    assert fed.runs() == runs

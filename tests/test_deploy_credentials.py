@@ -21,8 +21,12 @@ def test_server_certificate_is_signed_by_the_ca_for_every_host(tmp_path) -> None
     server = x509.load_pem_x509_certificate(certs.server_cert.read_bytes())
     server.verify_directly_issued_by(ca)
     san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.DNSName) == ["superlink.example.org"]
-    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("192.0.2.10")]
+    assert san.get_values_for_type(x509.DNSName) == ["superlink.example.org", "localhost"]
+    # 127.0.0.1 always: flwr 1.42's SuperLink reaches itself there (its superexec)
+    assert san.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("192.0.2.10"),
+        ipaddress.ip_address("127.0.0.1"),
+    ]
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     for key in (certs.ca_key, certs.server_key):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.fedcg import (
+from flower_app.algorithms.fedcg.continuous import (
     FedCGServer,
     LocalSteps,
     UserEntries,

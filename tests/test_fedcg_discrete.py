@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.discrete_greedy import (
     DiscreteGreedyServer,
     discrete_report_sum,
     histogram_sum,

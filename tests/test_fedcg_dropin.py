@@ -18,13 +18,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.clientapp import ClientApp
 from local_grid import LocalGrid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer, run_discrete_greedy_direct
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
+from flower_app.algorithms.fedcg.discrete_greedy import (
+    DiscreteGreedyServer,
+    run_discrete_greedy_direct,
+)
 from flower_app.clients.fedcg import (
     Coverage,
     ScoreTable,
     SetFunction,
     add_fedcg_handlers,
+    fedcg_evaluate,
     fedcg_reply,
 )
 from flower_app.config import AppConfig, ConfigError
@@ -67,6 +71,10 @@ def _user_app(objective: FacilityLocation, general: bool = False, seen: list | N
             seen.append(dict(msg.content.config_records["config"]))
             return fedcg_reply(msg, context, utility(context))
 
+    @app.evaluate()
+    def evaluate(msg: Message, context) -> Message:
+        return fedcg_evaluate(msg, context, utility(context))
+
     return app
 
 
@@ -102,6 +110,29 @@ def test_plain_fedcg_gives_the_direct_engines_x_and_set(local, rounding, partiti
     np.testing.assert_array_equal(result.arrays["x"].numpy(), server.x)  # bit-identical
     assert result.arrays["selected"].numpy().tolist() == direct
     assert [row["bad-replies"] for row in strategy.history] == [0] * 4
+    # the Result carries the objective of the final set, as FedAvg's carries its evaluation
+    rows = obj.values.toarray()
+    assert list(result.evaluate_metrics_clientapp) == [4]
+    final = result.evaluate_metrics_clientapp[4]
+    assert final["objective"] == pytest.approx(rows[:, direct].max(axis=1).mean())
+    assert final["nodes"] == N and strategy.history[-1]["objective"] == final["objective"]
+
+
+def test_fedcg_without_an_evaluate_handler_stops_before_round_1() -> None:
+    obj = _objective()
+    rows = obj.values.toarray()
+    app = add_fedcg_handlers(
+        ClientApp(), lambda c: ScoreTable(rows[int(c.node_config["partition-id"])]),
+        evaluate=False,
+    )  # fmt: skip
+    grid = _grid(app)
+    sent: list[str] = []
+    grid.tamper = lambda msg, reply: sent.append(msg.metadata.message_type) or reply
+    with pytest.raises(MissingHandlerError, match=r"before round 1: .*@app.evaluate\(\)"):
+        FedCGStrategy(k=3).start(grid, num_rounds=3)
+    assert set(sent) == {"evaluate"}  # no round was trained
+    result = FedCGStrategy(k=3, federated_evaluation=False).start(_grid(app), num_rounds=2)
+    assert result.evaluate_metrics_clientapp == {}
 
 
 @pytest.mark.parametrize("general", [False, True])
@@ -234,8 +265,10 @@ def test_a_missing_handler_is_named_at_once() -> None:
         return Message(RecordDict(), reply_to=msg)
 
     t0 = time.monotonic()
-    with pytest.raises(MissingHandlerError, match=r'@app.train\("direction"\)'):
+    with pytest.raises(MissingHandlerError, match=r"before round 1: .*@app.evaluate\(\)"):
         FedCGStrategy(k=3).start(_grid(app, n=3), num_rounds=2)
+    with pytest.raises(MissingHandlerError, match=r'round 1: .*@app.train\("direction"\)'):
+        FedCGStrategy(k=3, federated_evaluation=False).start(_grid(app, n=3), num_rounds=2)
     with pytest.raises(MissingHandlerError, match=r'@app.train\("histogram"\)'):
         FedDiscreteGreedyStrategy(k=3).start(_grid(app, n=3))
     assert time.monotonic() - t0 < 30

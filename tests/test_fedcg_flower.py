@@ -18,8 +18,8 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps, user_direction_sum
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, user_direction_sum
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.clients.adapter import handle_train
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.continuous import HISTOGRAM_RECORD, ContinuousClient

@@ -18,8 +18,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.counts import resolve_count
-from flower_app.algorithms.fedsm import FedSMServer, run_fedsm_direct, user_report_sum
+from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.fedsm.core import FedSMServer, run_fedsm_direct, user_report_sum
 from flower_app.clients.adapter import handle_train
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient, encode_report

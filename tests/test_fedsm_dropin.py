@@ -15,9 +15,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.clientapp import ClientApp
 from local_grid import LocalGrid
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun
-from flower_app.algorithms.fedsm_modes import run_direct as run_modes
-from flower_app.algorithms.fedsm_user import GainsUtility
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm.modes import run_direct as run_modes
+from flower_app.algorithms.fedsm.user import GainsUtility
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.fedcg import Coverage, ScoreTable

@@ -9,17 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.fedsm import user_report_sum
-from flower_app.algorithms.fedsm_alg2 import (
+from flower_app.algorithms.fedsm.alg2 import (
     FedSMAlg2Server,
     PlainPairGains,
     pair_report_sum,
     random_feasible_sequence,
     run_alg2_direct,
 )
-from flower_app.algorithms.fedsm_amplify import SurrogatePairGains, surrogate_entries
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, RoundPlan, cohort_report
-from flower_app.algorithms.fedsm_modes import run_direct as run_modes
+from flower_app.algorithms.fedsm.amplify import SurrogatePairGains, surrogate_entries
+from flower_app.algorithms.fedsm.core import user_report_sum
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, RoundPlan, cohort_report
+from flower_app.algorithms.fedsm.modes import run_direct as run_modes
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError

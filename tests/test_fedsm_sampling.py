@@ -24,10 +24,10 @@ from local_grid import LocalGrid
 from scipy.stats import chi2
 from test_fedsm_dropin import _direct, _objective, user_app
 
-from flower_app.algorithms.fedsm import sampled_entry_sum
-from flower_app.algorithms.fedsm_alg2 import PlainPairGains, pair_report_sum
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
-from flower_app.algorithms.fedsm_sampling import (
+from flower_app.algorithms.fedsm.alg2 import PlainPairGains, pair_report_sum
+from flower_app.algorithms.fedsm.core import sampled_entry_sum
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.fedsm.sampling import (
     dense_draw,
     hypergeometric,
     keyed_uniforms,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.fedsubavg.core import (
     AdamConfig,
     CentralSGD,
     ClientSampler,
@@ -27,7 +27,7 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_direct import RunSpec, full_heat, run_direct_rounds
+from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
 from flower_app.datasets.movielens_rating import (
     build_rating_task,
     load_rating_task,
@@ -345,7 +345,7 @@ def test_direct_engine_is_seeded_and_fedsubavg_learns(task) -> None:
 )
 def test_sum_by_row_is_the_sorted_sum_to_the_bit(entries) -> None:
     """The bincount-by-row sums equal np.unique + bincount bit for bit (same addition order)."""
-    from flower_app.algorithms.fedsubavg import sum_by_row
+    from flower_app.algorithms.fedsubavg.core import sum_by_row
 
     rows = np.array([r for r, _ in entries], dtype=np.int64)
     weights = np.array([w for _, w in entries], dtype=np.float64)

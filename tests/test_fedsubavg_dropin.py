@@ -322,8 +322,9 @@ def test_without_sparse_keys_a_fedavg_clientapp_serves_and_the_result_is_fedavg(
 
     init = initial()
     ours = FedAvgSubStrategy(
-        weighting="samples", min_train_nodes=NODES, min_available_nodes=NODES
-    ).start(LocalGrid(NODES, {}, app=fedavg_app()), initial_arrays=init, num_rounds=2)
+        weighting="samples", fraction_evaluate=0.0, min_train_nodes=NODES,
+        min_available_nodes=NODES,
+    ).start(LocalGrid(NODES, {}, app=fedavg_app()), initial_arrays=init, num_rounds=2)  # fmt: skip
     flower = FedAvg(
         fraction_evaluate=0.0, min_train_nodes=NODES, min_available_nodes=NODES
     ).start(LocalGrid(NODES, {}, app=fedavg_app()), initial_arrays=init, num_rounds=2)

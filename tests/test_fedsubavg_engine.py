@@ -18,8 +18,8 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 from local_grid import LocalGrid
 
-from flower_app.algorithms.fedsubavg import FeatureHeat, LocalConfig, make_server_update
-from flower_app.algorithms.fedsubavg_direct import RunSpec, full_heat, run_direct_rounds
+from flower_app.algorithms.fedsubavg.core import FeatureHeat, LocalConfig, make_server_update
+from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
 from flower_app.config import AppConfig, ConfigError
 from flower_app.registry import load_runner
 from flower_app.runners.fedsubavg import load_task
@@ -332,7 +332,7 @@ def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
 )
 def test_cohort_mode_keeps_the_numbers_recorded_before_the_redesign(cls, losses, abs_sum) -> None:
     """Seeded cohort-mode run (SMALL, 3 nodes) computed with the hand-written start() loop."""
-    from flower_app.algorithms.fedsubavg import Evaluator
+    from flower_app.algorithms.fedsubavg.core import Evaluator
 
     cfg = _cfg()
     evaluate = Evaluator(load_task(cfg))

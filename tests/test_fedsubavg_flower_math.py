@@ -13,7 +13,12 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.algorithms.fedsubavg import AdamConfig, RoundUpdate, ServerAdam, SubmodelAveraging
+from flower_app.algorithms.fedsubavg.core import (
+    AdamConfig,
+    RoundUpdate,
+    ServerAdam,
+    SubmodelAveraging,
+)
 
 
 @pytest.fixture(autouse=True)

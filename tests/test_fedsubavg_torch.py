@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_app.algorithms.fedsubavg_named import NamedLayout
-from flower_app.algorithms.fedsubavg_torch import (
+from flower_app.algorithms.fedsubavg.named import NamedLayout
+from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
     TorchRunSpec,
     initial_state,
@@ -25,7 +25,7 @@ from flower_app.algorithms.fedsubavg_torch import (
     model_values,
     run_torch_direct,
 )
-from flower_app.algorithms.torch_tasks import (
+from flower_app.algorithms.fedsubavg.torch_tasks import (
     METRIC_KEYS,
     AmazonTask,
     Sent140Task,

@@ -1,4 +1,5 @@
-"""`flwr run .` for real (Ray simulation engine): run folder, status, engine agreement."""
+"""Flower's simulation engine (Ray): run folder, status, engine agreement; `flwr run .` for
+real where the command itself is what is checked."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def _direct(tmp_path, run_config: dict) -> dict:
 
 
 @pytest.mark.long
-def test_flwr_run_on_20_supernodes_writes_run_folder(flower_cli, tmp_path) -> None:
-    run = flower_cli.run({"k": 6, "seed": 3}, num_supernodes=20)
+def test_flwr_run_on_20_supernodes_writes_run_folder(flwr_cli, tmp_path) -> None:
+    """The real `flwr run . --stream` (own SuperLink, FAB, `flwr ls`): what the command prints
+    (one summary line, no warning a user cannot act on) is what is checked, so it cannot run
+    in-process."""
+    run = flwr_cli.run({"k": 6, "seed": 3}, num_supernodes=20)
     assert run.status == "finished:completed", run.output
     config = json.loads((run.folder / "config.json").read_text())
     assert config["engine"] == "flower" and config["k"] == 6
@@ -65,8 +69,10 @@ def test_same_set_whatever_the_split_of_users_over_nodes(
     assert max(r["nodes"] for r in rows) <= min(num_supernodes, 10)  # only nodes with sampled users
 
 
-def test_invalid_config_fails_the_run_before_any_round(flower_cli) -> None:
-    run = flower_cli.run({"k": 999}, num_supernodes=2)
+def test_invalid_config_fails_the_run_before_any_round(flwr_cli) -> None:
+    """The real `flwr run . --stream`: a bad --run-config value must reach the user as a
+    failed run (status from `flwr ls`) with the reason, which only the command shows."""
+    run = flwr_cli.run({"k": 999}, num_supernodes=2)
     assert run.status == "finished:failed"
     assert "k=999 exceeds the ground set" in run.output + run.details
     assert not (run.folder / "metrics.jsonl").exists()

@@ -51,8 +51,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_grid import LocalGrid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.client_app import app as default_client_app
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
@@ -446,7 +446,9 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "maxfl-plain",
-            lambda: MaxFLStrategy(mandatory_rounds=5, seed=3, fraction_evaluate=0.0),
+            # 2 rounds < mandatory_rounds: the opt-in test is never needed (not probed)
+            lambda: MaxFLStrategy(mandatory_rounds=5, seed=3, fraction_evaluate=0.0,
+                                  flexible=False),  # fmt: skip
             _maxfl_plain_app,
             4,
             node_config=lambda i: {"partition-id": i},
@@ -466,7 +468,8 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "fedsubavg-plain",
-            lambda: FedSubAvgStrategy(sparse_keys=["emb.weight"], seed=2, fraction_train=0.75),
+            lambda: FedSubAvgStrategy(sparse_keys=["emb.weight"], seed=2, fraction_train=0.75,
+                                      fraction_evaluate=0.0),  # fmt: skip
             _fsa_plain_app,
             4,
             node_config=lambda i: {"partition-id": i},

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from flower_app.algorithms.appeal import AppealServer, TrainOutcome
-from flower_app.algorithms.fl_baselines import (
+from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome
+from flower_app.algorithms.maxfl.baselines import (
     check_mw_eta,
     fedavg_update,
     mwfed_local_steps,
@@ -20,7 +20,7 @@ from flower_app.algorithms.fl_baselines import (
     qffl_update,
     scaffold_control_update,
 )
-from flower_app.algorithms.maxfl import (
+from flower_app.algorithms.maxfl.core import (
     adaptive_server_lr,
     aggregation_weight,
     gm_appeal,
@@ -28,7 +28,7 @@ from flower_app.algorithms.maxfl import (
     maxfl_update,
     sigmoid,
 )
-from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 
 
 def test_aggregation_weight_hand_computed() -> None:
@@ -271,8 +271,8 @@ def test_toy_mean_estimation_lemma_2_1_and_theorem_2_1() -> None:
 
 
 def test_every_algorithm_has_a_server_and_a_client_rule() -> None:
-    from flower_app.algorithms.learning import ALGORITHMS, LOCAL_RULES
-    from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
+    from flower_app.algorithms.maxfl.learning import ALGORITHMS, LOCAL_RULES
+    from flower_app.algorithms.maxfl.server_rules import RULES, MWFedRule, rule_for
 
     assert set(RULES) == set(ALGORITHMS)
     assert isinstance(rule_for("mwfed"), MWFedRule) and rule_for("scaffold").copies == 2

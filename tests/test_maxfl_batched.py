@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from flower_app.algorithms.learning import (
-    local_sgd,
-    local_sgd_batched,
-    make_model,
-    single_thread,
-    user_rng,
-)
+from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.common.threads import single_thread
+from flower_app.algorithms.maxfl.learning import TRAIN
+from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched, make_model
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.models.mlp import MLP
@@ -46,7 +43,7 @@ def _one_by_one(data, prox_mu=0.0, corrections=None, steps=10, b=8) -> list[list
         for k, (x, y) in enumerate(data):
             model = make_model(_init(), 5, 0.3)
             local_sgd(
-                model, x, y, steps, 0.1, b, user_rng(3, 1, k), prox_mu=prox_mu,
+                model, x, y, steps, 0.1, b, user_rng(3, 1, k, TRAIN), prox_mu=prox_mu,
                 correction=None if corrections is None else corrections[k],
             )  # fmt: skip
             out.append(model.get_weights())
@@ -57,7 +54,8 @@ def _batched(data, users, prox_mu=0.0, corrections=None, steps=10, b=8):
     models = [make_model(_init(), 5, 0.3) for _ in users]
     with single_thread():
         local_sgd_batched(
-            models, [data[k] for k in users], steps, 0.1, b, [user_rng(3, 1, k) for k in users],
+            models, [data[k] for k in users], steps, 0.1, b,
+            [user_rng(3, 1, k, TRAIN) for k in users],
             prox_mu=prox_mu,
             corrections=None if corrections is None else [corrections[k] for k in users],
         )  # fmt: skip
@@ -131,7 +129,11 @@ def test_direct_engine_batched_run_matches_one_by_one(algorithm) -> None:
 
 
 def test_solo_models_trained_together_match_one_by_one() -> None:
-    from flower_app.algorithms.learning import LocalConfig, solo_requirement, solo_requirements
+    from flower_app.algorithms.maxfl.learning import (
+        LocalConfig,
+        solo_requirement,
+        solo_requirements,
+    )
     from flower_app.datasets.federated import ClientData
 
     raw = _clients([40, 45, 60], seed=4)

@@ -20,8 +20,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
-from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
-from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.learning import DictState, byzantine_clients
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import run_direct

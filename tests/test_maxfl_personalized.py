@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from flower_app.algorithms.learning import (
-    LocalConfig,
+from flower_app.algorithms.maxfl.learning import LocalConfig
+from flower_app.algorithms.maxfl.local_steps import (
     local_sgd,
     make_model,
     perfedavg_steps,

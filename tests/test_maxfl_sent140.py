@@ -14,7 +14,7 @@ from local_grid import LocalGrid
 from maxfl_configs import SMALL as MAXFL_SMALL
 
 from flower_app import registry
-from flower_app.algorithms.learning import local_sgd, local_sgd_batched, make_model
+from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched, make_model
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.federated import federation_from_clients
 from flower_app.datasets.images import LabelledImages
@@ -248,7 +248,7 @@ def test_an_empty_opt_in_pool_is_said_once_and_trains_nobody(tmp_path, caplog) -
     import json
     import logging
 
-    from flower_app.algorithms.participation import EMPTY_POOL
+    from flower_app.algorithms.maxfl.participation import EMPTY_POOL
 
     cfg = _cfg(tmp_path, "empty", **{"maxfl-rounds": 4, "maxfl-solo-steps": 200})
     with caplog.at_level(logging.WARNING, logger="flwr"):

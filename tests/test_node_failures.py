@@ -10,6 +10,7 @@ loopback) is ``test_deploy_failures.py``.
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -17,8 +18,8 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import load_task
@@ -229,3 +230,72 @@ def test_fedsubavg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x(algor
     resumed.start(grid=fresh, num_rounds=4, timeout=5)
     assert np.array_equal(resumed.x, whole.x) and np.abs(whole.x).max() > 0
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4]
+
+
+class _Crash(BaseException):
+    """The ServerApp process dies (SIGKILL): nothing after this line of the run happens."""
+
+
+class _CrashingGrid(LocalGrid):
+    """A grid whose ServerApp "dies" when it sends its ``round``-th train exchange."""
+
+    def __init__(self, num_nodes: int, run_config: dict, round_: int) -> None:
+        super().__init__(num_nodes, run_config)
+        self.round, self.trains = round_, 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.message_type.split(".")[0] == "train" for m in messages):
+            self.trains += 1
+            if self.trains == self.round:
+                raise _Crash
+        return super().push_messages(messages)
+
+
+REMOTE_RESUME = {
+    "fedsm": {"algorithm": "fedsm", "num-users": 40, "num-elements": 30, "k": 5,
+              "clients-per-round": 0.5, "elements-per-client": 0.5, "seed": 4},
+    "fedcg": {"algorithm": "fedcg", "num-users": 40, "num-elements": 30, "k": 3,
+              "fedcg-rounds": 5, "clients-per-round": 0.5, "seed": 4},
+    "fedsubavg": {**FSA_SMALL, "fsa-rounds": 5},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(REMOTE_RESUME))
+def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family) -> None:
+    """``server-data = 'none'`` + ``resume = true`` through the runner (what the ServerApp
+    runs): the ServerApp dies while sending round 3; the resumed run redoes no finished round
+    and ends as the uninterrupted one. The checkpoint holds the nodes' n, m (and λ), no
+    client data; nodes that report another instance are refused."""
+    from flower_app.registry import load_runner
+    from flower_app.results import CHECKPOINT, ResumeError
+
+    base = {**REMOTE_RESUME[family], "server-data": "none", "output-dir": str(tmp_path)}
+    runner = load_runner(base["algorithm"])
+    nodes = 3
+    whole = runner.server_run(
+        LocalGrid(nodes, {**base, "run-name": "whole"}),
+        AppConfig.from_run_config({**base, "run-name": "whole"}),
+    )
+    cfg = {**base, "run-name": "crashed"}
+    with pytest.raises(_Crash):
+        runner.server_run(_CrashingGrid(nodes, cfg, 3), AppConfig.from_run_config(cfg))
+    folder = tmp_path / "crashed"
+    assert not (folder / "summary.json").exists()
+    with (folder / CHECKPOINT).open("rb") as fh:
+        saved = pickle.load(fh)
+    assert saved["server-round"] == 2
+    assert saved["remote-problem"]["n_users"] == base["num-users"]
+    grid = _CrashingGrid(nodes, {**cfg, "resume": True}, 4)  # 3 rounds left: no crash
+    resumed = runner.server_run(grid, AppConfig.from_run_config({**cfg, "resume": True}))
+    assert resumed["resumed-from-round"] == 2
+    assert grid.trains == 3  # rounds 3-5 only: the finished rounds are not redone
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["server-round"] for r in rows if r["server-round"] >= 1] == [1, 2, 3, 4, 5]
+    for key in ("selected", "objective", "train-loss", "test-loss", "initial-train-loss"):
+        if key in whole:
+            assert resumed[key] == pytest.approx(whole[key], rel=1e-12), key
+    # nodes holding another instance: refused before any round, naming both
+    other = {**cfg, "resume": True, "num-users": base["num-users"] + 2}
+    with pytest.raises((ResumeError, ValueError), match="differs|now report"):
+        runner.server_run(LocalGrid(nodes, other), AppConfig.from_run_config(other))

@@ -1,5 +1,11 @@
-"""Shuffle-model differential privacy of FedSM's sums (Appendix C): calibration, estimator,
-and the same run on every engine (with and without secure aggregation)."""
+"""Shuffle-model differential privacy of FedSM's sums (Appendix C) and client-level Gaussian
+DP of MaxFL and FedSubAvg: calibration, estimator, and the same run on every engine (with and
+without secure aggregation).
+
+The engine-equality tests run in the research mode ``dp-reproducible-noise`` (noise keyed by
+the seed, so both engines draw the same): by default the noise comes from each node's OS
+entropy and no two runs agree (tests/test_dp_against_server.py).
+"""
 
 from __future__ import annotations
 
@@ -11,23 +17,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun, cohort_report
-from flower_app.algorithms.shuffle_dp import (
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
+from flower_app.algorithms.fedsm.shuffle_dp import (
     ShuffleDP,
     bits_for,
     calibrate_flip,
     compose,
     debias_counts,
     hockey_stick,
+    local_epsilon,
     query_delta,
     randomize_counts,
 )
+from flower_app.clients.adapter import numpy_client_app
+from flower_app.clients.cohorts import cohort_range
+from flower_app.clients.submodular import SubmodularClient
 from flower_app.privacy import SecureAggregation
 from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.local_grid import LocalGrid
-from tests.test_secure_aggregation import N_USERS, M, _cohort_app, _ratings
+from tests.test_secure_aggregation import N_USERS, M, _ratings
 
 
 def _exact_delta(n: int, k: int, p: float, eps: float, a: int) -> float:
@@ -88,19 +98,33 @@ def test_composition_reports_basic_and_advanced_bounds() -> None:
 K_SET = 4
 
 
-def _params(eps: float) -> FedSMParams:
-    return FedSMParams("alg1", 0.6, 0.6, dp_epsilon=eps, dp_delta=1e-6)
+def _params(eps: float, reproducible: bool = False) -> FedSMParams:
+    return FedSMParams("alg1", 0.6, 0.6, dp_epsilon=eps, dp_delta=1e-6,
+                       dp_reproducible=reproducible)  # fmt: skip
 
 
 def _direct(eps: float, ratings: np.ndarray) -> tuple[list[int], list[dict]]:
-    run = FedSMRun(N_USERS, UniformMatroid(M, K_SET), K_SET, _params(eps), 5.0, seed=11)
+    """The direct engine in the research mode (noise keyed by the seed)."""
+    run = FedSMRun(N_USERS, UniformMatroid(M, K_SET), K_SET, _params(eps, True), 5.0, seed=11)
     obj = MaxRowObjective(sp.csr_matrix(ratings))
     rows = []
     while not run.done:
         plan = run.plan()
-        total, _ = cohort_report(obj, plan.users, plan.users, plan, 11)
+        total, _ = cohort_report(obj, plan.users, plan.users, plan, 11, reproducible_noise=True)
         rows.append(run.update(total, plan.users.size))
     return run.selected, rows
+
+
+def _reproducible_cohort_app(ratings: np.ndarray):
+    """Cohort nodes whose own configuration asks for the research mode."""
+
+    def factory(context):
+        p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
+        first, count = cohort_range(N_USERS, p, parts)
+        rows = MaxRowObjective(sp.csr_matrix(ratings[first : first + count]))
+        return SubmodularClient(rows, first, N_USERS, p, parts, reproducible_noise=True)
+
+    return numpy_client_app(factory)
 
 
 @pytest.mark.parametrize("secure", [False, True])
@@ -109,16 +133,23 @@ def test_dp_fedsm_on_flower_nodes_selects_what_the_direct_engine_does(secure) ->
     direct, rows = _direct(2.0, ratings)
     strategy = FedSMStrategy(
         k=K_SET, seed=11, cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K_SET),
-        params=_params(2.0), lam=5.0,
+        params=_params(2.0, True), lam=5.0,
         secure_aggregation=SecureAggregation() if secure else None,
     )  # fmt: skip
-    strategy.start(LocalGrid(5, {}, app=_cohort_app(ratings)), ArrayRecord(), K_SET, timeout=2)
+    app = _reproducible_cohort_app(ratings)
+    strategy.start(LocalGrid(5, {}, app=app), ArrayRecord(), K_SET, timeout=2)
     assert strategy.run.selected == direct
     got = [r for r in strategy.history if r["server-round"] >= 1]
     for a, b in zip(got, rows, strict=True):
         assert a["estimate"] == pytest.approx(b["estimate"], rel=1e-12)
         assert a["dp-bits"] == b["dp-bits"] >= 1 and 0 < a["dp-flip-mean"] < 1
-        assert a["dp-epsilon-basic"] == b["dp-epsilon-basic"] > 0
+        assert a["dp-epsilon-outsider"] == b["dp-epsilon-outsider"] > 0  # shuffle bound
+        assert a["dp-reproducible-noise"] == 1 and a["dp-secure-sum"] == int(secure)
+        # against the server: the shuffle bound only when it sees totals, else the local one
+        local = b["dp-epsilon"]  # the direct run assumes replies in the clear
+        assert local > b["dp-epsilon-outsider"]
+        assert a["dp-epsilon"] == (a["dp-epsilon-outsider"] if secure else local)
+    assert local_epsilon(got[0]["dp-bits"], got[0]["dp-flip-mean"]) > 0
 
 
 def test_dp_noise_changes_the_estimates_and_more_epsilon_changes_them_less() -> None:
@@ -155,15 +186,17 @@ MAXFL_DP = {
     "clients-per-round": 4, "maxfl-rounds": 3, "maxfl-eval-every": 3,
     "maxfl-participation": "all", "maxfl-solo-steps": 20, "maxfl-local-steps": 5, "seed": 4,
     "secure-aggregation": True, "maxfl-dp-noise": 0.8, "maxfl-dp-clip": 0.5,
+    "dp-reproducible-noise": True,
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("algorithm", ["maxfl", "fedavg"])
 def test_dp_maxfl_on_flower_nodes_matches_the_direct_engine(tmp_path, algorithm) -> None:
-    """Distributed noise from the clients' own streams: the Flower run under secure
-    aggregation reaches the direct engine's model within the fixed-point error, with the
-    same ε per round (RDP accountant), no training loss released, and a model that the
-    noise moved away from the non-private one."""
+    """Distributed noise (research mode: keyed by the seed, so both engines draw it alike):
+    the Flower run under secure aggregation reaches the direct engine's model within the
+    fixed-point error, with the same ε per round (against the server and outsiders), no
+    training loss released, and a model that the noise moved away from the non-private
+    one; rows and summary.json say the noise gives no privacy against the server."""
     import json
 
     from flower_app.config import AppConfig
@@ -187,14 +220,20 @@ def test_dp_maxfl_on_flower_nodes_matches_the_direct_engine(tmp_path, algorithm)
                                    atol=1e-5)  # fmt: skip
     moved = max(np.abs(model["direct"][k] - model["plain"][k]).max() for k in model["plain"].files)
     assert moved > 1e-3
-    eps = [r["dp-epsilon"] for r in rows("direct")]
-    assert eps == pytest.approx([r["dp-epsilon"] for r in rows("flower")], rel=1e-12)
-    assert eps == sorted(eps) and eps[0] > 0  # composed over rounds
+    for key in ("dp-epsilon", "dp-epsilon-outsider", "dp-rounds-worst-client"):
+        values = [r[key] for r in rows("direct")]
+        assert values == pytest.approx([r[key] for r in rows("flower")], rel=1e-12)
+        assert values == sorted(values) and values[0] > 0  # composed over rounds
+    assert all(r["dp-epsilon-outsider"] <= r["dp-epsilon"] for r in rows("flower"))
     assert all(r.get("train-loss") is None for r in rows("flower"))  # not released
+    assert all(r["dp-reproducible-noise"] == 1 for r in rows("flower"))
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert summary["privacy"]["reproducible-noise"] is True
+    assert "NO privacy against the server" in summary["privacy"]["privacy-against-server"]
 
 
 def test_gaussian_accounting_and_refusals() -> None:
-    from flower_app.algorithms.gaussian_dp import GaussianDP, gaussian_epsilon
+    from flower_app.algorithms.common.gaussian_dp import GaussianDP, gaussian_epsilon
     from flower_app.config import AppConfig, ConfigError
     from flower_app.runners.maxfl import settings
 
@@ -217,14 +256,14 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     """Clipped submodel updates, noise on the whole heat support: the Flower run (secure
     aggregation, 3 nodes) reaches the direct engine's x within the fixed-point error, the
     server's union is the support (no client's rows), and ε grows with the rounds."""
-    from flower_app.algorithms.fedsubavg_direct import run_direct_rounds
+    from flower_app.algorithms.fedsubavg.direct import run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task, run_spec
 
     run_config = {"algorithm": "fedsubavg", "dataset": "synthetic-movielens-rating",
                   "num-users": 45, "num-elements": 40, "clients-per-round": 8, "fsa-rounds": 4,
                   "seed": 5, "secure-aggregation": True, "fsa-dp-noise": 0.5,
-                  "fsa-dp-clip": 0.5}  # fmt: skip
+                  "fsa-dp-clip": 0.5, "dp-reproducible-noise": True}  # fmt: skip
     cfg = AppConfig.from_run_config(run_config)
     task, spec = load_task(cfg), run_spec(cfg)
     x, history, heat = run_direct_rounds(task, spec)
@@ -235,13 +274,16 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=4)
     np.testing.assert_allclose(strategy.x, x, rtol=0, atol=1e-5)
     plain_x, _, _ = run_direct_rounds(task, run_spec(AppConfig.from_run_config(
-        {**run_config, "fsa-dp-noise": 0.0, "secure-aggregation": False})))  # fmt: skip
+        {**run_config, "fsa-dp-noise": 0.0, "secure-aggregation": False,
+         "dp-reproducible-noise": False})))  # fmt: skip
     assert np.abs(plain_x - x).max() > 1e-3  # the noise moved the model
     support = int((heat.clients > 0).sum())
     rows = [r for r in strategy.history if r["server-round"] >= 1]
     for fl, di in zip(rows, history, strict=True):
         assert fl["union-rows"] == di["union-rows"] == support
         assert fl["dp-epsilon"] == pytest.approx(di["dp-epsilon"], rel=1e-12)
+        assert fl["dp-epsilon-outsider"] == pytest.approx(di["dp-epsilon-outsider"], rel=1e-12)
+        assert fl["dp-clients-in-sum"] == di["dp-clients-in-sum"] == 8
     eps = [r["dp-epsilon"] for r in rows]
     assert eps == sorted(eps) and eps[0] > 0
 

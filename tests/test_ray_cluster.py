@@ -73,9 +73,10 @@ def test_run_attached_to_a_two_raylet_cluster_uses_both_raylets(
 
 @pytest.mark.slow
 def test_run_attached_to_a_cluster_equals_a_local_run(
-    cluster: LoopbackRayCluster, attached_run: FlwrRun, flower_cli: LocalSimulation
+    cluster: LoopbackRayCluster, attached_run: FlwrRun, flwr_cli: LocalSimulation
 ) -> None:
-    local = flower_cli.run(CONFIG, num_supernodes=4)
+    """A real `flwr run` that starts its own Ray instance (what is compared with)."""
+    local = flwr_cli.run(CONFIG, num_supernodes=4)
     assert local.status == "finished:completed", local.output
     assert attached_run.summary["selected"] == local.summary["selected"]
     assert attached_run.summary["objective"] == local.summary["objective"]

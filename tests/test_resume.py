@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import threading
 import time
 
 import pytest
 
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import _children
+from flower_app.deploy.processes import kill_tree
 from flower_app.experiment import run_direct
 from flower_app.simulation import LocalSimulation, superlink_pids
 
@@ -169,14 +167,7 @@ def _quietly(fn, cfg) -> None:
 def _crash(sim: LocalSimulation) -> None:
     """SIGKILL the SuperLink this object started and every process under it."""
     for root in superlink_pids(sim.http_port):
-        victims, todo = [], [root]
-        while todo:
-            pid = todo.pop()
-            victims.append(pid)
-            todo += _children(pid)
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(root)
 
 
 def test_resume_refuses_a_different_configuration(tmp_path) -> None:

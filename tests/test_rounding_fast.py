@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.fedcg import round_point
+from flower_app.algorithms.fedcg.continuous import round_point
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
@@ -21,23 +21,13 @@ from flower_app.submodular.rounding import (
     blocks_of,
     check_in_polytope,
     complete_by_order,
+    complete_by_scan,
     greedy_rounding,
     pipage_rounding,
     swap_rounding,
 )
 
 DRAWS = 4000
-
-
-def _old_greedy(x: np.ndarray, matroid: Matroid, selected: list[int] | None = None) -> list[int]:
-    """The first greedy rounding / base completion: one independence check per element."""
-    chosen = list(selected or [])
-    for e in np.lexsort((np.arange(x.size), -x)):
-        if len(chosen) >= matroid.rank:
-            break
-        if matroid.feasible_mask(chosen)[e]:
-            chosen.append(int(e))
-    return sorted(chosen)
 
 
 @st.composite
@@ -105,9 +95,9 @@ def test_rounded_sets_are_independent_and_bases_on_bases(point, seed) -> None:
 @given(points(), st.integers(0, 2**32 - 1))
 def test_greedy_and_base_completion_match_the_first_implementation(point, seed) -> None:
     matroid, x, _ = point
-    assert greedy_rounding(x, matroid) == _old_greedy(x, matroid)
+    assert greedy_rounding(x, matroid) == complete_by_scan([], x, matroid)
     start = pipage_rounding(x, matroid, np.random.default_rng(seed))
-    assert complete_by_order(start, x, matroid) == _old_greedy(x, matroid, start)
+    assert complete_by_order(start, x, matroid) == complete_by_scan(start, x, matroid)
     for rounding in ("pipage", "swap"):
         chosen = round_point(x, matroid, rounding, np.random.default_rng(seed))
         assert matroid.is_independent(chosen) and len(chosen) == matroid.rank

@@ -74,4 +74,30 @@ def test_the_summary_may_be_written_again_with_more_keys(tmp_path) -> None:
     writer.log_round({"server-round": 1})
     writer.write_summary({"a": 1})
     writer.write_summary({"a": 1, "b": 2})
-    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"a": 1, "b": 2}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # the writer adds the run's time (all sessions) and its session count
+    assert summary.pop("run-sessions") == 1 and summary.pop("run-wall-time") >= 0
+    assert summary.pop("session-started-at").endswith("+00:00")
+    assert summary == {"a": 1, "b": 2}
+
+
+def test_a_checkpoint_of_the_old_module_layout_resumes_and_an_unknown_one_is_refused(tmp_path):
+    """Server states pickled before algorithms/ got a subpackage per family still load."""
+    import pickle
+
+    from flower_app.algorithms.common.gaussian_dp import GaussianDP
+
+    state = GaussianDP(noise_multiplier=0.5, clip=2.0)
+    writer = RunWriter(tmp_path / "run", CONFIG)
+    writer.log_round({"server-round": 1})
+    path = tmp_path / "run" / CHECKPOINT
+    # protocol 0 names each class by "module\nname": write it under the module's old name
+    data = pickle.dumps({"server-round": 1, "dp": state}, protocol=0)
+    new, old = b"flower_app.algorithms.common.gaussian_dp", b"flower_app.algorithms.gaussian_dp"
+    assert new in data
+    path.write_bytes(data.replace(new, old))
+    resumed = RunWriter(tmp_path / "run", CONFIG, resume=True)
+    assert resumed.checkpoint is not None and resumed.checkpoint["dp"] == state
+    path.write_bytes(data.replace(new, b"flower_app.algorithms.no_such_module"))
+    with pytest.raises(ResumeError, match="version of flower_app whose server state"):
+        RunWriter(tmp_path / "run", CONFIG, resume=True)

@@ -471,7 +471,7 @@ def test_mwfed_refuses_secure_aggregation() -> None:
 def test_fedcg_under_secure_aggregation_reaches_the_plain_x(mode) -> None:
     """FedCG's x after 2 rounds: the plain run's within the fixed-point error (the
     directions' sums are reals), with the same rounded set; no report in the clear."""
-    from flower_app.algorithms.fedcg import FedCGServer, LocalSteps
+    from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
     from flower_app.clients.fedcg import ScoreTable, add_fedcg_handlers
     from tests.test_hostile_replies import (
         N_COHORT,
@@ -520,8 +520,8 @@ def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algor
     """Cohort mode: the heat is counted exactly by a secure sum, the model after 4 rounds is
     the direct engine's within the fixed-point error, and the server receives neither a
     node's update nor any user's index set (the full model goes down instead)."""
-    from flower_app.algorithms.fedsubavg import LocalConfig
-    from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
+    from flower_app.algorithms.fedsubavg.core import LocalConfig
+    from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task
     from flower_app.strategies.fedsubavg import (
@@ -563,7 +563,7 @@ def test_discrete_greedy_under_secure_aggregation_selects_the_plain_set(mode) ->
     """Algs. 3-5 are sums throughout (histogram, Σ κ_i, fixed-point int64 reports): all
     three exchanges go through SecAgg+, the set is the plain run's exactly, and no reply the
     server receives holds a histogram or a report in the clear."""
-    from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
+    from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
     from flower_app.clients.fedcg import ScoreTable, add_fedcg_handlers
     from tests.test_hostile_replies import (
         N_COHORT,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from flower_app.algorithms.fedsubavg_torch import initial_state
-from flower_app.algorithms.torch_tasks import (
+from flower_app.algorithms.fedsubavg.torch_engine import initial_state
+from flower_app.algorithms.fedsubavg.torch_tasks import (
     GLOVE_25D_FILE,
     Sent140Task,
     load_torch_task,

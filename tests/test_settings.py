@@ -205,7 +205,10 @@ def test_main_prints_the_generated_text(capsys) -> None:
 
 
 def test_choices_agree_with_the_algorithm_modules() -> None:
-    from flower_app.algorithms import fedcg, fedsm_amplify, fedsm_modes, fedsubavg
+    from flower_app.algorithms.fedcg import continuous as fedcg
+    from flower_app.algorithms.fedsm import amplify as fedsm_amplify
+    from flower_app.algorithms.fedsm import modes as fedsm_modes
+    from flower_app.algorithms.fedsubavg import core as fedsubavg
 
     def choices(key: str) -> set[str]:
         return set(SETTINGS[key].choices)

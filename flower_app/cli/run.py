@@ -1,6 +1,9 @@
-"""``flower-app run`` (an honest exit code) and ``flower-app stop`` (one local SuperLink).
+"""``flower-app run`` (checked first, its own SuperLink, an honest exit code) and ``stop``.
 
-``run`` wraps ``flwr run``; ``stop`` stops exactly the local SuperLink of one ``FLWR_HOME``.
+``run`` checks the run_config in-process (:func:`preflight`: seconds, nothing started),
+gives this ``FLWR_HOME`` its own local SuperLink ports (:func:`local_ports`), wraps ``flwr
+run`` and folds a failure into one line with the path of the full log; ``stop`` stops
+exactly the local SuperLink of one ``FLWR_HOME``.
 
 Flower facts this module works around (flwr 1.41/1.42):
 
@@ -13,6 +16,12 @@ Flower facts this module works around (flwr 1.41/1.42):
   without touching any other SuperLink on the machine.
 - The ServerApp and ClientApps run from Flower's installed copy of the app
   (``$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>/``), so tracebacks name files there.
+- ``flwr run`` finds its local SuperLink by port, not by ``FLWR_HOME``: whatever answers on
+  ``127.0.0.1:39091`` (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, control API
+  ``FLWR_LOCAL_CONTROL_API_PORT``, default 39093) is used, whichever home started it.
+- ``flwr run`` refuses an unknown run_config key only with ``[code: 15] Invalid run
+  configuration`` and checks nothing else before it has started a SuperLink, built and
+  sent the app: a bad value fails in the ServerApp, after the simulation started.
 """
 
 from __future__ import annotations
@@ -22,19 +31,43 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from flower_app.quiet import is_noise
+from flower_app import procfs
+from flower_app.quiet import Collapser, is_noise
+from flower_app.simulation import free_port
 
-__all__ = ["flwr_home", "local_superlink_pids", "run_app", "stop_local_superlink"]
+__all__ = [
+    "PORT_ENV",
+    "flwr_home",
+    "local_ports",
+    "local_superlink_pids",
+    "preflight",
+    "run_app",
+    "stop_local_superlink",
+]
 
 #: flwr and flower-superlink of this interpreter's environment
 BIN = Path(sys.executable).parent
 _STARTED = re.compile(r"Successfully started run (\d+)")
-_APP_COPY = re.compile(r"(\S*?/apps/[^/\s]+\.[^/\s]+\.[^/\s]+\.[0-9a-f]{6,}/)")
+#: Flower's installed copy of an app (no quote or space: a traceback quotes the path)
+_APP_COPY = re.compile(r"([^\s\"']*?/apps/[^/\s\"']+\.[^/\s\"']+\.[^/\s\"']+\.[0-9a-f]{6,}/)")
+#: Flower's environment variables of the local SuperLink's ports -> key in PORTS_FILE
+PORT_ENV = {
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "http-api-port",
+    "FLWR_LOCAL_CONTROL_API_PORT": "control-api-port",
+}
+#: where a FLWR_HOME keeps its local SuperLink's ports (chosen once)
+PORTS_FILE = "flower-app-ports.json"
+#: where flower-app run writes each run's full log, in FLWR_HOME
+LOG_DIR = "flower-app-logs"
 
 
 def flwr_home() -> Path:
@@ -45,22 +78,117 @@ def flwr_home() -> Path:
 def local_superlink_pids(home: Path | None = None) -> list[int]:
     """Return the PIDs of ``flower-superlink`` daemons whose database is in ``home``."""
     marker = f"{home or flwr_home()}/local-superlink/"
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    return sorted(
+        pid
+        for pid in procfs.pids()
+        if _is_superlink(argv := procfs.argv(pid)) and any(a.startswith(marker) for a in argv)
+    )
+
+
+def _is_superlink(argv: list[str] | None) -> bool:
+    """Return whether a command line is a ``flower-superlink`` process's."""
+    return argv is not None and any(a.endswith("flower-superlink") for a in argv[:2])
+
+
+def _superlink_ports(pid: int) -> dict[str, int]:
+    """Return the ports a ``flower-superlink`` process was started with (``--port``, control)."""
+    argv = procfs.argv(pid)
+    if argv is None:
+        return {}
+    out = {}
+    for flag, key in (("--port", "http-api-port"), ("--control-api-address", "control-api-port")):
+        if flag in argv[:-1]:
+            value = argv[argv.index(flag) + 1].rsplit(":", 1)[-1]
+            if value.isdigit():
+                out[key] = int(value)
+    return out
+
+
+def _superlinks_on(port: int) -> list[int]:
+    """Return the PIDs of ``flower-superlink`` processes started with HTTP API ``port``."""
+    return [
+        pid
+        for pid in procfs.pids()
+        if _superlink_ports(pid).get("http-api-port") == port and _is_superlink(procfs.argv(pid))
+    ]
+
+
+def _port_free(port: int) -> bool:
+    """Return whether nothing listens on ``port``.
+
+    A socket of a stopped SuperLink left in TIME_WAIT does not count (SO_REUSEADDR, as the
+    SuperLink itself binds).
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            s.bind(("127.0.0.1", port))
         except OSError:
-            continue
-        if any(a.endswith("flower-superlink") for a in argv[:2]) and any(
-            a.startswith(marker) for a in argv
-        ):
-            pids.append(int(proc.name))
-    return sorted(pids)
+            return False
+    return True
 
 
-def _env() -> dict[str, str]:
+def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
+    """Return this ``FLWR_HOME``'s local SuperLink ports, chosen once and kept in it.
+
+    The ports live in ``$FLWR_HOME/flower-app-ports.json``. They are (re)chosen among free
+    ports when the file is missing, or when a SuperLink of another home (or any other
+    program) holds them. A SuperLink of this home already running on other ports (one a
+    plain ``flwr run`` started) is adopted, so that a home never has two.
+
+    Parameters
+    ----------
+    home : pathlib.Path, optional
+        The ``FLWR_HOME`` (default :func:`flwr_home`).
+
+    Returns
+    -------
+    tuple of (dict, str)
+        Key of :data:`PORT_ENV` -> port, and a note for the user ("" when nothing changed).
+    """
+    home = home or flwr_home()
+    file = home / PORTS_FILE
+    ports: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(file.read_text())
+        ports = {k: int(v) for k, v in kept.items() if k in PORT_ENV.values()}
+    note = ""
+    mine = local_superlink_pids(home)
+    running = _superlink_ports(mine[0]) if mine else {}
+    if len(running) == 2 and running != ports:
+        ports, note = running, f"adopted the running local SuperLink of {home} (PID {mine[0]})"
+    elif len(ports) == 2:
+        http = ports["http-api-port"]
+        others = [p for p in _superlinks_on(http) if p not in mine]
+        busy = [v for v in ports.values() if not mine and not _port_free(v)]
+        if others or busy:
+            who = f"the SuperLink (PID {others[0]}) of another FLWR_HOME" if others else "a program"
+            port = http if others else busy[0]
+            ports, note = {}, f"port {port} is held by {who}: chose new ports"
+    if len(ports) != 2:
+        ports = {"http-api-port": free_port(), "control-api-port": free_port()}
+        note = note or f"chose the local SuperLink ports of {home}"
+    if note:
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(ports, indent=1) + "\n")
+        os.replace(tmp, file)
+    return ports, note
+
+
+def _is_local(superlink: str | None, home: Path) -> bool:
+    """Return whether ``flwr run`` would use a local (simulation) SuperLink for ``superlink``."""
+    try:
+        config = tomllib.loads((home / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return superlink in (None, "local")  # flwr writes a default config with 'local'
+    links = config.get("superlink", {})
+    name = superlink or links.get("default", "local")
+    entry = links.get(name, {})
+    return isinstance(entry, dict) and entry.get("address") in (":local:", ":local-in-memory:")
+
+
+def _env(ports: dict[str, int] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     for key, value in (
@@ -69,7 +197,66 @@ def _env() -> dict[str, str]:
         ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
     ):
         env.setdefault(key, value)
+    for name, key in PORT_ENV.items():
+        if ports:
+            env[name] = str(ports[key])
     return env
+
+
+def _app_config(app_dir: Path) -> tuple[dict[str, Any], str]:
+    """Return the app's ``[tool.flwr.app.config]`` and its ServerApp component."""
+    with open(app_dir / "pyproject.toml", "rb") as fh:
+        tool = tomllib.load(fh).get("tool", {}).get("flwr", {}).get("app", {})
+    from flower_app.settings.overrides import _flatten
+
+    return _flatten(tool.get("config", {})), str(tool.get("components", {}).get("serverapp", ""))
+
+
+def preflight(app: str | Path, run_config: Sequence[str] | None) -> list[str]:
+    """Check a ``flower-app run`` in-process, before anything of Flower starts.
+
+    The app's ``[tool.flwr.app.config]`` merged with the ``--run-config`` options, as
+    ``flwr run`` merges them: the options' syntax (:mod:`flower_app.settings.overrides`),
+    unknown keys (with the closest known one), and, for this app, every value, the keys of
+    another algorithm family, the dataset, keys that do not go together
+    (:meth:`flower_app.config.AppConfig.problems`) and the data files
+    (:func:`flower_app.datasets.check.data_problems`). For another Flower app only the
+    syntax and the keys are checked.
+
+    Returns
+    -------
+    list of str
+        The problems, one line each (empty: go ahead).
+    """
+    from flower_app.settings import ConfigError
+    from flower_app.settings.overrides import read_overrides
+
+    app_dir = Path(app).resolve()
+    try:
+        defaults, serverapp = _app_config(app_dir)
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        return [f"{app_dir / 'pyproject.toml'}: not a Flower app's pyproject.toml ({err})"]
+    try:
+        overrides = read_overrides(run_config)
+    except ConfigError as err:
+        return err.problems
+    if not serverapp.startswith("flower_app."):
+        import difflib
+
+        found = []
+        for key in (k for k in overrides if k not in defaults):
+            close = difflib.get_close_matches(key, defaults, 1)
+            found.append(f"run_config key '{key}' is not in [tool.flwr.app.config] of {app_dir}"
+                         + (f" (did you mean '{close[0]}'?)" if close else ""))  # fmt: skip
+        return found
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
+
+    merged = {**defaults, **overrides}
+    found = AppConfig.problems(merged)
+    if found:
+        return found
+    return data_problems(AppConfig.from_run_config(merged))
 
 
 def _status(run_id: int, superlink: str | None, env: dict[str, str]) -> tuple[str, str]:
@@ -87,60 +274,166 @@ def _status(run_id: int, superlink: str | None, env: dict[str, str]) -> tuple[st
     return "unknown", f"run {run_id} is not listed by flwr ls"
 
 
+class _Console:
+    """The streamed log: noise dropped, tracebacks kept for the log file only."""
+
+    def __init__(self, app_dir: Path, log: Any, filter_noise: bool, full: bool) -> None:
+        self.app_dir, self.log, self.filter_noise, self.full = app_dir, log, filter_noise, full
+        self.trace: list[str] = []
+        self.errors: list[tuple[str, str]] = []  # (exception line, where it was raised)
+        self.collapse = Collapser()
+
+    def _end_trace(self) -> None:
+        frames = [t for t in self.trace if t.lstrip().startswith('File "')]
+        where = ""
+        if frames:
+            m = re.match(r'\s*File "([^"]+)", line (\d+)', frames[-1])
+            if m:
+                path = m.group(1)
+                with contextlib.suppress(ValueError):
+                    path = str(Path(path).relative_to(self.app_dir))
+                where = f"{path}:{m.group(2)}"
+        last = self.trace[-1].strip() if self.trace else ""
+        self.errors.append((last, where))
+        self.trace = []
+
+    def line(self, line: str) -> None:
+        line = _APP_COPY.sub(f"{self.app_dir}/", line)
+        self.log.write(line)
+        text = line.rstrip("\n")
+        if self.trace:
+            if text.startswith((" ", "\t")) or text.startswith("Traceback"):
+                self.trace.append(text)
+                return
+            if text == "" or text.startswith(("During handling", "The above exception")):
+                self.trace.append(text)
+                return
+            self.trace.append(text)  # the exception line ends the block
+            self._end_trace()
+            if not self.full:
+                return
+        elif text.startswith("Traceback (most recent call last)"):
+            self.trace = [text]
+        if self.full or not self.trace:
+            self.show(line)
+
+    def show(self, line: str) -> None:
+        if self.filter_noise and is_noise(line):
+            return
+        for out in self.collapse.feed(line):
+            sys.stdout.write(out)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if self.trace:
+            self._end_trace()
+        for out in self.collapse.flush():
+            sys.stdout.write(out)
+        sys.stdout.flush()
+
+
 def run_app(
     app: str = ".",
     superlink: str | None = None,
-    run_config: str | None = None,
-    federation_config: str | None = None,
+    run_config: str | Sequence[str] | None = None,
+    federation_config: str | Sequence[str] | None = None,
     filter_noise: bool = True,
+    full_log: bool = False,
 ) -> int:
-    """Run ``flwr run APP [SUPERLINK] --stream``, stream its log, return the run's exit code.
+    """Check, then run ``flwr run APP [SUPERLINK] --stream``; return the run's exit code.
+
+    Parameters
+    ----------
+    app : str
+        The Flower app's folder.
+    superlink : str, optional
+        A SuperLink connection of ``$FLWR_HOME/config.toml`` (default: its default, the
+        local SuperLink, on this home's own ports: :func:`local_ports`).
+    run_config, federation_config : str or sequence of str, optional
+        As ``flwr run``'s options (each may be given several times).
+    filter_noise : bool
+        Drop :mod:`flower_app.quiet`'s messages and collapse repeated ones.
+    full_log : bool
+        Also show the tracebacks (always in the log file).
 
     Returns
     -------
     int
-        0 if the run finished ``completed``; otherwise ``flwr run``'s own non-zero code, or
-        1 (the status and its details are printed to stderr).
+        2 if :func:`preflight` found a problem (each printed on one line; nothing of Flower
+        was started); 0 if the run finished ``completed``; otherwise ``flwr run``'s own
+        non-zero code, or 1 (one line: the run's status, its cause and the log's path).
     """
     app_dir = Path(app).resolve()
-    env = _env()
-    cmd = [str(BIN / "flwr"), "run", str(app_dir), *([superlink] if superlink else []), "--stream"]
-    if run_config:
-        cmd += ["--run-config", run_config]
-    if federation_config:
-        cmd += ["--federation-config", federation_config]
-    run_id: int | None = None
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    run_configs = [run_config] if isinstance(run_config, str) else list(run_config or [])
+    fed_configs = (
+        [federation_config] if isinstance(federation_config, str) else list(federation_config or [])
     )
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            match = _STARTED.search(line)
-            if match:
-                run_id = int(match.group(1))
-            if filter_noise and is_noise(line):
-                continue
-            sys.stdout.write(_APP_COPY.sub(f"{app_dir}/", line))
-            sys.stdout.flush()
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        proc.wait()
-        print("flower-app run: interrupted (the run may go on: flwr stop <run-id>)",
-              file=sys.stderr)  # fmt: skip
-        return 130
-    if run_id is None:
-        print(f"flower-app run: flwr run did not start a run (exit code {code})", file=sys.stderr)
-        return code or 1
-    status, details = _status(run_id, superlink, env)
-    deadline = time.monotonic() + 30.0  # the stream can end just before the status flips
-    while not status.startswith("finished") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    problems = preflight(app_dir, run_configs)
+    if problems:
+        for problem in problems:
+            print(f"flower-app run: {problem}", file=sys.stderr)
+        return 2
+    home = flwr_home()
+    ports = None
+    if _is_local(superlink, home) and not all(os.environ.get(k) for k in PORT_ENV):
+        ports, note = local_ports(home)
+        if note:
+            print(f"flower-app run: {note} ({', '.join(map(str, ports.values()))})")
+    env = _env(ports)
+    cmd = [str(BIN / "flwr"), "run", str(app_dir), *([superlink] if superlink else []), "--stream"]
+    for text in run_configs:
+        cmd += ["--run-config", text]
+    for text in fed_configs:
+        cmd += ["--federation-config", text]
+    logs = home / LOG_DIR
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    run_id: int | None = None
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        console = _Console(app_dir, log, filter_noise, full_log)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                match = _STARTED.search(line)
+                if match:
+                    run_id = int(match.group(1))
+                console.line(line)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            console.close()
+            print("flower-app run: interrupted (the run may go on: flwr stop <run-id>)",
+                  file=sys.stderr)  # fmt: skip
+            return 130
+        console.close()
+        if run_id is None:
+            cause = console.errors[-1][0] if console.errors else f"exit code {code}"
+            print(f"flower-app run: flwr run did not start a run: {cause} (full log: "
+                  f"{log_path})", file=sys.stderr)  # fmt: skip
+            return code or 1
         status, details = _status(run_id, superlink, env)
+        deadline = time.monotonic() + 120.0  # the stream can end just before the status flips
+        while not status.startswith("finished") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status, details = _status(run_id, superlink, env)
+        log.write(f"status: {status}\ndetails: {details}\n")
+    final = logs / f"run-{run_id}.log"
+    with contextlib.suppress(OSError):
+        os.replace(log_path, final)
+        log_path = final
     if status == "finished:completed":
         return 0
-    print(f"flower-app run: run {run_id} ended {status}" + (f": {details}" if details else ""),
+    if console.errors:
+        cause, where = console.errors[-1]
+        cause += f" (raised at {where})" if where else ""
+    else:
+        cause = " ".join(details.split())[:300] or "no error message"
+    print(f"flower-app run: run {run_id} {status}: {cause}; full log: {log_path}",
           file=sys.stderr)  # fmt: skip
     return code or 1
 
@@ -176,12 +469,4 @@ def stop_local_superlink(home: Path | None = None, timeout: float = 15.0) -> int
 
 
 def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":  # a zombie has exited (its parent has not reaped it yet)
-            out.append(pid)
-    return out
+    return [pid for pid in pids if procfs.alive(pid)]

@@ -43,6 +43,7 @@ __all__ = [
     "as_utility",
     "declare_rows",
     "ensure_rho",
+    "fedcg_evaluate",
     "fedcg_reply",
     "fedsm_evaluate",
     "fedsm_reply",
@@ -61,6 +62,7 @@ _HOME = {
     "ScoreTable": "fedcg",
     "SetFunction": "fedcg",
     "add_fedcg_handlers": "fedcg",
+    "fedcg_evaluate": "fedcg",
     "fedcg_reply": "fedcg",
     "GainsUtility": "fedsm",
     "as_utility": "fedsm",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
         ScoreTable,
         SetFunction,
         add_fedcg_handlers,
+        fedcg_evaluate,
         fedcg_reply,
     )
     from flower_app.clients.fedsm import GainsUtility, as_utility, fedsm_evaluate, fedsm_reply

@@ -145,8 +145,8 @@ def numpy_client_app(
         ``.to_client()``.
     actions : dict, optional
         Named actions to register per category (``"query"``, ``"train"``, ``"evaluate"``)
-        besides the default one (default: :data:`ACTIONS`, what this package's strategies
-        send).
+        besides the default one (default: :data:`~flower_app.clients.adapter.ACTIONS`,
+        what this package's strategies send).
     mods : list, optional
         Flower mods around every handler (default: ``[secure_aggregation_mod]``, a no-op
         unless a strategy runs with secure aggregation).

@@ -1,7 +1,7 @@
 """ContinuousClient: a node's cohort of users for FedCG, FedCG+ and the discrete greedy.
 
 Cohort mode: a NumPyClient over the cohort's rows only (row j = global user
-``first_user + j``); a node that is one client uses :mod:`flower_app.clients.fedcg`
+``first_user + j``); a node that is one client uses ``flower_app.clients.fedcg``
 instead. It extends :class:`~flower_app.clients.submodular.SubmodularClient` (same
 ``get_properties`` for discovery and ``evaluate``) with four kinds of ``fit``, chosen by
 ``config["kind"]``, which :func:`~flower_app.clients.adapter.numpy_client_app` sets to the
@@ -32,44 +32,23 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.continuous import LocalSteps, UserEntries, user_direction_sum
+from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
     histogram_sum,
     importance_factors,
     participation_probabilities,
 )
-from flower_app.algorithms.fedcg import LocalSteps, UserEntries, user_direction_sum
 from flower_app.clients.submodular import SubmodularClient, encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
-__all__ = ["HISTOGRAM_RECORD", "ContinuousClient", "encode_int_report"]
+__all__ = ["HISTOGRAM_RECORD", "ContinuousClient"]
 
 Config = dict[str, Any]
 
 #: name of the ``context.state`` ArrayRecord holding the broadcast histogram O
 HISTOGRAM_RECORD = "fedcg-histogram"
-
-
-def encode_int_report(total: np.ndarray, dense: bool = False) -> list[np.ndarray]:
-    """Encode an int64 report sparsely (int32 ids, int64 values) or densely.
-
-    Parameters
-    ----------
-    total : numpy.ndarray
-        int64 vector over E.
-    dense : bool, optional
-        Always dense (under secure aggregation).
-
-    Returns
-    -------
-    list of numpy.ndarray
-        ``[index int32, value int64]`` or ``[value int64]``.
-    """
-    nz = np.flatnonzero(total)
-    if not dense and nz.size * 12 < total.size * 8:
-        return [nz.astype(np.int32), total[nz].astype(np.int64)]
-    return [total.astype(np.int64)]
 
 
 class ContinuousClient(SubmodularClient):
@@ -91,7 +70,7 @@ class ContinuousClient(SubmodularClient):
         The node's ``context.state`` (keeps the histogram O between rounds); a private
         RecordDict when None.
     cache : dict, optional
-        Per-process cache for :class:`~flower_app.algorithms.fedcg.UserEntries`.
+        Per-process cache for :class:`~flower_app.algorithms.fedcg.continuous.UserEntries`.
     """
 
     def __init__(
@@ -198,4 +177,4 @@ class ContinuousClient(SubmodularClient):
             int(config["seed"]), int(config["server-round"]), ids,
         )  # fmt: skip
         dense = bool(config.get("secure-aggregation", 0))
-        return encode_int_report(total, dense), self.num_users, {"participants": participants}
+        return encode_report(total, dense, np.int64), self.num_users, {"participants": participants}

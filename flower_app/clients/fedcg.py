@@ -25,7 +25,7 @@ or, inside handlers of your own, ``return fedcg_reply(msg, context, utility)``.
 
 The client's random stream is ``default_rng([seed, round, user_id])`` with ``user_id`` the
 node's ``partition-id`` (node_config) when it has one, else its node id
-(:func:`default_user_id`); pass ``user_id_fn`` to choose another stable id. The
+(``default_user_id``); pass ``user_id_fn`` to choose another stable id. The
 importance-factor protocol keeps the broadcast histogram O in ``context.state`` (record
 :data:`~flower_app.clients.continuous.HISTOGRAM_RECORD`).
 """
@@ -40,7 +40,13 @@ import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_app.algorithms.discrete_greedy import (
+from flower_app.algorithms.fedcg.continuous import (
+    LocalSteps,
+    matroid_from_spec,
+    set_function_direction,
+    user_direction_sum,
+)
+from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
     histogram_sum,
     importance_factors,
@@ -48,13 +54,7 @@ from flower_app.algorithms.discrete_greedy import (
     set_function_importance,
     set_function_report,
 )
-from flower_app.algorithms.fedcg import (
-    LocalSteps,
-    matroid_from_spec,
-    set_function_direction,
-    user_direction_sum,
-)
-from flower_app.clients.continuous import HISTOGRAM_RECORD, encode_int_report
+from flower_app.clients.continuous import HISTOGRAM_RECORD
 from flower_app.clients.submodular import encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -71,6 +71,7 @@ __all__ = [
     "answer_histogram",
     "answer_importance",
     "default_user_id",
+    "fedcg_evaluate",
     "fedcg_reply",
 ]
 
@@ -235,7 +236,7 @@ def answer_direction(
     utility : Utility
         The client's f_i.
     user_id : int, optional
-        Seeds the client's stream (default :func:`default_user_id`).
+        Seeds the client's stream (default ``default_user_id``).
 
     Returns
     -------
@@ -317,7 +318,7 @@ def answer_discrete(
     utility : Utility
         The client's f_i.
     user_id : int, optional
-        Seeds the client's coin (default :func:`default_user_id`).
+        Seeds the client's coin (default ``default_user_id``).
 
     Returns
     -------
@@ -348,7 +349,7 @@ def answer_discrete(
         )
     metrics = {"participants": int(count), "num-examples": 1, "n-elements": m}
     dense = bool(_config(msg).get("secure-aggregation", 0))
-    return _reply(msg, encode_int_report(total, dense), **metrics)
+    return _reply(msg, encode_report(total, dense, np.int64), **metrics)
 
 
 _ANSWERS: dict[str, Callable[..., Message]] = {
@@ -374,7 +375,7 @@ def fedcg_reply(
     utility : Utility
         The client's f_i (:class:`ScoreTable`, :class:`Coverage`, :class:`SetFunction`).
     user_id : int, optional
-        Seeds the client's randomness (default :func:`default_user_id`).
+        Seeds the client's randomness (default ``default_user_id``).
 
     Returns
     -------
@@ -387,12 +388,54 @@ def fedcg_reply(
     return _ANSWERS[action](msg, context, utility, user_id=user_id)
 
 
+def utility_value(utility: Utility, selected: Iterable[int]) -> float:
+    """Return f_i(S): exact for a score table or coverage, else by the chain of its gains."""
+    chosen = [int(e) for e in selected]
+    value = getattr(utility, "value", None)
+    if callable(value):
+        return float(value(chosen))
+    total = 0.0
+    for k, e in enumerate(chosen):
+        total += float(utility.gains(np.asarray(chosen[:k], dtype=np.int64))[e])
+    return total
+
+
+def fedcg_evaluate(msg: Message, context: Context, utility: Utility) -> Message:
+    """Answer FedCG's ``evaluate`` message with f_i(S) (``metrics`` ``objective``).
+
+    Parameters
+    ----------
+    msg : Message
+        ``arrays`` ``selected`` int64: the set S (the final rounding, or ∅ before round 1).
+    context : Context
+        The node's context (unused).
+    utility : Utility
+        The client's f_i.
+
+    Returns
+    -------
+    Message
+        ``metrics``: ``objective`` f_i(S), ``num-examples`` = 1.
+    """
+    m = int(utility.n_elements)
+    record = msg.content.array_records.get("arrays", ArrayRecord())
+    selected = _int_array(record, "selected", m) if "selected" in record else np.zeros(0, int)
+    metrics = MetricRecord({"objective": utility_value(utility, selected), "num-examples": 1})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
 def add_fedcg_handlers(
     app: ClientApp,
     utility_fn: Callable[[Context], Utility],
     user_id_fn: Callable[[Context], int] | None = None,
+    evaluate: bool = True,
 ) -> ClientApp:
     """Register ``@app.train("direction" | "histogram" | "importance" | "discrete")``.
+
+    With ``evaluate`` (default) also ``@app.evaluate()`` answering f_i(S) of the final set
+    (:func:`~flower_app.clients.fedcg_evaluate`;
+    ``FedCGStrategy(federated_evaluation=True)``, its default), unless the app already has
+    an ``@app.evaluate()`` handler.
 
     Parameters
     ----------
@@ -402,7 +445,11 @@ def add_fedcg_handlers(
         ``utility_fn(context) -> Utility``: the node's f_i (cache it if it is costly).
     user_id_fn : callable, optional
         ``user_id_fn(context) -> int``: a stable id seeding the client's randomness
-        (default :func:`default_user_id`).
+        (default ``default_user_id``).
+    evaluate : bool, optional
+        Also register ``@app.evaluate()`` with
+        :func:`~flower_app.clients.fedcg_evaluate` (default True; kept off when the app
+        has its own).
 
     Returns
     -------
@@ -417,4 +464,10 @@ def add_fedcg_handlers(
 
         handler.__name__ = f"fedcg_{action}"
         app.train(action)(handler)
+    if evaluate and "evaluate.default" not in getattr(app, "_registered_funcs", {}):
+
+        def evaluate_handler(msg: Message, context: Context) -> Message:
+            return fedcg_evaluate(msg, context, utility_fn(context))
+
+        app.evaluate()(evaluate_handler)
     return app

@@ -17,7 +17,7 @@ default) needs two lines per handler::
     def evaluate(msg, context):
         return fedsm_evaluate(msg, context, ScoreTable(my_scores, n_elements=M))
 
-The utility f_i is the same object the FedCG helpers take (:mod:`flower_app.clients.fedcg`):
+The utility f_i is the same object the FedCG helpers take (``flower_app.clients.fedcg``):
 
 * ``ScoreTable(scores, n_elements)`` — item → score data, facility location
   f_i(S) = max_{j ∈ S} score_j (also given directly as ``{item: score}`` or a dense vector);
@@ -25,7 +25,7 @@ The utility f_i is the same object the FedCG helpers take (:mod:`flower_app.clie
 * ``SetFunction(n_elements, gains)`` — any monotone submodular f_i, by a vectorised callable
   ``gains(S) -> f_i(S ∪ {e}) − f_i(S) for every e`` (also given directly as a callable, with
   ``n_elements``);
-* :class:`~flower_app.algorithms.fedsm_user.GainsUtility` — the same, asked only for the
+* :class:`~flower_app.algorithms.fedsm.user.GainsUtility` — the same, asked only for the
   elements FedSM samples: ``gains_fn(S, candidates)`` (for a large ground set).
 
 Score tables and coverage take the fast sparse paths (every FedSM mode, amplification
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from flower_app.algorithms.fedsm_modes import RoundPlan
-from flower_app.algorithms.fedsm_user import (
+from flower_app.algorithms.fedsm.modes import RoundPlan
+from flower_app.algorithms.fedsm.user import (
     GainsUtility,
     UserUtility,
     user_max_singleton,
@@ -154,7 +154,7 @@ def fedsm_reply(
         so the server numbers the users by it (the user id then comes with every round).
     utility : utility, mapping, numpy.ndarray or callable
         The user's f_i: ``ScoreTable``, ``Coverage``, ``SetFunction`` (of
-        :mod:`flower_app.clients.fedcg`), a :class:`GainsUtility`, or directly ``{item:
+        ``flower_app.clients.fedcg``), a :class:`GainsUtility`, or directly ``{item:
         score}``, a dense score vector, or a ``gains(S)`` callable (see :func:`as_utility`).
     groups : sequence of int, optional
         Group of every element, for a partition matroid (``FedSMStrategy(capacities=...)``);
@@ -204,7 +204,10 @@ def fedsm_reply(
     if stage != "round":
         raise ValueError(f"unknown FedSM stage {stage!r}: expected 'setup' or 'round'")
     plan = _plan(record, config, m)
-    report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]))
+    # the node's own run_config, never the server's message, may ask for reproducible noise
+    reproducible = bool(context.run_config.get("dp-reproducible-noise", False))
+    report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]),
+                               reproducible_noise=reproducible)  # fmt: skip
     encoded = encode_report(report, dense=bool(config.get("secure-aggregation", 0)))
     keys = ["ids", "values"] if len(encoded) == 2 else ["values"]
     out = ArrayRecord({key: Array(a) for key, a in zip(keys, encoded, strict=True)})

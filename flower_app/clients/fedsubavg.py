@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from flower_app.algorithms.fedsubavg_named import ROWS_SUFFIX, rows_key, unique_rows
+from flower_app.algorithms.fedsubavg.named import ROWS_SUFFIX, rows_key, unique_rows
 
 __all__ = [
     "declare_rows",

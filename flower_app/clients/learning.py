@@ -15,7 +15,7 @@ The NumPyClient methods and what they exchange (the strategy side is
 ``fit(parameters, {"server-round", "users", "algorithm"[, "mw-share"]})``
     trains the listed seen clients from ``parameters`` (the model; for SCAFFOLD the model
     then the server control variate) and returns the float64 sums of their arrays (see
-    :class:`~flower_app.algorithms.learning.UserResult`), ``len(users)`` and metrics
+    :class:`~flower_app.algorithms.maxfl.learning.UserResult`), ``len(users)`` and metrics
     ``users`` (list of int), ``q`` and ``loss`` (lists of float, one per user),
     ``h-sum`` (float; q-FFL). MW-Fed: ``mw-share`` (list of float, one s_k > 0 per user,
     required) sets each client's weight and local steps; the metrics add ``met`` (list
@@ -24,7 +24,8 @@ The NumPyClient methods and what they exchange (the strategy side is
     ``loss-sum``, ``h-sum`` (MW-Fed refuses it: its step needs each client's ``met``).
     With client-level DP (``dp-noise``, ``dp-clip``, ``dp-clients`` in the config; MaxFL and
     FedAvg) each client's update is clipped, weighted and noised before it is summed
-    (:func:`flower_app.algorithms.gaussian_dp.privatize`) and the metrics are ``q-sum``
+    (:func:`flower_app.algorithms.common.gaussian_dp.privatize`; the noise from the node's OS
+    entropy, :mod:`flower_app.algorithms.common.dp_noise`) and the metrics are ``q-sum``
     (Σ (q_k C + noise) / C) and ``h-sum`` = 0: no loss is released.
 ``evaluate(parameters, {"kind": "appeal", "users"})``
     metrics ``appealing``: the listed clients for which F_k(w) < ρ_k (requirement split).
@@ -48,26 +49,25 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.gaussian_dp import (
+from flower_app.algorithms.common.dp_noise import DP_NOISE, NoiseSource
+from flower_app.algorithms.common.gaussian_dp import (
     DP_ALGORITHMS,
-    DP_NOISE,
     GaussianDP,
     dp_settings,
     privatize,
 )
-from flower_app.algorithms.learning import (
+from flower_app.algorithms.common.threads import single_thread
+from flower_app.algorithms.maxfl.learning import (
     LOCAL_RULES,
     LocalConfig,
     SoloResult,
-    evaluate,
-    make_model,
-    single_thread,
     solo_requirement,
     solo_requirements,
     train_users,
     tuned_eval,
 )
-from flower_app.algorithms.server_rules import rule_for
+from flower_app.algorithms.maxfl.local_steps import evaluate, make_model
+from flower_app.algorithms.maxfl.server_rules import rule_for
 from flower_app.datasets.federated import Federation
 from flower_app.models.mlp import MLP
 
@@ -178,6 +178,11 @@ class LearningClient(NumPyClient):
         Ids of Byzantine seen clients.
     partition_id, num_partitions : int, optional
         Reported in discovery.
+    reproducible_noise : bool, optional
+        The research mode ``dp-reproducible-noise`` (default False), from the node's own
+        run_config: DP noise keyed by (seed, round, client) instead of OS entropy; no
+        privacy against the server (:mod:`flower_app.algorithms.common.dp_noise`). A message
+        cannot switch it on.
     """
 
     def __init__(
@@ -193,6 +198,7 @@ class LearningClient(NumPyClient):
         byzantine: np.ndarray | None = None,
         partition_id: int = 0,
         num_partitions: int = 1,
+        reproducible_noise: bool = False,
     ) -> None:
         self.fed = federation
         self.first = int(first_user)
@@ -206,6 +212,7 @@ class LearningClient(NumPyClient):
         self.byzantine = set() if byzantine is None else {int(u) for u in byzantine}
         self.partition_id = int(partition_id)
         self.num_partitions = int(num_partitions)
+        self.reproducible_noise = bool(reproducible_noise)
 
     # ------------------------------------------------------------------ helpers
     def _own(self, users: Sequence[int], seen_only: bool) -> list[int]:
@@ -306,11 +313,13 @@ class LearningClient(NumPyClient):
         results = train_users(requests, batched=self.local.batched)
         dp = dp_settings(config)
         q_terms = 0.0
+        noise = NoiseSource(self.reproducible_noise, self.seed)  # this node, this round
         for u, res in zip(users, results, strict=True):
             if res.new_control is not None:
                 self.state.set_control(u, res.new_control)
             if dp is not None:  # clip, weight and add this client's share of the noise
-                res.arrays, q_term = self._privatize(res, dp, config, server_round, u)
+                rng = noise.generator(server_round, u, DP_NOISE)
+                res.arrays, q_term = self._privatize(res, dp, config, rng)
                 q_terms += q_term
             sums = (
                 res.arrays
@@ -341,9 +350,12 @@ class LearningClient(NumPyClient):
         return sums, len(users), metrics
 
     def _privatize(
-        self, res: Any, dp: GaussianDP, config: dict[str, Any], server_round: int, user: int
+        self, res: Any, dp: GaussianDP, config: dict[str, Any], rng: np.random.Generator
     ) -> tuple[list[np.ndarray], float]:
-        """Clip, weight and noise one client's update (see ``gaussian_dp.privatize``)."""
+        """Clip, weight and noise one client's update (see ``gaussian_dp.privatize``).
+
+        ``rng`` is the node's noise for this round (OS entropy unless in the research mode).
+        """
         if self.algorithm not in DP_ALGORITHMS:
             raise ValueError(f"{self.algorithm} has no client-level DP here ({DP_ALGORITHMS})")
         if self.algorithm == "maxfl":  # res.arrays = q_k Δ_k
@@ -352,7 +364,6 @@ class LearningClient(NumPyClient):
             delta = [a / q for a in res.arrays] if q > 0 else zeros
         else:
             q, delta = None, res.arrays
-        rng = np.random.default_rng([int(self.seed), int(server_round), int(user), DP_NOISE])
         return privatize(delta, q, dp, int(config["dp-clients"]), rng)
 
     def evaluate(

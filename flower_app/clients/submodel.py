@@ -46,15 +46,16 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import NoiseSource
+from flower_app.algorithms.common.gaussian_dp import dp_settings
+from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     LocalConfig,
     client_round,
     count_heat,
     gather_submodels,
 )
-from flower_app.algorithms.fedsubavg_dp import private_round_update
-from flower_app.algorithms.gaussian_dp import dp_settings
+from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, log_loss
 
@@ -76,6 +77,10 @@ class SubmodelClient(NumPyClient):
         Users in the cohort.
     partition_id, num_partitions : int
         The node's place in the split.
+    reproducible_noise : bool, optional
+        The research mode ``dp-reproducible-noise`` (default False), from the node's own
+        run_config (never from a message): DP noise keyed by (seed, round, user) instead of
+        OS entropy; no privacy against the server (:mod:`flower_app.algorithms.common.dp_noise`).
     """
 
     def __init__(
@@ -85,8 +90,10 @@ class SubmodelClient(NumPyClient):
         num_users: int,
         partition_id: int,
         num_partitions: int,
+        reproducible_noise: bool = False,
     ) -> None:
         self.task = task
+        self.reproducible_noise = bool(reproducible_noise)
         self.first_user = int(first_user)
         self.num_users = int(num_users)
         self.partition_id = int(partition_id)
@@ -200,6 +207,7 @@ class SubmodelClient(NumPyClient):
             update = private_round_update(
                 self.task, users, values, ptr, local, int(config["seed"]),
                 int(config["server-round"]), dp, support, int(config["dp-clients"]),
+                NoiseSource(self.reproducible_noise, int(config["seed"])),
             )  # fmt: skip
         else:
             update = client_round(

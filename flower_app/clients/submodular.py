@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.fedsm import ENTRY_BYTES
-from flower_app.algorithms.fedsm_amplify import SURROGATES
-from flower_app.algorithms.fedsm_modes import RoundPlan, cohort_report
-from flower_app.algorithms.fedsm_sampling import check_scheme
+from flower_app.algorithms.fedsm.amplify import SURROGATES
+from flower_app.algorithms.fedsm.core import ENTRY_BYTES
+from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
+from flower_app.algorithms.fedsm.sampling import check_scheme
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
@@ -37,26 +37,31 @@ __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
 Config = dict[str, Any]
 
 
-def encode_report(total: np.ndarray, dense: bool = False) -> list[np.ndarray]:
+def encode_report(
+    total: np.ndarray, dense: bool = False, dtype: type = np.float64
+) -> list[np.ndarray]:
     """Encode a report vector sparsely (ids, values) or densely, whichever is smaller.
 
     Parameters
     ----------
     total : numpy.ndarray
-        float64 vector over E.
+        Vector over E.
     dense : bool, optional
         Always dense (under secure aggregation, where only equal-length vectors can be
         summed and the ids would show which elements a user gained on).
+    dtype : type, optional
+        The values' dtype on the wire: ``numpy.float64`` (default) or ``numpy.int64`` (the
+        discrete greedy's fixed-point reports); 8 bytes either way.
 
     Returns
     -------
     list of numpy.ndarray
-        ``[index int32, value float64]`` or ``[value float64]``.
+        ``[index int32, value dtype]`` or ``[value dtype]``.
     """
     nz = np.flatnonzero(total)
     if not dense and nz.size * ENTRY_BYTES < total.size * 8:
-        return [nz.astype(np.int32), total[nz].astype(np.float64)]
-    return [total.astype(np.float64)]
+        return [nz.astype(np.int32), total[nz].astype(dtype)]
+    return [total.astype(dtype)]
 
 
 class SubmodularClient(NumPyClient):
@@ -72,6 +77,10 @@ class SubmodularClient(NumPyClient):
         Users in the whole dataset (reported for the server's consistency check).
     partition_id, num_partitions : int
         The node's place in the split.
+    reproducible_noise : bool, optional
+        The research mode ``dp-reproducible-noise`` (default False), from the node's own
+        run_config (never from a message): the shuffle-DP randomiser keyed by
+        (seed, round, user) instead of OS entropy; no privacy against the server.
     """
 
     def __init__(
@@ -81,8 +90,10 @@ class SubmodularClient(NumPyClient):
         n_users_total: int,
         partition_id: int,
         num_partitions: int,
+        reproducible_noise: bool = False,
     ) -> None:
         self.objective = objective
+        self.reproducible_noise = bool(reproducible_noise)
         self.first_user = int(first_user)
         self.n_users_total = int(n_users_total)
         self.partition_id = int(partition_id)
@@ -116,7 +127,7 @@ class SubmodularClient(NumPyClient):
         """Report the summed values of the sampled users for one FedSM round.
 
         Algorithm 1 (lines 6-12), Algorithm 2 (lines 10-13), or either on the amplification
-        surrogate; the math is :func:`~flower_app.algorithms.fedsm_modes.cohort_report`.
+        surrogate; the math is :func:`~flower_app.algorithms.fedsm.modes.cohort_report`.
 
         Parameters
         ----------
@@ -139,7 +150,8 @@ class SubmodularClient(NumPyClient):
                 f"sampled users outside this node's cohort "
                 f"[{self.first_user}, {self.first_user + self.num_users})"
             )
-        total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]))
+        total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]),
+                                    reproducible_noise=self.reproducible_noise)  # fmt: skip
         metrics = {
             "user-values": int(plan.users.size * plan.d),
             "positive-entries": int(hits),

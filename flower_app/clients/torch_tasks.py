@@ -4,7 +4,7 @@ One node is one client: node ``partition-id`` = c serves client c of the task. I
 strategy's counting query with its rows and n_c (:func:`~flower_app.clients.fedsubavg.heat_reply`,
 declaring its partition id so the sample is drawn over partitions) and each ``train`` message
 by loading the submodel (:func:`~flower_app.clients.fedsubavg.load_submodel`), running
-:func:`~flower_app.algorithms.fedsubavg_torch.local_train` and replying with its rows
+:func:`~flower_app.algorithms.fedsubavg.torch_engine.local_train` and replying with its rows
 (:func:`~flower_app.clients.fedsubavg.submodel_reply`): the drop-in helpers a Flower user's own
 ClientApp uses, so this is also their worked example.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from flwr.app import Message
 from flwr.client import NumPyClient
 
-from flower_app.algorithms.fedsubavg_torch import TorchLocalConfig, local_train
-from flower_app.algorithms.torch_tasks import TorchSubmodelTask
+from flower_app.algorithms.fedsubavg.torch_engine import TorchLocalConfig, local_train
+from flower_app.algorithms.fedsubavg.torch_tasks import TorchSubmodelTask
 from flower_app.clients.fedsubavg import heat_reply, load_submodel, submodel_reply
 
 __all__ = ["TorchTaskClient"]

@@ -4,9 +4,11 @@ Official formats, read streaming, gzip or not:
 
 reviews (``reviews_Electronics_5.json[.gz]``, JSON lines)
     ``reviewerID``, ``asin``, ``overall`` (1–5), ``unixReviewTime`` per line.
-``rating_only.csv``
-    what the authors' code reads: ``uid,item,rating,time`` per line (a header line is
-    allowed; Amazon's ``ratings_Electronics.csv`` has the same columns and none).
+``rating_only.csv``, ``ratings_<Category>.csv``
+    what the authors' code reads: ``uid,item,rating,time`` per line; Amazon's ratings-only
+    file ``ratings_Electronics.csv`` (McAuley's 2014 release) has the same columns and no
+    header. A first line that names the four columns (any case, e.g. ``uid,item,rating,time``
+    or ``userId,productId,Rating,Timestamp``) is read as a header.
 metadata (``meta_Electronics.json[.gz]``)
     one product per line, ``asin`` and ``categories`` (a list of category paths; the last
     entry of the first path is the item's category) or ``category`` (a list); the 2014
@@ -20,6 +22,11 @@ rows with time ≤ 1,385,000,000 train, later rows test; one client per user. Fe
 per row of the user and item embeddings: ``heat_clients`` counts the clients whose training
 rows touch it (uid, target items, history items: Table 1's dispersion) and ``heat_samples``
 sums those clients' training sizes (the data-size weighting of Appendix D.4).
+
+Where the files are (:func:`find_amazon_files`, in ``data-dir/amazon/``): exactly one
+ratings source, ``rating_only.csv``, ``ratings_<Category>.csv`` or
+``reviews_<Category>_5.json`` / ``reviews_<Category>.json`` (each optionally ``.gz``), and
+optionally ``meta_<Category>.json``; two sources are refused as ambiguous.
 
 Every error names the file, the line and what was expected.
 """
@@ -35,13 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import open_text
+from flower_app.datasets.paths import json_object, open_text
 
 __all__ = [
     "AmazonCTR",
     "PAPER_TABLE1",
     "Rating",
     "build_amazon",
+    "find_amazon_files",
     "read_metadata",
     "read_rating_only_csv",
     "read_reviews_json",
@@ -65,6 +73,16 @@ class Rating:
     time: int
 
 
+def _lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (gzip or not); a decode error names the file."""
+    with open_text(path) as fh:
+        try:
+            yield from fh
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                             "save it as UTF-8") from None  # fmt: skip
+
+
 def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     """Yield the reviews of a JSON-lines file.
 
@@ -76,42 +94,70 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     path = Path(path)
     fields = ("reviewerID", "asin", "overall", "unixReviewTime")
     expected = "JSON lines with " + ", ".join(fields)
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                yield Rating(str(obj["reviewerID"]), str(obj["asin"]), float(obj["overall"]),
-                             int(obj["unixReviewTime"]))  # fmt: skip
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
-                                 f"expected {expected}") from None  # fmt: skip
+    for line_no, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, object_pairs_hook=json_object)
+            rating = Rating(str(obj["reviewerID"]), str(obj["asin"]),
+                            float(obj["overall"]), int(obj["unixReviewTime"]))  # fmt: skip
+            if not rating.user or not rating.item or not 1 <= rating.rating <= 5:
+                raise ValueError("empty id or a rating outside 1..5")
+            if float(obj["unixReviewTime"]) != rating.time:
+                raise ValueError("unixReviewTime is not whole seconds")
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
+                             f"expected {expected}") from None  # fmt: skip
+        yield rating
+
+
+#: header names of the four columns of a ratings CSV (compared lower-case)
+_HEADER_NAMES = (
+    {"uid", "user", "userid", "user_id", "reviewerid"},
+    {"item", "itemid", "item_id", "productid", "product_id", "asin"},
+    {"rating", "overall", "score"},
+    {"time", "timestamp", "unixreviewtime", "unix_time"},
+)
+
+
+def _is_header(row: list[str]) -> bool:
+    return len(row) == 4 and all(
+        cell.strip().lower() in names for cell, names in zip(row, _HEADER_NAMES, strict=True)
+    )
 
 
 def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
-    """Yield the ratings of ``rating_only.csv`` (uid, item, rating, time; header optional).
+    """Yield the ratings of ``rating_only.csv`` or ``ratings_<Category>.csv``.
+
+    Columns user, item, rating, time; an optional first line naming them (any case) is a
+    header.
 
     Raises
     ------
     ValueError
-        Naming the file and the line, for another number of fields or a bad number.
+        Naming the file and the line, for another number of fields, an empty id or a bad
+        number (a rating outside 1..5, a time that is not whole unix seconds).
     """
     path = Path(path)
-    expected = "CSV lines uid,item,rating,time (rating a number, time unix seconds)"
-    with open_text(path) as fh:
-        for line_no, row in enumerate(csv.reader(fh), start=1):
-            if not row:
-                continue
-            if line_no == 1 and row[2:3] == ["rating"]:
-                continue  # a header
-            if len(row) != 4:
-                raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                                 f"{expected}")  # fmt: skip
-            try:
-                yield Rating(row[0], row[1], float(row[2]), int(float(row[3])))
-            except ValueError:
-                raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}") from None
+    expected = "CSV lines uid,item,rating,time (rating 1-5, time unix seconds; header optional)"
+    reader = csv.reader(_lines(path))
+    for row in reader:
+        line_no = reader.line_num
+        if not row:
+            continue  # an empty line holds no record
+        if line_no == 1 and _is_header(row):
+            continue
+        if len(row) != 4:
+            raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
+                             f"{expected}")  # fmt: skip
+        user, item = row[0].strip(), row[1].strip()
+        try:
+            rating, time = float(row[2]), float(row[3])
+        except ValueError:
+            rating = time = float("nan")
+        if not user or not item or not 1 <= rating <= 5 or not time.is_integer():
+            raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}")
+        yield Rating(user, item, rating, int(time))
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -124,27 +170,83 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     """
     path = Path(path)
     out: dict[str, str] = {}
-    with open_text(path) as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
+    for line_no, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, object_pairs_hook=json_object)
+        except json.JSONDecodeError:
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                try:
-                    obj = ast.literal_eval(line)
-                except (ValueError, SyntaxError):
-                    message = "neither JSON nor a Python literal; expected one product per line"
-                    raise ValueError(f"{path}, line {line_no}: {message}") from None
-            if not isinstance(obj, dict) or "asin" not in obj:
-                raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
-                                 "per line")  # fmt: skip
-            cats = obj.get("categories") or []
-            if cats and isinstance(cats[0], list) and cats[0]:
-                out[str(obj["asin"])] = str(cats[0][-1])
-            elif obj.get("category"):
-                out[str(obj["asin"])] = str(obj["category"][-1])
+                obj = ast.literal_eval(line)
+            except (ValueError, SyntaxError):
+                message = "neither JSON nor a Python literal; expected one product per line"
+                raise ValueError(f"{path}, line {line_no}: {message}") from None
+        except ValueError as err:  # a key twice (json_object)
+            raise ValueError(f"{path}, line {line_no}: {err}") from None
+        if not isinstance(obj, dict) or "asin" not in obj:
+            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
+                             "per line")  # fmt: skip
+        cats = obj.get("categories") or []
+        if cats and isinstance(cats[0], list) and cats[0]:
+            out[str(obj["asin"])] = str(cats[0][-1])
+        elif obj.get("category"):
+            out[str(obj["asin"])] = str(obj["category"][-1])
     return out
+
+
+@dataclass(frozen=True)
+class AmazonFiles:
+    """The ratings file of ``data-dir/amazon/`` and its metadata (or None)."""
+
+    ratings: Path
+    meta: Path | None
+
+    def read(self) -> Iterator[Rating]:
+        """Yield the ratings with the reader of the file's format."""
+        if self.ratings.name.startswith("reviews_"):
+            return read_reviews_json(self.ratings)
+        return read_rating_only_csv(self.ratings)
+
+
+def _one(folder: Path, pattern: str) -> list[Path]:
+    return sorted(p for p in folder.glob(pattern) if p.name.endswith((".csv", ".json", ".gz")))
+
+
+def find_amazon_files(folder: str | Path) -> AmazonFiles:
+    """Return the ratings source and metadata of ``folder`` (see the module docstring).
+
+    Raises
+    ------
+    FileNotFoundError
+        Naming the files looked for, when there is no ratings file.
+    ValueError
+        When there are several ratings sources, or several metadata files and none of the
+        ratings file's category.
+    """
+    folder = Path(folder)
+    sources = [
+        *_one(folder, "rating_only.csv*"),
+        *_one(folder, "ratings_*.csv*"),
+        *_one(folder, "reviews_*.json*"),
+    ]
+    if not sources:
+        raise FileNotFoundError(
+            f"amazon: none of rating_only.csv, ratings_<Category>.csv (e.g. "
+            f"ratings_Electronics.csv), reviews_<Category>_5.json (each optionally .gz) in "
+            f"{folder}"
+        )
+    if len(sources) > 1:
+        raise ValueError(f"{folder}: several ratings files ({', '.join(p.name for p in sources)}"
+                         "); keep one")  # fmt: skip
+    ratings = sources[0]
+    stem = ratings.name.split(".")[0]
+    category = stem.removeprefix("ratings_").removeprefix("reviews_").removesuffix("_5")
+    metas = _one(folder, "meta_*.json*")
+    own = [p for p in metas if p.name.split(".")[0] == f"meta_{category}"]
+    if len(metas) > 1 and not own:
+        raise ValueError(f"{folder}: several metadata files ({', '.join(p.name for p in metas)}"
+                         f") and none named meta_{category}.json; keep one")  # fmt: skip
+    return AmazonFiles(ratings, (own or metas or [None])[0])
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,7 +16,7 @@ import numpy as np
 
 from flower_app.datasets.paths import DataFormatError
 
-__all__ = ["read_idx", "write_idx"]
+__all__ = ["read_idx", "read_idx_shape", "write_idx"]
 
 _UBYTE = 0x08
 
@@ -25,6 +25,37 @@ def _open(path: Path):
     with open(path, "rb") as handle:
         gz = handle.read(2) == b"\x1f\x8b"
     return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def _header(path: Path, handle, ndim: int | None) -> tuple[int, ...]:
+    header = handle.read(4)
+    if len(header) != 4 or header[0] != 0 or header[1] != 0:
+        raise DataFormatError(path, f"not an IDX file (magic bytes {header!r})")
+    if header[2] != _UBYTE:
+        raise DataFormatError(path, f"IDX type 0x{header[2]:02x}; expected 0x08 (ubyte)")
+    dims = header[3]
+    if ndim is not None and dims != ndim:
+        raise DataFormatError(path, f"IDX file has {dims} dimensions; expected {ndim}")
+    raw = handle.read(4 * dims)
+    if len(raw) != 4 * dims:
+        raise DataFormatError(path, "IDX header is truncated")
+    return tuple(struct.unpack(f">{dims}I", raw))
+
+
+def read_idx_shape(path: str | os.PathLike[str], ndim: int | None = None) -> tuple[int, ...]:
+    """Return the shape an IDX file's header announces, reading only the header.
+
+    Raises
+    ------
+    DataFormatError
+        As :func:`read_idx` for the header (the data are not read).
+    """
+    path = Path(path)
+    try:
+        with _open(path) as handle:
+            return _header(path, handle, ndim)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise DataFormatError(path, f"cannot read: {err}") from err
 
 
 def read_idx(path: str | os.PathLike[str], ndim: int | None = None) -> np.ndarray:
@@ -51,18 +82,7 @@ def read_idx(path: str | os.PathLike[str], ndim: int | None = None) -> np.ndarra
     path = Path(path)
     try:
         with _open(path) as handle:
-            header = handle.read(4)
-            if len(header) != 4 or header[0] != 0 or header[1] != 0:
-                raise DataFormatError(path, f"not an IDX file (magic bytes {header!r})")
-            if header[2] != _UBYTE:
-                raise DataFormatError(path, f"IDX type 0x{header[2]:02x}; expected 0x08 (ubyte)")
-            dims = header[3]
-            if ndim is not None and dims != ndim:
-                raise DataFormatError(path, f"IDX file has {dims} dimensions; expected {ndim}")
-            raw = handle.read(4 * dims)
-            if len(raw) != 4 * dims:
-                raise DataFormatError(path, "IDX header is truncated")
-            shape = struct.unpack(f">{dims}I", raw)
+            shape = _header(path, handle, ndim)
             data = handle.read()
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise DataFormatError(path, f"cannot read: {err}") from err

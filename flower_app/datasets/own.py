@@ -7,12 +7,17 @@
 ``coverage-sets`` (f_i(S) = 1 if S meets user i's set)
     Either a table of (user, item) pairs as above (``data-columns`` ``user,item``; a value
     column is ignored), or a text file (any other extension) with one line per user: the
-    user's items separated by spaces, tabs or commas; blank lines and lines starting with
-    ``#`` are skipped.
+    user's items separated by spaces, tabs or commas; lines starting with ``#`` are
+    comments. A blank line between sets is refused (it would be a user with no items, who
+    counts in n); blank lines at the end of the file are not users.
 
-Users and items are labels (numbers or strings). Users become clients 0..n−1 and items
-elements 0..m−1 in sorted label order (numbers numerically), so the same file always gives
-the same instance. ``item-names`` optionally names a CSV with header ``item,name``;
+A table is UTF-8 text (a byte-order mark is allowed) with a header; every row has as many
+fields as the header (an empty line is no row), and no user or item cell is empty. Users
+and items are labels (numbers or strings, surrounding spaces removed), different whenever
+their text differs (``7`` and ``007`` are two users). Users become clients 0..n−1 and
+items elements 0..m−1 in sorted label order (integers numerically, exactly, however long;
+then decimals numerically; otherwise as text), so the same file always gives the same
+instance. ``item-names`` optionally names a CSV with header ``item,name``;
 ``summary.json`` then lists the selected items by label and name. Every error names the
 file, the line (the header is line 1) and the expected format.
 """
@@ -20,8 +25,10 @@ file, the line (the header is line 1) and the expected format.
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,15 +83,72 @@ def _columns(spec: str, needed: int) -> list[str]:
     return names[:needed]
 
 
-def _read_table(file: Path, columns: list[str], expected: str) -> pd.DataFrame:
-    suffix = file.suffix.lower()
+def _decode_error(file: Path, err: UnicodeDecodeError, expected: str) -> OwnDataError:
+    return OwnDataError(
+        f"{file}: not UTF-8 text ({err.reason} at byte {err.start}); expected {expected} "
+        "saved as UTF-8"
+    )
+
+
+def _read_text_table(file: Path, sep: str, expected: str) -> tuple[pd.DataFrame, np.ndarray]:
+    rows: list[list[str]] = []
+    lines: list[int] = []
     try:
-        if suffix in _PARQUET:
+        with open(file, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.reader(fh, delimiter=sep, strict=True)
+            header = next(reader, None)
+            if header is None:
+                raise OwnDataError(f"{file}: empty file; expected {expected}")
+            header = [h.strip() for h in header]
+            if len(set(header)) != len(header):
+                raise OwnDataError(f"{file}: line 1: a column name repeats ({header}); "
+                                   f"expected {expected}")  # fmt: skip
+            start = reader.line_num
+            for row in reader:
+                if not row:
+                    start = reader.line_num
+                    continue  # an empty line holds no row
+                if len(row) != len(header):
+                    raise OwnDataError(
+                        f"{file}: line {start + 1}: {len(row)} fields, the header has "
+                        f"{len(header)}; expected {expected}"
+                    )
+                rows.append(row)
+                lines.append(start + 1)
+                start = reader.line_num
+    except UnicodeDecodeError as err:
+        raise _decode_error(file, err, expected) from None
+    except csv.Error as err:
+        raise OwnDataError(f"{file}: line {reader.line_num}: {err}; expected {expected}") from None
+    frame = pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
+        columns=header, dtype=str
+    )
+    return frame, np.asarray(lines, dtype=np.int64)
+
+
+def _read_table(
+    file: Path, columns: list[str], expected: str, labels: tuple[str, ...] = ()
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Return the table (text cells) and each row's line in the file (header: line 1).
+
+    ``labels``: columns whose cells name a user or an item; an empty one is refused.
+    """
+    suffix = file.suffix.lower()
+    if suffix in _PARQUET:
+        try:
             frame = pd.read_parquet(file)
-        else:
-            frame = pd.read_csv(file, sep=_TABLE[suffix], dtype=str, keep_default_na=False)
-    except (ValueError, OSError, pd.errors.ParserError) as err:
-        raise OwnDataError(f"{file}: not a readable table ({err}); expected {expected}") from None
+        except (ValueError, OSError) as err:
+            raise OwnDataError(f"{file}: not a readable parquet table ({err}); "
+                               f"expected {expected}") from None  # fmt: skip
+        lines = np.arange(len(frame), dtype=np.int64) + 1  # rows, counted from 1
+        nulls = [c for c in columns if c in frame.columns and frame[c].isna().any()]
+        if nulls:
+            row = int(np.flatnonzero(frame[nulls[0]].isna().to_numpy())[0])
+            raise OwnDataError(f"{file}: row {row + 1}: column {nulls[0]!r} is null; "
+                               f"expected {expected}")  # fmt: skip
+        frame = frame.astype({c: str for c in columns if c in frame.columns})
+    else:
+        frame, lines = _read_text_table(file, _TABLE[suffix], expected)
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise OwnDataError(
@@ -94,20 +158,40 @@ def _read_table(file: Path, columns: list[str], expected: str) -> pd.DataFrame:
         )
     if frame.empty:
         raise OwnDataError(f"{file}: no rows; expected {expected}")
-    return frame
+    where = "row" if suffix in _PARQUET else "line"
+    for name in labels:
+        cells = frame[name].astype(str).str.strip()
+        empty = (cells == "").to_numpy()
+        if empty.any():
+            raise OwnDataError(f"{file}: {where} {lines[np.flatnonzero(empty)[0]]}: column "
+                               f"{name!r} is empty; expected {expected}")  # fmt: skip
+        frame[name] = cells
+    return frame, lines
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
 
 
 def _index(labels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Return each label's index in sorted order (numbers numerically) and the sorted labels."""
+    """Return each label's index in sorted order and the sorted labels.
+
+    Labels are equal only when their text is; the order is numeric (exact for integers of
+    any length) when every label is a number, else by text.
+    """
     text = labels.astype(str)
-    numeric = pd.to_numeric(pd.Series(text), errors="coerce")
-    if not numeric.isna().any():
-        keys = numeric.to_numpy()
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        order = [text[np.flatnonzero(keys == u)[0]] for u in uniq]
-        return inverse, tuple(order)
     uniq, inverse = np.unique(text, return_inverse=True)
-    return inverse, tuple(str(u) for u in uniq)
+    words = [str(u) for u in uniq]
+    if all(_INTEGER.fullmatch(w) for w in words):
+        keys: list[Any] = [(int(w), w) for w in words]
+    else:
+        numbers = pd.to_numeric(pd.Series(words, dtype=object), errors="coerce").to_numpy()
+        finite = np.isfinite(numbers.astype(np.float64))
+        keys = [(float(n), w) for n, w in zip(numbers, words, strict=True)] if finite.all() \
+            else [(0.0, w) for w in words]  # fmt: skip
+    order = sorted(range(len(words)), key=keys.__getitem__)
+    rank = np.empty(len(words), dtype=np.int64)
+    rank[order] = np.arange(len(words))
+    return rank[inverse.ravel()], tuple(words[k] for k in order)
 
 
 def _names(path: str, items: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -117,15 +201,26 @@ def _names(path: str, items: tuple[str, ...]) -> tuple[str, ...] | None:
     if not file.is_file():
         raise OwnDataError(f"{file}: item-names file not found")
     names: dict[str, str] = {}
-    with open(file, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:2]] != ["item", "name"]:
-            raise OwnDataError(f"{file}: line 1: expected the header 'item,name'")
-        for line, row in enumerate(reader, start=2):
-            if len(row) < 2:
-                raise OwnDataError(f"{file}: line {line}: expected 'item,name'")
-            names[row[0].strip()] = row[1].strip()
+    expected = "a CSV with the header 'item,name' and two fields per line"
+    try:
+        with open(file, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header] != ["item", "name"]:
+                raise OwnDataError(f"{file}: line 1: expected the header 'item,name'")
+            for row in reader:
+                line = reader.line_num
+                if not row:
+                    continue
+                if len(row) != 2 or not row[0].strip():
+                    raise OwnDataError(f"{file}: line {line}: {row!r}; expected {expected}")
+                item = row[0].strip()
+                if item in names:
+                    raise OwnDataError(f"{file}: line {line}: item {item!r} is named twice; "
+                                       f"expected {expected}")  # fmt: skip
+                names[item] = row[1].strip()
+    except UnicodeDecodeError as err:
+        raise _decode_error(file, err, expected) from None
     return tuple(names.get(item, "") for item in items)
 
 
@@ -143,14 +238,14 @@ def load_facility_table(
     file = _path(path)
     user, item, value = _columns(columns, 3)
     expected = f"a table with columns {user},{item},{value} (value a number >= 0)"
-    frame = _read_table(file, [user, item, value], expected)
+    frame, lines = _read_table(file, [user, item, value], expected, labels=(user, item))
     raw = frame[value].astype(str).str.strip()
     numbers = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
     bad = ~np.isfinite(numbers) | (numbers < 0)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise OwnDataError(
-            f"{file}: line {row + 2}: {value} = {raw.iloc[row]!r}; expected {expected}"
+            f"{file}: line {lines[row]}: {value} = {raw.iloc[row]!r}; expected {expected}"
         )
     users, user_labels = _index(frame[user].to_numpy())
     items, item_labels = _index(frame[item].to_numpy())
@@ -158,10 +253,10 @@ def load_facility_table(
     uniq, first, counts = np.unique(pairs, return_index=True, return_counts=True)
     if (counts > 1).any():
         dup = int(uniq[np.flatnonzero(counts > 1)[0]])
-        lines = np.flatnonzero(pairs == dup)[:2] + 2
+        twice = lines[np.flatnonzero(pairs == dup)[:2]]
         who, what = user_labels[dup // len(item_labels)], item_labels[dup % len(item_labels)]
         raise OwnDataError(
-            f"{file}: lines {lines[0]} and {lines[1]}: the pair ({who}, {what}) appears twice; "
+            f"{file}: lines {twice[0]} and {twice[1]}: the pair ({who}, {what}) appears twice; "
             f"expected one {value} per ({user}, {item})"
         )
     values = sp.csr_matrix(
@@ -185,21 +280,36 @@ def load_coverage_sets(
     file = _path(path)
     if file.suffix.lower() in (*_TABLE, *_PARQUET):
         user, item = _columns(columns, 2)
-        frame = _read_table(file, [user, item], f"a table with columns {user},{item}")
+        frame, _ = _read_table(file, [user, item], f"a table with columns {user},{item}",
+                               labels=(user, item))  # fmt: skip
         users, user_labels = _index(frame[user].to_numpy())
         items, item_labels = _index(frame[item].to_numpy())
     else:
         rows: list[list[str]] = []
-        with open(file, encoding="utf-8") as fh:
-            for line, text in enumerate(fh, start=1):
-                text = text.strip()
-                if not text or text.startswith("#"):
-                    continue
-                tokens = [t for t in text.replace(",", " ").split() if t]
-                if not tokens:
-                    raise OwnDataError(f"{file}: line {line}: expected items separated by "
-                                       "spaces, tabs or commas")  # fmt: skip
-                rows.append(tokens)
+        expected = "one line of items (separated by spaces, tabs or commas) per user"
+        blank = 0  # the first blank line not yet followed by a set
+        try:
+            with open(file, encoding="utf-8-sig") as fh:
+                for line, text in enumerate(fh, start=1):
+                    text = text.strip()
+                    if text.startswith("#"):
+                        continue
+                    if not text:
+                        blank = blank or line
+                        continue
+                    if blank:
+                        raise OwnDataError(
+                            f"{file}: line {blank} is blank: every line is one user's set (a "
+                            f"user with no items would count in n); delete it or start it "
+                            f"with '#'; expected {expected}"
+                        )
+                    tokens = [t for t in text.replace(",", " ").split() if t]
+                    if not tokens:
+                        raise OwnDataError(f"{file}: line {line}: {text!r}; expected "
+                                           f"{expected}")  # fmt: skip
+                    rows.append(tokens)
+        except UnicodeDecodeError as err:
+            raise _decode_error(file, err, expected) from None
         if not rows:
             raise OwnDataError(f"{file}: no sets; expected one line of items per user")
         flat = np.array([t for r in rows for t in r], dtype=object)

@@ -81,23 +81,17 @@ def load_rating_table(data_file: str, data_columns: str, split_seed: int = 0) ->
             "(user, one or more features, label)"
         )
     columns = _columns(data_columns, len(names))
-    frame = _read_table(file, columns, _EXPECTED)
     user_col, features, label_col = columns[0], columns[1:-1], columns[-1]
+    frame, lines = _read_table(file, columns, _EXPECTED, labels=(user_col, *features))
     labels = frame[label_col].astype(str).str.strip()
     y = labels.map({"0": 0.0, "1": 1.0, "0.0": 0.0, "1.0": 1.0, "False": 0.0, "True": 1.0,
                     "false": 0.0, "true": 1.0})  # fmt: skip
     if y.isna().any():
         bad = int(np.flatnonzero(y.isna().to_numpy())[0])
         raise OwnDataError(
-            f"{file}, line {bad + 2}: label {label_col!r} = {labels.iloc[bad]!r}; expected 0 or "
+            f"{file}, line {lines[bad]}: label {label_col!r} = {labels.iloc[bad]!r}; expected 0 or "
             f"1 ({_EXPECTED})"
         )
-    for name in [user_col, *features]:
-        empty = frame[name].astype(str).str.strip() == ""
-        if empty.any():
-            bad = int(np.flatnonzero(empty.to_numpy())[0])
-            raise OwnDataError(f"{file}, line {bad + 2}: column {name!r} is empty; expected "
-                               f"{_EXPECTED}")  # fmt: skip
     users, _ = _index(frame[user_col].to_numpy())
     offsets, sizes, blocks = 1, [], []
     for name in features:

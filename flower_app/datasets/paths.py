@@ -32,6 +32,7 @@ __all__ = [
     "download_allowed",
     "download_file",
     "file_checksum",
+    "json_object",
     "open_text",
     "resolve_data_dir",
 ]
@@ -57,6 +58,25 @@ def open_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> io.TextI
     if packed:
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding, newline="")
     return open(path, encoding=encoding, newline="")  # noqa: SIM115 (the caller closes it)
+
+
+def json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``object_pairs_hook`` of ``json.load``: refuse a key given twice in one object.
+
+    Python's ``json`` keeps the last of two equal keys silently (``{"a": 1, "a": 2}`` is
+    ``{"a": 2}``): a user or a field listed twice would become a different instance.
+
+    Raises
+    ------
+    ValueError
+        Naming the repeated key.
+    """
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one JSON object")
+        out[key] = value
+    return out
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:

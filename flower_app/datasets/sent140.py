@@ -6,14 +6,22 @@ Official formats, read streaming (one line or one user at a time), gzip or not:
     Sentiment140's file: latin-1, no header, six quoted fields per line: polarity (0
     negative, 4 positive; 2 neutral appears only in the test file and is refused), tweet
     id, date, query, user, text.
-LEAF's Sent140 JSON (``all_data_*.json``)
+LEAF's Sent140 JSON (``all_data_*.json``, several files)
     ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[id, date,
-    query, user, text], ...], "y": [0 or 1, ...]}}}``.
+    query, user, text], ...], "y": [0 or 1, ...]}}}``: every user listed once in ``users``
+    and in ``user_data``, ``num_samples`` one count per user.
+
+Where the files are (:func:`find_sent140_files`, in ``data-dir/sent140/``): LEAF's data
+folder as its scripts leave it (``train/*.json`` and ``test/*.json`` after its split:
+LEAF's train/test split is kept; else ``all_data/*.json``), LEAF JSON files put directly in
+the folder (every ``*.json[.gz]``, all read), or Sentiment140's CSV. Tweets from both the CSV
+and LEAF JSON, or from ``all_data/`` and loose JSON files, are refused as ambiguous.
 
 Federated partition (:func:`build_sent140`), as the paper builds it: one client per Twitter
 account with **more than 40** samples; a random 80/20 split of all samples into train and
-test (``split_seed``); the vocabulary is every token of the training samples (optionally the
-``max_vocab`` most frequent), id 0 is the padding / unknown token. Tokens
+test (``split_seed``), or LEAF's own split when its ``train/`` and ``test/`` files are
+read; the vocabulary is every token of the training samples (optionally the ``max_vocab``
+most frequent), id 0 is the padding / unknown token. Tokens
 (:func:`tokenize`): lower-cased text, URLs → ``<url>``, @mentions → ``<user>``, then runs of
 letters, digits and apostrophes, and each other non-space character on its own (so ``"!"`` and
 ``":("`` count). A tweet becomes its first ``max_len`` (default 25, LEAF's) token ids. A
@@ -35,13 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import open_text
+from flower_app.datasets.paths import json_object, open_text
 
 __all__ = [
+    "CSV_NAME",
+    "GLOVE_25D_FILE",
     "PAPER_TABLE1",
     "Sent140",
     "Tweet",
     "build_sent140",
+    "find_sent140_files",
     "load_sent140",
     "synthetic_sent140",
     "read_leaf_json",
@@ -56,19 +67,34 @@ PAPER_TABLE1 = {"clients": 1473, "samples": 79050, "samples-per-client": 54,
 _URL = re.compile(r"https?://\S+|www\.\S+")
 _MENTION = re.compile(r"@\w+")
 _TOKEN = re.compile(r"<url>|<user>|[a-z0-9']+|[^\sa-z0-9']")
+#: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
+GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
+#: Sentiment140's file name (optionally ``.gz``)
+CSV_NAME = "training.1600000.processed.noemoticon.csv"
 _CSV_FORMAT = (
     'Sentiment140 CSV lines: "polarity","id","date","query","user","text" with polarity 0 or '
     "4 (latin-1, no header)"
 )
 
 
+_LEAF_FORMAT = (
+    'LEAF JSON {"users": [...], "num_samples": [...], "user_data": {user: '
+    '{"x": [[id, date, query, user, text], ...], "y": [0 or 1, ...]}}}'
+)
+
+
 @dataclass(frozen=True)
 class Tweet:
-    """One sample: its author (the client), its label (1 positive) and its text."""
+    """One sample: its author (the client), its label (1 positive) and its text.
+
+    ``test`` is LEAF's split when the sample comes from its ``train/`` (False) or ``test/``
+    (True) files, None otherwise (the task then splits at random).
+    """
 
     user: str
     label: int
     text: str
+    test: bool | None = None
 
 
 def tokenize(text: str) -> list[str]:
@@ -88,9 +114,18 @@ def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
     """
     path = Path(path)
     with open_text(path, "latin-1") as fh:
-        for line_no, row in enumerate(csv.reader(fh), start=1):
+        reader = csv.reader(fh)
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                raise ValueError(f"{path}, line {reader.line_num}: {err}; expected "
+                                 f"{_CSV_FORMAT}") from None  # fmt: skip
+            line_no = reader.line_num
             if not row:
-                continue
+                continue  # an empty line holds no record
             if len(row) != 6:
                 raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
                                  f"{_CSV_FORMAT}")  # fmt: skip
@@ -101,42 +136,158 @@ def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
             yield Tweet(row[4], 1 if polarity == "4" else 0, row[5])
 
 
-def read_leaf_json(path: str | Path) -> Iterator[Tweet]:
+def read_leaf_json(path: str | Path, test: bool | None = None) -> Iterator[Tweet]:
     """Yield the tweets of one LEAF Sent140 JSON file, user by user.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The file (``.json`` or ``.json.gz``).
+    test : bool or None, optional
+        LEAF's split of the file (``train/``: False, ``test/``: True), given to each tweet.
 
     Raises
     ------
     ValueError
-        Naming the file (and the user) for missing keys, lengths that disagree, or labels
-        other than 0/1.
+        Naming the file (and the user) for missing keys, a user listed twice or missing
+        from ``users`` or ``user_data``, ``num_samples`` of another length or count than
+        the samples, a sample other than 5 strings, or a label other than 0/1.
     """
     path = Path(path)
-    expected = ('LEAF JSON {"users": [...], "num_samples": [...], "user_data": {user: '
-                '{"x": [[id, date, query, user, text], ...], "y": [0 or 1, ...]}}}')  # fmt: skip
     try:
         with open_text(path, "utf-8") as fh:
-            data = json.load(fh)
+            data = json.load(fh, object_pairs_hook=json_object)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}, line {err.lineno}: not JSON ({err.msg}); expected "
-                         f"{expected}") from None  # fmt: skip
+                         f"{_LEAF_FORMAT}") from None  # fmt: skip
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start}); expected "
+                         f"{_LEAF_FORMAT}") from None  # fmt: skip
+    except ValueError as err:  # a key twice (json_object)
+        raise ValueError(f"{path}: {err}; expected {_LEAF_FORMAT}") from None
+
+    def fail(what: str) -> ValueError:
+        return ValueError(f"{path}: {what}; expected {_LEAF_FORMAT}")
+
     if not isinstance(data, dict) or not {"users", "user_data"} <= set(data):
-        raise ValueError(f"{path}: missing 'users' or 'user_data'; expected {expected}")
-    counts = data.get("num_samples", [None] * len(data["users"]))
-    for user, count in zip(data["users"], counts, strict=False):
-        block = data["user_data"].get(user)
+        raise fail("missing 'users' or 'user_data'")
+    users, user_data = data["users"], data["user_data"]
+    if not isinstance(users, list) or not isinstance(user_data, dict):
+        raise fail("'users' is not a list or 'user_data' not an object")
+    if len(set(map(str, users))) != len(users):
+        twice = next(u for u in users if users.count(u) > 1)
+        raise fail(f"user {twice!r} is listed twice in 'users'")
+    extra = sorted(set(user_data) - set(map(str, users)))
+    if extra:
+        raise fail(f"user {extra[0]!r} is in 'user_data' but not in 'users'")
+    counts = data.get("num_samples")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+        got = len(counts) if isinstance(counts, list) else type(counts).__name__
+        raise fail(f"'num_samples' has {got} entries for {len(users)} users")
+    for k, user in enumerate(users):
+        block = user_data.get(user)
         if not isinstance(block, dict) or "x" not in block or "y" not in block:
-            raise ValueError(f"{path}: user {user!r} has no x/y in user_data; expected {expected}")
+            raise fail(f"user {user!r} has no x/y in user_data")
         xs, ys = block["x"], block["y"]
-        if len(xs) != len(ys) or (count is not None and count != len(ys)):
-            raise ValueError(
-                f"{path}: user {user!r} has {len(xs)} x, {len(ys)} y, num_samples {count}; "
-                f"expected {expected}"
+        count = None if counts is None else counts[k]
+        if (
+            not isinstance(xs, list)
+            or not isinstance(ys, list)
+            or len(xs) != len(ys)
+            or (count is not None and (type(count) is not int or count != len(ys)))
+        ):
+            raise fail(
+                f"user {user!r} has {len(xs)} x, {len(ys)} y, num_samples {count!r}"
             )
         for x, y in zip(xs, ys, strict=True):
-            if y not in (0, 1) or not isinstance(x, list) or len(x) < 5:
-                raise ValueError(f"{path}: user {user!r}: sample {x!r} -> {y!r}; expected "
-                                 f"{expected}")  # fmt: skip
-            yield Tweet(str(user), int(y), str(x[4]))
+            if (
+                type(y) is not int
+                or y not in (0, 1)
+                or not isinstance(x, list)
+                or len(x) != 5
+                or not all(isinstance(field, str) for field in x)
+            ):
+                raise fail(f"user {user!r}: sample {x!r} -> {y!r}")
+            yield Tweet(str(user), y, x[4], test)
+
+
+@dataclass(frozen=True)
+class Sent140Files:
+    """Where Sent140's tweets are: one CSV, or LEAF JSON files (with LEAF's split or not).
+
+    Attributes
+    ----------
+    csv : pathlib.Path or None
+        Sentiment140's CSV.
+    json : tuple of pathlib.Path
+        LEAF files without a split (``all_data/`` or loose in the folder).
+    train, test : tuple of pathlib.Path
+        LEAF's ``train/`` and ``test/`` files (its split).
+    """
+
+    csv: Path | None = None
+    json: tuple[Path, ...] = ()
+    train: tuple[Path, ...] = ()
+    test: tuple[Path, ...] = ()
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """Every file that will be read."""
+        return (*([self.csv] if self.csv else []), *self.json, *self.train, *self.test)
+
+    def tweets(self) -> Iterator[Tweet]:
+        """Yield the tweets of every LEAF file (the CSV is read by its own reader)."""
+        for path in self.json:
+            yield from read_leaf_json(path)
+        for path in self.train:
+            yield from read_leaf_json(path, test=False)
+        for path in self.test:
+            yield from read_leaf_json(path, test=True)
+
+
+def _jsons(folder: Path) -> tuple[Path, ...]:
+    return tuple(sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")]))
+
+
+def find_sent140_files(folder: str | Path) -> Sent140Files:
+    """Return the tweet files of ``folder`` (``data-dir/sent140``; see the module docstring).
+
+    Raises
+    ------
+    FileNotFoundError
+        Naming the files looked for, when there are none.
+    ValueError
+        When the folder holds two sources (the CSV and LEAF JSON, or LEAF's ``all_data/``
+        and loose JSON files) or only one half of LEAF's split.
+    """
+    folder = Path(folder)
+    csv_files = [folder / CSV_NAME, folder / f"{CSV_NAME}.gz"]
+    csv_file = next((p for p in csv_files if p.is_file()), None)
+    loose, all_data = _jsons(folder), _jsons(folder / "all_data")
+    train, test = _jsons(folder / "train"), _jsons(folder / "test")
+    if bool(train) != bool(test):
+        have, lack = ("train", "test") if train else ("test", "train")
+        raise ValueError(
+            f"{folder}: LEAF's {have}/ has JSON files but {lack}/ has none; put both "
+            "halves of LEAF's split there, or its all_data/ instead"
+        )
+    if loose and all_data:
+        raise ValueError(f"{folder}: LEAF JSON files both in the folder and in all_data/; "
+                         "keep one copy")  # fmt: skip
+    leaf = train or loose or all_data
+    if csv_file is not None and leaf:
+        raise ValueError(f"{folder}: both Sentiment140's CSV ({csv_file.name}) and LEAF JSON "
+                         f"files ({leaf[0].name}, ...); keep one source")  # fmt: skip
+    if train:
+        return Sent140Files(train=train, test=test)
+    if leaf:
+        return Sent140Files(json=leaf)
+    if csv_file is not None:
+        return Sent140Files(csv=csv_file)
+    raise FileNotFoundError(
+        f"sent140: none of {csv_files[0]}[.gz], {folder}/all_data/*.json (LEAF), "
+        f"{folder}/train/*.json + test/*.json (LEAF's split), {folder}/*.json"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,12 +364,20 @@ class Sent140:
 def load_sent140(
     path: str | Path, split_seed: int = 0, max_len: int = 25, max_vocab: int | None = None
 ) -> Sent140:
-    """Read Sentiment140's CSV or a LEAF JSON file into the task, in bounded memory.
+    """Read Sentiment140's CSV or LEAF JSON into the task, in bounded memory.
 
-    The CSV is read twice: once to count each account's tweets, then keeping only the
-    tweets of accounts with more than 40 (so the 1.6 million tweets are never all held).
+    ``path`` is a folder (``data-dir/sent140``: every file :func:`find_sent140_files`
+    finds), Sentiment140's CSV, or one LEAF JSON file. The CSV is read twice: once to count
+    each account's tweets, then keeping only the tweets of accounts with more than 40 (so
+    the 1.6 million tweets are never all held).
     """
     path = Path(path)
+    if path.is_dir():
+        files = find_sent140_files(path)
+        if files.csv is None:
+            return build_sent140(files.tweets(), split_seed=split_seed, max_len=max_len,
+                                 max_vocab=max_vocab)  # fmt: skip
+        path = files.csv
     if path.name.endswith((".json", ".json.gz")):
         return build_sent140(read_leaf_json(path), split_seed=split_seed, max_len=max_len,
                              max_vocab=max_vocab)  # fmt: skip
@@ -310,7 +469,9 @@ def build_sent140(
     min_samples : int, optional
         Least samples an account needs to be a client (default 41: "more than 40").
     test_fraction : float, optional
-        Share of the samples in the test set (default 0.2).
+        Share of the samples in the test set (default 0.2), drawn at random; when every
+        tweet carries LEAF's split (``Tweet.test``), that split is kept instead (with
+        ``test_fraction`` = 0 every sample is a training sample either way).
     split_seed : int, optional
         Seed of the train/test split (default 0).
     max_len : int, optional
@@ -323,19 +484,27 @@ def build_sent140(
     ValueError
         If no account has ``min_samples`` samples.
     """
-    by_user: dict[str, list[tuple[int, list[str]]]] = {}
+    by_user: dict[str, list[tuple[int, list[str], bool | None]]] = {}
     for tweet in tweets:
-        by_user.setdefault(tweet.user, []).append((tweet.label, tokenize(tweet.text)))
+        by_user.setdefault(tweet.user, []).append(
+            (tweet.label, tokenize(tweet.text), tweet.test)
+        )
     users = tuple(sorted(u for u, s in by_user.items() if len(s) >= min_samples))
     if not users:
         raise ValueError(f"no account has {min_samples} or more samples")
-    labels = [label for u in users for label, _ in by_user[u]]
-    tokens = [toks[:max_len] for u in users for _, toks in by_user[u]]
+    labels = [label for u in users for label, _, _ in by_user[u]]
+    tokens = [toks[:max_len] for u in users for _, toks, _ in by_user[u]]
+    given = [flag for u in users for _, _, flag in by_user[u]]
     owner = np.repeat(np.arange(len(users)), [len(by_user[u]) for u in users])
     n = len(labels)
-    rng = np.random.default_rng([int(split_seed), 140])
     is_test = np.zeros(n, dtype=bool)
-    is_test[rng.permutation(n)[: int(round(test_fraction * n))]] = True
+    if test_fraction > 0 and given and all(flag is not None for flag in given):
+        is_test[:] = given  # LEAF's own split
+    elif test_fraction > 0 and any(flag is not None for flag in given):
+        raise ValueError("some tweets carry LEAF's train/test split and others do not")
+    else:
+        rng = np.random.default_rng([int(split_seed), 140])
+        is_test[rng.permutation(n)[: int(round(test_fraction * n))]] = True
     counts = Counter(t for i in np.flatnonzero(~is_test) for t in tokens[i])
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
     vocab = tuple(ranked if max_vocab is None else ranked[:max_vocab])

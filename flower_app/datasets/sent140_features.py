@@ -31,7 +31,6 @@ Pipeline (our choices where the paper is silent):
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -42,11 +41,12 @@ import numpy as np
 from flower_app.datasets.images import LabelledImages
 from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError, open_text
 from flower_app.datasets.sent140 import (
+    CSV_NAME,
     PAPER_TABLE1,
     Sent140,
     Tweet,
     build_sent140,
-    read_leaf_json,
+    find_sent140_files,
     read_sentiment140_csv,
     synthetic_sent140,
 )
@@ -75,7 +75,7 @@ MIN_TWEETS = 50
 MAX_TOKENS = 140
 #: the stand-in's token vectors (``maxfl-sent140-vectors``; see synthetic_sent140_features)
 SENT140_VECTORS = ("random", "planted")
-_CSV_NAME = "training.1600000.processed.noemoticon.csv"
+_CSV_NAME = CSV_NAME
 _SOURCE = (
     "Sentiment140 (http://help.sentiment140.com/for-students: training.1600000.processed."
     "noemoticon.csv) or LEAF's Sent140 JSON in sent140/, and GloVe "
@@ -296,18 +296,21 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
         [folder / GLOVE_FILE, folder / f"{GLOVE_FILE}.gz", root / GLOVE_FILE,
          root / f"{GLOVE_FILE}.gz"]
     )  # fmt: skip
-    csv_file = _first([folder / _CSV_NAME, folder / f"{_CSV_NAME}.gz"])
-    jsons = sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])
-    if glove is None or (csv_file is None and not jsons):
+    try:
+        files = find_sent140_files(folder)
+    except FileNotFoundError:
+        files = None
+    if glove is None or files is None:
         expected = [folder / _CSV_NAME, folder / "all_data_*.json (LEAF)", root / GLOVE_FILE]
         raise DatasetNotFoundError("Sent140 with GloVe (MaxFL)", expected, _SOURCE, data_dir=root)
-    if csv_file is not None:
+    if files.csv is not None:
+        csv_file = files.csv
         counts = Counter(t.user for t in read_sentiment140_csv(csv_file))
         tweets: Iterator[Tweet] = (
             t for t in read_sentiment140_csv(csv_file) if counts[t.user] >= MIN_TWEETS
         )
-    else:
-        tweets = itertools.chain.from_iterable(read_leaf_json(p) for p in jsons)
+    else:  # every LEAF file; LEAF's train/test split is merged (MaxFL splits each client)
+        tweets = files.tweets()
     task = build_sent140(tweets, min_samples=MIN_TWEETS, test_fraction=0.0,
                          max_len=MAX_TOKENS)  # fmt: skip
     vectors = read_glove(glove, dim, words=task.vocab)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m flower_app.deploy {certs,node-keys,connection} ...``.
+"""Command line: ``python -m flower_app.deploy {certs,node-keys,connection,rehearse} ...``.
 
 Examples
 --------
@@ -8,6 +8,8 @@ Examples
     python -m flower_app.deploy node-keys --out keys --count 4
     python -m flower_app.deploy connection --name edge --address 192.0.2.10:9092 \\
         --root-certificates certs/ca.crt >> ~/.flwr/config.toml
+    python -m flower_app.deploy rehearse --nodes 4 --memory 1G --cpus 0.5 \\
+        --export movielens --data-dir /data --out /tmp/rehearsal
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from flower_app.deploy.credentials import make_certificates, make_node_keys
 from flower_app.deploy.processes import connection_toml
+from flower_app.deploy.rehearsal import EDGE_DEVICE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +61,120 @@ def _parser() -> argparse.ArgumentParser:
     conn.add_argument(
         "--root-certificates", type=Path, help="CA certificate (omit for insecure = true)"
     )
+    rehearse = sub.add_parser(
+        "rehearse",
+        help="start a TLS + node-authentication SuperLink and N SuperNodes, each a separate "
+        "edge device (network namespace, own data folder, cgroup memory and CPU limits); "
+        "print the flwr run line; stop everything on exit (Ctrl-C, SIGTERM)",
+    )
+    rehearse.add_argument("--nodes", type=int, default=4, help="SuperNodes (4)")
+    rehearse.add_argument("--out", type=Path, required=True, help="working folder")
+    rehearse.add_argument(
+        "--memory", default=f"{EDGE_DEVICE.memory >> 20}M",
+        help=f"memory limit per node, e.g. 512M, 1G ({EDGE_DEVICE.memory >> 20}M)",
+    )  # fmt: skip
+    rehearse.add_argument(
+        "--cpus", type=float, default=EDGE_DEVICE.cpus,
+        help=f"CPU quota per node, in cores ({EDGE_DEVICE.cpus:g})",
+    )  # fmt: skip
+    rehearse.add_argument(
+        "--device-name", default=EDGE_DEVICE.name, help="what the limits stand for"
+    )
+    rehearse.add_argument("--no-limits", action="store_true", help="no cgroup limits")
+    rehearse.add_argument(
+        "--loopback", action="store_true", help="no network namespaces (every node on 127.0.0.1)"
+    )
+    data = rehearse.add_mutually_exclusive_group()
+    data.add_argument(
+        "--export", metavar="DATASET",
+        help="export DATASET for the nodes first (python -m flower_app.export)",
+    )  # fmt: skip
+    data.add_argument(
+        "--data", type=Path, metavar="DIR",
+        help="an export folder (node-<i>.* + manifest.json) to give the nodes",
+    )  # fmt: skip
+    rehearse.add_argument("--data-dir", default="", help="dataset root, with --export")
+    rehearse.add_argument(
+        "--export-options", default="",
+        help='more python -m flower_app.export options, e.g. "--num-users 100"',
+    )  # fmt: skip
+    rehearse.add_argument(
+        "--poll-interval", type=float,
+        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the nodes (Flower's default: 1 s)",
+    )  # fmt: skip
+    rehearse.add_argument(
+        "--run", metavar="RUN_CONFIG",
+        help='run this --run-config once (e.g. "k=10 server-data=\'none\'"), print its '
+        "status, and stop; without it the federation runs until Ctrl-C or SIGTERM",
+    )  # fmt: skip
     return parser
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    """Run ``rehearse``; everything started is stopped however this ends."""
+    import shlex
+    import signal
+    import threading
+
+    from flower_app.deploy.isolation import parse_memory
+    from flower_app.deploy.rehearsal import EdgeDevice, Rehearsal
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _terminate)
+    device = None
+    if not args.no_limits:
+        device = EdgeDevice(args.device_name, parse_memory(args.memory), args.cpus)
+    node_env = {}
+    if args.poll_interval is not None:
+        node_env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(args.poll_interval)
+    data: tuple[Path, str] | None = None
+    if args.export:
+        from flower_app.export import main as export_main
+        from flower_app.registry import SUBMODULAR_DATASETS
+
+        folder = args.out / f"export-{args.export}"
+        code = export_main(
+            ["--dataset", args.export, "--num-partitions", str(args.nodes), "--out", str(folder)]
+            + (["--data-dir", args.data_dir] if args.data_dir else [])
+            + shlex.split(args.export_options)
+        )
+        if code != 0:
+            return code
+        data = (folder, "parquet" if args.export in SUBMODULAR_DATASETS else "npz")
+    elif args.data is not None:
+        ext = sorted(p.suffix for p in args.data.glob("node-0.*"))
+        if not ext:
+            print(f"error: {args.data} holds no node-0.* file", file=sys.stderr)
+            return 2
+        data = (args.data, ext[0].lstrip("."))
+    rehearsal = Rehearsal(args.out, args.nodes, device, not args.loopback, node_env)
+    try:
+        rehearsal.start(data)
+        for line in rehearsal.describe():
+            print(line)
+        print("run it with:")
+        print("  " + rehearsal.run_line())
+        sys.stdout.flush()
+        if args.run is None:
+            print("Ctrl-C (or SIGTERM) stops everything", flush=True)
+            threading.Event().wait()
+            return 0
+        from flwr.common.config import parse_config_args  # flwr run's own parser
+
+        config = parse_config_args([args.run])
+        print("  " + rehearsal.run_line(config), flush=True)
+        run = rehearsal.federation.run(config, timeout=24 * 3600)
+        print(run.output[-3000:])
+        print(f"status: {run.status} {run.details}".rstrip())
+        print(f"run folder: {run.folder}")
+        return 0 if run.status == "finished:completed" else 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        print("stopping the rehearsal", file=sys.stderr, flush=True)
+        rehearsal.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"CA key              {paths.ca_key}  (keep offline)")
             print(f"server certificate  {paths.server_cert}  (SuperLink: --ssl-certfile)")
             print(f"server key          {paths.server_key}  (SuperLink: --ssl-keyfile)")
-            print(f"valid for: {', '.join(args.host)}")
+            extra = [h for h in ("127.0.0.1", "localhost") if h not in args.host]
+            print(f"valid for: {', '.join([*args.host, *extra])}", end="")
+            print(" (127.0.0.1: the SuperLink's own superexec)" if extra else "")
         elif args.command == "node-keys":
             for key in make_node_keys(args.out, args.count, args.prefix, args.start):
                 print(f"{key.private_key}  {key.public_key}")
+        elif args.command == "rehearse":
+            return _rehearse(args)
         else:
             root = args.root_certificates
             print(connection_toml(args.name, args.address, root), end="")

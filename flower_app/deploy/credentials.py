@@ -104,7 +104,12 @@ def make_certificates(out: Path, hosts: list[str], days: int = 365) -> Certifica
     hosts : list of str
         Host names and/or IP addresses the SuperLink is reached at (the certificate's
         subject alternative names; the first is also its common name). Add every name
-        clients will use, e.g. ``["superlink.example.org", "192.0.2.10"]``.
+        clients will use, e.g. ``["superlink.example.org", "192.0.2.10"]``. ``127.0.0.1``
+        and ``localhost`` are always added: in flwr 1.42 the SuperLink starts a
+        ``flower-superexec`` that reaches it over TLS at ``127.0.0.1:<port>`` to launch
+        each ServerApp, and without that name in the certificate no run ever starts (the
+        superexec exits with "certificate is not valid for '127.0.0.1'", and ``flwr run``
+        waits forever).
     days : int, optional
         Validity of both certificates, in days.
 
@@ -122,6 +127,7 @@ def make_certificates(out: Path, hosts: list[str], days: int = 365) -> Certifica
         raise ValueError("give at least one host name or IP address")
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
+    hosts = [*hosts, *(h for h in ("127.0.0.1", "localhost") if h not in hosts)]
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)

@@ -23,17 +23,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flower_app.deploy.credentials import Certificates, NodeKey
+from flower_app.deploy.isolation import Host
 
 __all__ = [
     "ManagedProcess",
@@ -41,11 +43,15 @@ __all__ = [
     "connection_toml",
     "flwr_env",
     "free_port",
+    "kill_tree",
+    "process_tree",
     "register_node",
     "start_process",
     "superlink_command",
     "supernode_command",
+    "wait_for_listen",
     "wait_for_port",
+    "listening",
     "write_connection",
 ]
 
@@ -230,7 +236,9 @@ def write_connection(home: Path, name: str, address: str, root_certificates: Pat
     return path
 
 
-def register_node(public_key: Path, connection: str, env: Mapping[str, str]) -> int:
+def register_node(
+    public_key: Path, connection: str, env: Mapping[str, str], prefix: Sequence[str] = ()
+) -> int:
     """Register a SuperNode's public key at a SuperLink (``flwr supernode register``).
 
     Parameters
@@ -241,6 +249,8 @@ def register_node(public_key: Path, connection: str, env: Mapping[str, str]) -> 
         SuperLink connection name in ``$FLWR_HOME/config.toml`` (``env["FLWR_HOME"]``).
     env : mapping
         Environment for ``flwr`` (see :func:`flwr_env`).
+    prefix : sequence of str, optional
+        Put before the command (e.g. ``ip netns exec NS``).
 
     Returns
     -------
@@ -253,7 +263,7 @@ def register_node(public_key: Path, connection: str, env: Mapping[str, str]) -> 
         If the registration failed.
     """
     proc = subprocess.run(
-        [str(BIN / "flwr"), "supernode", "register", str(public_key), connection]
+        [*prefix, str(BIN / "flwr"), "supernode", "register", str(public_key), connection]
         + ["--format", "json"],
         env=dict(env),
         capture_output=True,
@@ -284,6 +294,62 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> 
             return
         time.sleep(0.1)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s")
+
+
+def listening(pid: int, port: int) -> bool:
+    """Return whether a socket in ``pid``'s network namespace listens on TCP ``port``.
+
+    Reads ``/proc/PID/net/tcp{,6}``, which show the sockets of the process's own network
+    namespace: this works for a process in another namespace too (where a connection from
+    here cannot reach it).
+    """
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def connected_to(pid: int, port: int) -> bool:
+    """Return whether process ``pid`` holds an established TCP connection to ``port``.
+
+    Matches the socket inodes of ``/proc/PID/fd`` against ``/proc/PID/net/tcp{,6}``.
+    """
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[3] == "01" and remote == port and fields[9] in inodes:
+                    return True
+    return False
+
+
+def wait_for_listen(proc: ManagedProcess, port: int, timeout: float = 60.0) -> None:
+    """Wait until ``proc``'s network namespace listens on ``port``.
+
+    Raises
+    ------
+    RuntimeError
+        If the process exits first, or nothing listens within ``timeout`` seconds (the
+        message holds the end of its log).
+    """
+    deadline = time.monotonic() + timeout
+    while not listening(proc.pid, port):
+        if not proc.alive() or time.monotonic() > deadline:
+            why = "exited" if not proc.alive() else f"does not listen on {port} after {timeout} s"
+            tail = "\n".join(proc.output().splitlines()[-20:])
+            raise RuntimeError(f"{proc.name} {why}; end of its log:\n{tail}")
+        time.sleep(0.1)
 
 
 @dataclass
@@ -336,7 +402,13 @@ class ManagedProcess:
 
 
 def start_process(
-    name: str, cmd: list[str], log_dir: Path, env: Mapping[str, str], cwd: Path | None = None
+    name: str,
+    cmd: list[str],
+    log_dir: Path,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    host: Host | None = None,
+    die_with_parent: bool = False,
 ) -> ManagedProcess:
     """Start ``cmd`` in a new session with its output in ``log_dir/name.log``.
 
@@ -352,15 +424,26 @@ def start_process(
         The environment.
     cwd : pathlib.Path, optional
         Working directory.
+    host : Host, optional
+        Run it there (its network namespace and cgroup, :mod:`flower_app.deploy.isolation`);
+        default: here.
+    die_with_parent : bool, optional
+        The process gets SIGTERM when the *thread* that started it ends (``setpriv
+        --pdeathsig``, where installed): a test session or script killed outright does
+        not leave it running (its own children follow it: Flower's ``--parent-pid``).
 
     Returns
     -------
     ManagedProcess
-        The started process.
+        The started process (the process group's leader: stopping it stops the group).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
-    with log.open("w") as fh:
+    if die_with_parent and (setpriv := shutil.which("setpriv")):
+        cmd = [setpriv, "--pdeathsig", "TERM", *cmd]
+    if host is not None:
+        cmd = host.command(cmd)
+    with log.open("a") as fh:
         popen = subprocess.Popen(
             cmd,
             env=dict(env),
@@ -388,23 +471,54 @@ def _cpu_seconds(pid: int) -> float:
     return 0.0
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def _status_kib(pid: int, key: str) -> int:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key):
                 return int(line.split()[1])
     return 0
 
 
+def _vm_hwm_kib(pid: int) -> int:
+    return _status_kib(pid, "VmHWM:")
+
+
+def _role(pid: int) -> str:
+    """``superexec``, ``clientapp`` or ``other``, from the process's command line."""
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        text = b" ".join(argv[:2]).decode(errors="replace")
+        if "flower-superexec" in text:
+            return "superexec"
+        if "flwr-clientapp" in text:
+            return "clientapp"
+    return "other"
+
+
+def process_tree(pid: int) -> list[int]:
+    """Return ``pid`` and all its descendants alive now (Linux ``/proc``)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        if current in out:
+            continue
+        out.append(current)
+        todo += _children(current)
+    return out
+
+
 @dataclass
 class PeakRSS:
-    """Poll the peak resident memory (VmHWM) of process trees (Linux ``/proc``).
+    """Poll the resident memory of process trees (Linux ``/proc``).
 
-    A SuperNode starts a ClientApp process per message; a thread polls each root process
-    and its descendants every ``interval`` seconds and keeps the largest VmHWM seen per
-    process, so short-lived ClientApps are caught (their last growth before exit may be
-    missed by up to one interval). It also adds up the CPU time (user + system) each process
-    used, as last seen (a ClientApp's final tenths of a second may be missed).
+    A SuperNode starts a ``flower-superexec`` child, which starts a ClientApp process per
+    message; a thread polls each root process and its descendants every ``interval``
+    seconds and keeps, per tree, the largest VmHWM of the root, of its superexec and of any
+    ClientApp, the largest *sum* of the current RSS (VmRSS) of the whole tree (what the
+    node holds at its busiest moment), and the largest number of ClientApps alive at once.
+    Short-lived ClientApps are caught (their last growth before exit may be missed by up to
+    one interval). It also adds up the CPU time (user + system) each process used, as last
+    seen (a ClientApp's final tenths of a second may be missed).
 
     Parameters
     ----------
@@ -418,6 +532,10 @@ class PeakRSS:
     interval: float = 0.05
     root_kib: dict[str, int] = field(default_factory=dict)
     child_kib: dict[str, int] = field(default_factory=dict)
+    superexec_kib: dict[str, int] = field(default_factory=dict)
+    tree_kib: dict[str, int] = field(default_factory=dict)
+    clientapps_at_once: dict[str, int] = field(default_factory=dict)
+    clientapps_seen: dict[str, set[int]] = field(default_factory=dict)
     cpu: dict[int, tuple[str, float]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -437,30 +555,54 @@ class PeakRSS:
             for label, pid in self.roots.items():
                 self.root_kib[label] = max(self.root_kib.get(label, 0), _vm_hwm_kib(pid))
                 self.cpu[pid] = (label, max(self.cpu.get(pid, ("", 0.0))[1], _cpu_seconds(pid)))
-                todo, seen = _children(pid), set()
-                while todo:
-                    child = todo.pop()
-                    if child in seen:
-                        continue
-                    seen.add(child)
-                    todo += _children(child)
-                    self.child_kib[label] = max(self.child_kib.get(label, 0), _vm_hwm_kib(child))
+                tree = _status_kib(pid, "VmRSS:")
+                apps = 0
+                for child in process_tree(pid)[1:]:
+                    role = _role(child)
+                    hwm = _vm_hwm_kib(child)
+                    tree += _status_kib(child, "VmRSS:")
+                    if role == "superexec":
+                        self.superexec_kib[label] = max(self.superexec_kib.get(label, 0), hwm)
+                    else:
+                        self.child_kib[label] = max(self.child_kib.get(label, 0), hwm)
+                    if role == "clientapp":
+                        apps += 1
+                        self.clientapps_seen.setdefault(label, set()).add(child)
                     seconds = max(self.cpu.get(child, ("", 0.0))[1], _cpu_seconds(child))
                     self.cpu[child] = (label, seconds)
+                self.tree_kib[label] = max(self.tree_kib.get(label, 0), tree)
+                self.clientapps_at_once[label] = max(self.clientapps_at_once.get(label, 0), apps)
             self._stop.wait(self.interval)
 
     def report(self) -> dict[str, dict[str, float]]:
-        """Return ``{label: {"supernode-mib", "clientapp-mib", "cpu-seconds"}}``.
+        """Return ``{label: {...}}`` per watched tree.
 
-        ``supernode-mib`` is the SuperNode process's peak RSS, ``clientapp-mib`` the largest
-        peak RSS of any of its descendants (ClientApp processes), ``cpu-seconds`` the CPU
-        time of the SuperNode and all its descendants together.
+        ``supernode-mib`` is the SuperNode process's peak RSS, ``superexec-mib`` its
+        superexec child's, ``clientapp-mib`` the largest peak RSS of any other descendant
+        (ClientApp processes), ``tree-mib`` the largest total RSS of the whole tree at one
+        poll, ``clientapps`` the ClientApp processes seen and ``clientapps-at-once`` the
+        most alive together, ``cpu-seconds`` the CPU time of the tree.
         """
         return {
             label: {
                 "supernode-mib": self.root_kib.get(label, 0) / 1024,
+                "superexec-mib": self.superexec_kib.get(label, 0) / 1024,
                 "clientapp-mib": self.child_kib.get(label, 0) / 1024,
+                "tree-mib": self.tree_kib.get(label, 0) / 1024,
+                "clientapps": len(self.clientapps_seen.get(label, ())),
+                "clientapps-at-once": self.clientapps_at_once.get(label, 0),
                 "cpu-seconds": sum(s for lab, s in self.cpu.values() if lab == label),
             }
             for label in self.roots
         }
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it at once: a crash, as a power loss would be.
+
+    The tree is read from ``/proc`` (Linux) before the first signal; processes that already
+    exited are skipped.
+    """
+    for victim in process_tree(int(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)

@@ -19,7 +19,7 @@ a client's batches hold 4 rows of one user, so running averages of their statist
 evaluation-mode model built on them diverged on the Amazon stand-in (train loss 0.72 → 55
 in 200 FedSubAvg rounds while the clients' own training loss fell). Evaluation therefore
 depends on the evaluation batch (the reference code uses 1,024 rows; we use
-``EVAL_CHUNK`` of :mod:`flower_app.algorithms.torch_tasks`).
+``EVAL_CHUNK`` of :mod:`flower_app.algorithms.fedsubavg.torch_tasks`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from flower_app.algorithms.maxfl import aggregation_weight
+from flower_app.algorithms.maxfl.core import aggregation_weight
 
 __all__ = ["TRANSFORMS", "apply_transform"]
 

@@ -46,12 +46,7 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.discrete_greedy import (
-    DiscreteGreedyRound,
-    DiscreteGreedyServer,
-    run_discrete_greedy_direct,
-)
-from flower_app.algorithms.fedcg import (
+from flower_app.algorithms.fedcg.continuous import (
     ROUNDINGS,
     FedCGRound,
     FedCGServer,
@@ -60,9 +55,20 @@ from flower_app.algorithms.fedcg import (
     round_point,
     run_fedcg_direct,
 )
+from flower_app.algorithms.fedcg.discrete_greedy import (
+    DiscreteGreedyRound,
+    DiscreteGreedyServer,
+    run_discrete_greedy_direct,
+)
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError
-from flower_app.experiment import Experiment, finish_run, open_remote_run, open_run
+from flower_app.experiment import (
+    Experiment,
+    finish_run,
+    open_remote_run,
+    open_run,
+    remote_checkpoint_fn,
+)
 from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
@@ -234,6 +240,10 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     else:
         exp = _open(cfg, "flower")
     log(20, "run folder: %s", exp.writer.folder)
+    # the checkpoint of a run without server data also holds the nodes' n and m
+    checkpoint_fn = (
+        remote_checkpoint_fn(exp.writer, exp.problem) if remote else exp.writer.save_checkpoint
+    )
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
         strategy = FedDiscreteGreedyStrategy(
@@ -245,7 +255,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             min_reply_fraction=cfg.min_reply_fraction,
             secure_aggregation=cfg.secure,
         )
-        strategy.checkpoint_fn = exp.writer.save_checkpoint
+        strategy.checkpoint_fn = checkpoint_fn
         if exp.writer.checkpoint is not None:
             strategy.resume_from(exp.writer.checkpoint)
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
@@ -268,7 +278,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         evaluate_every=10,
         secure_aggregation=cfg.secure,
     )
-    fedcg.checkpoint_fn = exp.writer.save_checkpoint
+    fedcg.checkpoint_fn = checkpoint_fn
     if exp.writer.checkpoint is not None:
         fedcg.resume_from(exp.writer.checkpoint)
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)

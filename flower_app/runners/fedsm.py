@@ -32,7 +32,7 @@ run_config keys of the family (declared in :mod:`flower_app.settings`, reference
     How users draw their d elements or pairs: ``"per-user"`` (default; one
     ``default_rng([seed, t, user])`` per user and round, the recorded reproductions) or
     ``"batched"`` (a keyed Philox for all users at once, in time proportional to each user's
-    support; same law, other draws: :mod:`flower_app.algorithms.fedsm_sampling`).
+    support; same law, other draws: :mod:`flower_app.algorithms.fedsm.sampling`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm_modes import FedSMParams, FedSMRun
-from flower_app.algorithms.fedsm_modes import run_direct as run_modes_direct
+from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
@@ -57,6 +58,7 @@ from flower_app.experiment import (
     finish_run,
     open_remote_run,
     open_run,
+    remote_checkpoint_fn,
     summary_line,
 )
 from flower_app.node_data import load_node_rows, node_partition
@@ -114,6 +116,8 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         rng=cfg.get("fedsm-rng"),
         dp_epsilon=cfg.get("fedsm-dp-epsilon"),
         dp_delta=cfg.get("fedsm-dp-delta"),
+        dp_secure=bool(cfg.secure_aggregation),
+        dp_reproducible=cfg.dp_reproducible_noise,
     )
     if params.dp_epsilon and (params.mode != "alg1" or params.rng != "per-user"):
         raise ConfigError(
@@ -154,6 +158,8 @@ def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Ma
 
 
 def _open(cfg: AppConfig, engine: str) -> Experiment:
+    if float(cfg.get("fedsm-dp-epsilon")) > 0 and cfg.dp_reproducible_noise:
+        warn_no_privacy()
     return open_run(cfg, engine, check=lambda p, m: _run(cfg, p, m))
 
 
@@ -209,15 +215,31 @@ def _finish(
 
 def _privacy(run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
     """Return the run's privacy accounting (shuffle-model DP): per query and composed."""
-    last = history[-1] if history else {}
+    last = next((r for r in reversed(history) if "dp-epsilon" in r), {})
+    secure = bool(run.params.dp_secure)
     return {
         "mechanism": "shuffle-model bounded sums (Cheu et al. 2019), FedSM Appendix C",
-        "trust": "the server sees only each element's total count: secure aggregation (or a "
-        "shuffler) required; replies in the clear are locally randomised only",
+        "accountant": "flower_app.algorithms.fedsm.shuffle_dp: exact hockey-stick bound per query, "
+        "basic and advanced composition over the busiest user's queries",
+        "epsilon-against-server": last.get("dp-epsilon"),
+        "delta-against-server": last.get("dp-delta"),
+        "epsilon-against-server-means": (
+            "secure aggregation: the server sees only each element's total, so the shuffle "
+            "bound holds (for the users whose reports arrived)" if secure else
+            "no secure aggregation: the server sees each node's (plain mode: each user's) "
+            "report, so only the local randomiser's epsilon holds"
+        ),
+        "epsilon-against-outsiders": last.get("dp-epsilon-outsider"),
+        "delta-against-outsiders": last.get("dp-delta-outsider"),
+        "epsilon-against-outsiders-means": "shuffle bound: for anyone who sees only totals",
         "dp-epsilon-per-query": float(run.params.dp_epsilon),
         "dp-delta-per-query": float(run.params.dp_delta),
         "dp-bits-per-value": [row.get("dp-bits") for row in history],
         **{k: last[k] for k in last if k.startswith(("dp-queries", "dp-epsilon-", "dp-delta-"))},
+        "reproducible-noise": bool(run.params.dp_reproducible),
+        "privacy-against-server": NO_PRIVACY_NOTE if run.params.dp_reproducible else (
+            "randomiser from each node's OS entropy: the server cannot regenerate it"
+        ),
     }
 
 
@@ -274,6 +296,10 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=exp.writer.log_round,
         secure_aggregation=cfg.secure,
     )
+    # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
+    strategy.checkpoint_fn = remote_checkpoint_fn(exp.writer, problem)
+    if exp.writer.checkpoint is not None:
+        strategy.resume_from(exp.writer.checkpoint)
     result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
     exp.writer.record_failures(strategy.failure_summary())
     assert strategy.run is not None
@@ -323,7 +349,8 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     pid, parts, path = node_partition(context.node_config)
     if path is not None:
         rows = load_node_rows(path, cfg.dataset)
-        return SubmodularClient(rows.objective, rows.first_user, rows.n_users_total, pid, parts)
+        return SubmodularClient(rows.objective, rows.first_user, rows.n_users_total, pid, parts,
+                                reproducible_noise=cfg.dp_reproducible_noise)
     return _client(cfg, pid, parts)
 
 
@@ -331,4 +358,5 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
 def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodularClient:
     problem = load_problem(cfg)
     objective, first = cohort_objective(problem, partition_id, num_partitions)
-    return SubmodularClient(objective, first, problem.n_users, partition_id, num_partitions)
+    return SubmodularClient(objective, first, problem.n_users, partition_id, num_partitions,
+                            reproducible_noise=cfg.dp_reproducible_noise)

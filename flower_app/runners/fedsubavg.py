@@ -37,7 +37,9 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.dp_noise import warn_no_privacy
+from flower_app.algorithms.common.gaussian_dp import GaussianDP, privacy_summary
+from flower_app.algorithms.fedsubavg.core import (
     ALGORITHM_NAMES,
     VALUE_BYTES,
     AdamConfig,
@@ -47,13 +49,13 @@ from flower_app.algorithms.fedsubavg import (
     client_bytes,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.gaussian_dp import GaussianDP
-from flower_app.algorithms.torch_tasks import TORCH_DATASETS
+from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
+from flower_app.algorithms.fedsubavg.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
+from flower_app.experiment import check_remote_resume, remote_checkpoint_fn
 from flower_app.node_data import (
     RATING_SOURCE_KEYS,
     load_node_ratings,
@@ -100,15 +102,11 @@ def run_spec(cfg: AppConfig) -> RunSpec:
         lr=cfg.get("fsa-lr"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = AdamConfig(
-        eta=cfg.get("fsa-adam-eta"),
-        beta1=cfg.get("fsa-adam-beta1"),
-        beta2=cfg.get("fsa-adam-beta2"),
-        tau=cfg.get("fsa-adam-tau"),
-    )
+    adam = adam_config(cfg)
     dp = None
     if cfg.get("fsa-dp-noise") > 0:
-        dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"))
+        dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
+                        reproducible=cfg.dp_reproducible_noise)  # fmt: skip
         if cfg.algorithm == "central-sgd" or cfg.get("fsa-weighting") != "clients":
             raise ConfigError(
                 "run_config 'fsa-dp-noise' > 0 (client-level DP) needs a federated algorithm "
@@ -131,6 +129,39 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     )
 
 
+def adam_config(cfg: AppConfig) -> AdamConfig:
+    """Return FedAdam's server settings (``fsa-adam-*``; the torch tasks' runner too)."""
+    return AdamConfig(
+        eta=cfg.get("fsa-adam-eta"),
+        beta1=cfg.get("fsa-adam-beta1"),
+        beta2=cfg.get("fsa-adam-beta2"),
+        tau=cfg.get("fsa-adam-tau"),
+    )
+
+
+def resolved_config(
+    cfg: AppConfig, engine: str, clients_per_round: int | float, task: Any
+) -> tuple[int, dict[str, Any]]:
+    """Return K resolved on the task's clients and the run's ``config.json`` (torch tasks too).
+
+    Raises
+    ------
+    ConfigError
+        If ``fsa-clients-per-round`` does not fit the task's number of clients.
+    """
+    try:
+        k = resolve_clients_per_round(clients_per_round, task.n_clients)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    config = {
+        **cfg.to_dict(),
+        "engine": engine,
+        "task": {"name": task.name, **task.stats()},
+        "clients-per-round-resolved": k,
+    }
+    return k, config
+
+
 @dataclass
 class _Run:
     cfg: AppConfig
@@ -146,17 +177,10 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
     """Validate everything, load the task and open the run folder (nothing before that)."""
     spec = run_spec(cfg)
     task = load_task(cfg)
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "task": {"name": task.name, **task.stats()},
-        "clients-per-round-resolved": k,
-    }
+    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    if spec.dp is not None and spec.dp.reproducible:
+        warn_no_privacy()
     return _Run(cfg, spec, k, task, writer, engine, time.perf_counter())
 
 
@@ -182,14 +206,7 @@ def _heat_summary(task: RatingTask | None, heat: FeatureHeat, n_params: int = 0)
     sizes = task.submodel_sizes()
     per_client = client_bytes(sizes)
     return {
-        # the paper's Table 1 metric: over features (gender .. age×movie), not the bias
-        "feature-heat-dispersion": heat.dispersion(features),
-        "feature-heat-max": int(n.max()) if n.size else 0,
-        "feature-heat-min": int(n.min()) if n.size else 0,
-        "parameter-heat-dispersion": heat.dispersion(),
-        "rows-touched": int((heat.clients > 0).sum()),
-        "heat-clients": heat.n_clients,
-        "full-model-bytes": int(task.n_params * VALUE_BYTES),
+        **heat_part,
         "client-download-bytes-mean": float(per_client["down"].mean()),
         "client-download-bytes-max": int(per_client["down"].max()),
         "client-submodel-rows-mean": float(sizes.mean()),
@@ -220,6 +237,9 @@ def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss
         "wall-time": time.perf_counter() - run.started,
         "run-folder": str(run.writer.folder),
     }
+    if run.spec.dp is not None:  # the last row holds the run's privacy so far
+        last = next((r for r in reversed(history) if "dp-epsilon" in r), {})
+        summary["privacy"] = privacy_summary(run.spec.dp, last)
     run.writer.write_summary(summary)
     return summary
 
@@ -270,8 +290,11 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         "task": {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements},
         "clients-per-round-resolved": k,
     }
-    writer = RunWriter(cfg.run_folder(), config)
+    writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
+    check_remote_resume(writer, problem)
     log(INFO, "run folder: %s (server-data = none)", writer.folder)
+    if spec.dp is not None and spec.dp.reproducible:
+        warn_no_privacy()
     strategy = FedSubAvgStrategy(
         cohorts=True, n_clients=problem.n_users, n_params=problem.n_elements,
         clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
@@ -291,6 +314,14 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(values)
 
+    # resumable: the checkpoint holds x, the server step's state, the sampler, the nodes'
+    # n and model size, and the round-0 federated metrics (a resumed run does not redo them)
+    strategy.checkpoint_fn = remote_checkpoint_fn(
+        writer, problem, lambda: {"initial-metrics": dict(initial)}
+    )
+    if writer.checkpoint is not None:
+        initial.update(writer.checkpoint.get("initial-metrics", {}))
+        strategy.resume_from(writer.checkpoint)
     strategy.start(grid=grid, num_rounds=spec.rounds, timeout=cfg.round_timeout,
                    evaluate_fn=evaluate_fn)  # fmt: skip
     writer.record_failures(strategy.failure_summary())
@@ -320,6 +351,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         "wall-time": time.perf_counter() - started,
         "run-folder": str(writer.folder),
     }
+    if strategy.accountant is not None:
+        summary["privacy"] = strategy.accountant.summary()
     writer.write_summary(summary)
     return summary
 
@@ -433,14 +466,16 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
         return _client(cfg, pid, parts)
     task = load_node_ratings(path, source_of(cfg, RATING_SOURCE_KEYS))
     first, count = cohort_range(task.n_clients, pid, parts)
-    return SubmodelClient(task, first, count, pid, parts)
+    return SubmodelClient(task, first, count, pid, parts,
+                          reproducible_noise=cfg.dp_reproducible_noise)  # fmt: skip
 
 
 @lru_cache(maxsize=64)
 def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelClient:
     task = load_task(cfg)
     first, count = cohort_range(task.n_clients, partition_id, num_partitions)
-    return SubmodelClient(task, first, count, partition_id, num_partitions)
+    return SubmodelClient(task, first, count, partition_id, num_partitions,
+                          reproducible_noise=cfg.dp_reproducible_noise)  # fmt: skip
 
 
 def summary_line(summary: dict) -> str:

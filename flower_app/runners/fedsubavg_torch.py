@@ -2,7 +2,7 @@
 
 :func:`run_torch_strategy` runs :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`
 in plain mode (named arrays, one client per node) with the same settings the direct engine
-(:func:`~flower_app.algorithms.fedsubavg_torch.run_torch_direct`) takes, and evaluates the
+(:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`) takes, and evaluates the
 full model centrally after each round (``evaluate_fn``) with the same task method, so both
 return the same rows for the same seed. The nodes run the app's ClientApp, which routes the
 messages to :class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
@@ -24,18 +24,23 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import AdamConfig, resolve_clients_per_round
-from flower_app.algorithms.fedsubavg_torch import (
+from flower_app.algorithms.fedsubavg.core import resolve_clients_per_round
+from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
     TorchRunSpec,
     initial_state,
     load_values,
     run_torch_direct,
 )
-from flower_app.algorithms.torch_tasks import METRIC_KEYS, TorchSubmodelTask, load_torch_task
+from flower_app.algorithms.fedsubavg.torch_tasks import (
+    METRIC_KEYS,
+    TorchSubmodelTask,
+    load_torch_task,
+)
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter
+from flower_app.runners.fedsubavg import adam_config, resolved_config
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
 __all__ = [
@@ -73,6 +78,7 @@ def run_torch_strategy(
         fraction_train=k / task.n_clients,
         min_train_nodes=k,
         min_available_nodes=task.n_clients,
+        fraction_evaluate=0.0,  # the task is evaluated on the server (evaluate_fn below)
         weighting=spec.weighting,
         seed=spec.seed,
         algorithm=spec.algorithm,
@@ -156,12 +162,7 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
         clip_norm=cfg.get("fsa-clip-norm"),
         proximal_mu=cfg.get("fsa-proximal-mu") if cfg.algorithm == "fedprox-sub" else 0.0,
     )
-    adam = AdamConfig(
-        eta=cfg.get("fsa-adam-eta"),
-        beta1=cfg.get("fsa-adam-beta1"),
-        beta2=cfg.get("fsa-adam-beta2"),
-        tau=cfg.get("fsa-adam-tau"),
-    )
+    adam = adam_config(cfg)
     return TorchRunSpec(
         algorithm=cfg.algorithm,
         rounds=cfg.get("fsa-rounds"),
@@ -177,12 +178,7 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
 def _open(cfg: AppConfig, engine: str) -> tuple[TorchRunSpec, TorchSubmodelTask, RunWriter, int]:
     spec = torch_spec(cfg)
     task = _cached_task(cfg)
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {**cfg.to_dict(), "engine": engine, "task": {"name": task.name, **task.stats()},
-              "clients-per-round-resolved": k}  # fmt: skip
+    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
     return spec, task, RunWriter(cfg.run_folder(), config), k
 
 

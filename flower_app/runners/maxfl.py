@@ -28,16 +28,17 @@ from flwr.client import NumPyClient
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.appeal import AppealServer, TrainOutcome, run_protocol
-from flower_app.algorithms.gaussian_dp import (
+from flower_app.algorithms.common.dp_noise import warn_no_privacy
+from flower_app.algorithms.common.gaussian_dp import (
     DP_ALGORITHMS,
+    GaussianAccountant,
     GaussianDP,
     dp_config,
-    dp_round_info,
     q_sum_floor,
 )
-from flower_app.algorithms.learning import LocalConfig
-from flower_app.algorithms.participation import ParticipationSampler
+from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.maxfl.learning import LocalConfig
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.learning import (
     DictState,
@@ -216,7 +217,8 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
     dp = None
     if float(cfg.get("maxfl-dp-noise")) > 0:
         dp = GaussianDP(float(cfg.get("maxfl-dp-noise")), float(cfg.get("maxfl-dp-clip")),
-                        float(cfg.get("maxfl-dp-delta")))  # fmt: skip
+                        float(cfg.get("maxfl-dp-delta")),
+                        reproducible=cfg.dp_reproducible_noise)  # fmt: skip
         if cfg.algorithm not in DP_ALGORITHMS:
             raise ConfigError(
                 f"run_config 'maxfl-dp-noise' > 0 (client-level DP) is implemented for "
@@ -375,6 +377,7 @@ def _client(
         byzantine=byzantine_clients(s.n_seen, s.byzantine, s.seed),
         partition_id=pid,
         num_partitions=parts,
+        reproducible_noise=s.dp is not None and s.dp.reproducible,
     )
 
 
@@ -403,6 +406,7 @@ def _finish(
     rows: list[dict[str, Any]],
     weights: list[np.ndarray],
     started: float,
+    accountant: GaussianAccountant | None = None,
 ) -> dict[str, Any]:
     np.savez(writer.folder / "model.npz", *[np.asarray(w) for w in weights])
     final = next((r for r in reversed(rows) if "seen-acc" in r), {})
@@ -420,6 +424,8 @@ def _finish(
         "wall-time": time.perf_counter() - started,
         "run-folder": str(writer.folder),
     }
+    if accountant is not None:
+        summary["privacy"] = accountant.summary()
     writer.write_summary(summary)
     return summary
 
@@ -430,6 +436,8 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "flower")
+    if s.dp is not None and s.dp.reproducible:
+        warn_no_privacy()
     log(INFO, "run folder: %s", writer.folder)
     server, sampler = _server(s)
     strategy = AppealStrategy(
@@ -453,7 +461,8 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         timeout=cfg.round_timeout,
     )
     writer.record_failures(strategy.failure_summary())
-    return _finish(writer, s, "flower", strategy.history, strategy.server.weights, started)
+    return _finish(writer, s, "flower", strategy.history, strategy.server.weights, started,
+                   strategy.accountant)  # fmt: skip
 
 
 class DirectTransport:
@@ -477,6 +486,7 @@ class DirectTransport:
         self.client = client
         self.algorithm = algorithm
         self.dp, self.population = dp, int(population)
+        self.accountant = None if dp is None else GaussianAccountant(dp, self.population)
 
     def train(
         self,
@@ -499,7 +509,8 @@ class DirectTransport:
             out = TrainOutcome(sums=[np.asarray(a, np.float64) for a in sums], users=n,
                                q_sum=max(float(metrics["q-sum"]), q_sum_floor(self.dp)),
                                h_sum=0.0)  # fmt: skip
-            out.info = dp_round_info(self.dp, users.size, self.population, server_round)
+            assert self.accountant is not None  # every sampled client is in the sum
+            out.info = self.accountant.record(int(users.size), users)
             return out
         return TrainOutcome(
             sums=[np.asarray(a, np.float64) for a in sums],
@@ -533,6 +544,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "direct")
+    if s.dp is not None and s.dp.reproducible:
+        warn_no_privacy()
     server, sampler = _server(s)
     client = _client(s, 0, s.n_clients, DictState(), 0, 1)
     bar = None
@@ -546,17 +559,18 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
         if bar is not None:
             bar.update(1)
 
+    transport = DirectTransport(client, s.algorithm, s.dp, s.n_seen)
     rows = run_protocol(
         server,
         sampler,
-        DirectTransport(client, s.algorithm, s.dp, s.n_seen),
+        transport,
         s.rounds,
         eval_every=s.eval_every,
         on_round=on_round,
     )
     if bar is not None:
         bar.close()
-    return _finish(writer, s, "direct", rows, server.weights, started)
+    return _finish(writer, s, "direct", rows, server.weights, started, transport.accountant)
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

@@ -9,6 +9,9 @@ From the declarations come:
   values), used by :meth:`flower_app.config.AppConfig.from_run_config`. A runner reads its
   family's keys validated and typed with ``cfg.get("fsa-lr")``; only checks that involve
   several keys or the data stay in the runner;
+- :func:`problems`: every problem of a run_config, one line each (what ``flower-app run``
+  and ``--check`` print before Flower starts; :mod:`flower_app.settings.overrides` reads the
+  ``--run-config`` strings as ``flwr run`` does and names their syntax errors);
 - :func:`defaults`: key -> default, of one family or all;
 - ``python -m flower_app.settings --toml`` / ``--markdown``: the ``[tool.flwr.app.config]``
   table of ``pyproject.toml`` and ``docs/configuration.md`` (tests check both are in sync);
@@ -18,7 +21,7 @@ From the declarations come:
 from __future__ import annotations
 
 from flower_app.settings.declarations import MATROIDS, SETTINGS
-from flower_app.settings.parse import defaults, describe_family, parse
+from flower_app.settings.parse import defaults, describe_family, parse, problems
 from flower_app.settings.render import markdown_reference, toml_table
 from flower_app.settings.setting import ConfigError, Setting
 
@@ -32,6 +35,7 @@ __all__ = [
     "help_text",
     "markdown_reference",
     "parse",
+    "problems",
     "toml_table",
 ]
 

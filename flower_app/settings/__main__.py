@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from flower_app.settings.declarations import SETTINGS
+from flower_app.settings.overrides import read_overrides
 from flower_app.settings.parse import parse
 from flower_app.settings.render import markdown_reference, toml_table, toml_value
 from flower_app.settings.setting import ConfigError
@@ -14,6 +15,10 @@ from flower_app.settings.setting import ConfigError
 
 def check(run_config: str) -> str:
     """Check a ``--run-config`` string as ``flwr run`` and the app would read it.
+
+    The same checks as ``flower-app run`` makes before Flower starts: the string's syntax,
+    unknown keys (with the closest known one), every value, another family's keys, keys
+    that do not go together, and the data files (header or first record).
 
     Parameters
     ----------
@@ -28,11 +33,17 @@ def check(run_config: str) -> str:
     Raises
     ------
     ConfigError
-        Naming the first problem (an unknown key with the closest known one).
+        Naming every problem, one per line.
     """
-    from flwr.common.config import parse_config_args
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
 
-    given = parse_config_args([run_config])
+    given = read_overrides([run_config])
+    found = AppConfig.problems(given)
+    if not found:
+        found = data_problems(AppConfig.from_run_config(given))
+    if found:
+        raise ConfigError("\n".join(found))
     values = parse(given)
     changed = [
         f"{key}={toml_value(values[key])}"
@@ -66,8 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         try:
             print(check(args.check))
-        except (ConfigError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
+        except ConfigError as err:
+            for problem in err.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError) as err:  # e.g. an unreadable data file
+            print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
             return 2
     return 0
 

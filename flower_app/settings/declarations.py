@@ -103,7 +103,8 @@ _DECLARED = (
     Setting(
         "resume", "bool", False, _COMMON,
         "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
-        "(same run_config; FedSM and MaxFL family on flwr run); finished rounds are not redone",
+        "(same run_config; every federated algorithm on flwr run, server-data full or none); "
+        "finished rounds are not redone",
     ),
     Setting(
         "server-data", "choice", "full", _COMMON,
@@ -133,6 +134,13 @@ _DECLARED = (
         "item-names", "str", "", _COMMON,
         "optional CSV (item,name) naming data-file's items; summary.json then lists the "
         "selected items by name",
+    ),
+    Setting(
+        "dp-reproducible-noise", "bool", False, _COMMON,
+        "research only: derive every DP draw (maxfl-dp-noise, fsa-dp-noise, fedsm-dp-epsilon) "
+        "from (seed, round, user) so DP runs repeat bit for bit; gives NO privacy against the "
+        "server or anyone holding the run_config (logged, and marked in every round's row and "
+        "summary.json); default: OS entropy on each node",
     ),
     Setting(
         "secure-aggregation", "bool", False, _COMMON,

@@ -94,10 +94,12 @@ _INTRO = [
     "naming the key, the value and what is valid.",
     "- The common keys apply to every algorithm; a family's keys only to its algorithms. A key "
     "of another family is refused unless it keeps its default.",
-    "- `flwr run` refuses a key that is not listed here before the app starts, with only "
-    "`[code: 15] Invalid run configuration`. "
-    "`python -m flower_app.settings --check \"k=20 fedsm-mode='alg2'\"` checks a "
-    "`--run-config` string first and names an unknown key with the closest known one.",
+    "- `flower-app run` checks every key, value and data file before Flower starts and "
+    "prints each problem on one line (exit 2, in well under a second; docs/cli.md); "
+    "`python -m flower_app.settings --check \"k=20 fedsm-mode='alg2'\"` makes the same "
+    "checks of a `--run-config` string. A plain `flwr run` refuses a key that is not listed "
+    "here with only `[code: 15] Invalid run configuration`, and a bad value only in the "
+    "ServerApp, after the simulation has started.",
     "- Ranges: `[0, 1)` includes 0 and excludes 1. A count is an int, a fraction a float: "
     "`clients-per-round = 50` is 50 users, `0.5` half of them.",
 ]

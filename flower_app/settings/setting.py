@@ -19,7 +19,18 @@ Kind = Literal["int", "float", "count", "choice", "bool", "str"]
 
 
 class ConfigError(ValueError):
-    """An invalid run_config value: says which key, what was given and what is valid."""
+    """An invalid run_config: says which key, what was given and what is valid.
+
+    Parameters
+    ----------
+    message : str
+        The problem; several problems are given one per line (see :attr:`problems`).
+    """
+
+    @property
+    def problems(self) -> list[str]:
+        """Return the problems, one line each."""
+        return [line for line in str(self).splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ Loud failures: a round in which *every* reply was rejected raises
 :class:`AllRepliesRejectedError` carrying the first rejection's reason; a round in which fewer
 than ``min_reply_fraction`` of the clients asked were answered for raises
 :class:`TooFewRepliesError`; a node whose ClientApp has no handler for a message raises
-:class:`MissingHandlerError` naming the decorator to add, as soon as its reply arrives.
+:class:`MissingHandlerError` naming the decorator to add, as soon as its reply arrives, and
+before round 1 for the handlers a run needs only later (``probe_messages``: e.g. MaxFL's
+``@app.evaluate("appeal")``, first used after the mandatory rounds).
 
 Node failures (deployment): a node that dies mid-run gets an error reply *from the SuperLink*
 ("node unavailable", after the round timeout or Flower's offline detection); the loop
@@ -48,6 +50,7 @@ import functools
 import math
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +79,7 @@ __all__ = [
     "check_replies",
     "expire_after",
     "handler_hint",
+    "is_flower_dp_wrapper",
     "int_metric",
     "sample_nodes",
     "to_metric",
@@ -374,6 +378,68 @@ def expire_after(messages: Iterable[Message], timeout: float) -> None:
 
 
 # ---------------------------------------------------------------------------- sampling
+def _external_driver(strategy: Strategy) -> Strategy | None:
+    """Return the strategy on the call stack that wraps ``strategy`` (its ``.strategy``).
+
+    Flower's wrappers (the ``DifferentialPrivacy*`` strategies) keep the wrapped strategy
+    in ``self.strategy`` and call it from their own ``configure_train``.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not strategy and getattr(owner, "strategy", None) is strategy:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def is_flower_dp_wrapper(driver: object) -> bool:
+    """Return True if ``driver`` is one of Flower's four ``DifferentialPrivacy*`` wrappers."""
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideAdaptiveClipping,
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideAdaptiveClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+    )
+
+    return isinstance(
+        driver,
+        DifferentialPrivacyClientSideAdaptiveClipping
+        | DifferentialPrivacyClientSideFixedClipping
+        | DifferentialPrivacyServerSideAdaptiveClipping
+        | DifferentialPrivacyServerSideFixedClipping,
+    )
+
+
+def _external_guard(inner: Callable[..., Iterable[Message]], prepare: bool) -> Callable:
+    """Wrap a ``configure_*`` hook for loops other than :meth:`RoundStrategy.start`.
+
+    See :meth:`RoundStrategy.__init_subclass__`: outside the strategy's own loop the
+    returned messages' destinations become the expected senders of the exchange
+    (``prepare``: after running ``setup`` / ``before_round`` first).
+    """
+
+    @functools.wraps(inner)
+    def configure(
+        self: RoundStrategy,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+    ) -> Iterable[Message]:
+        if self._own_loop or grid is None:  # no grid: called alone (e.g. a unit test)
+            return inner(self, server_round, arrays, config, grid)
+        if prepare:
+            arrays = self._prepare_external(server_round, arrays, grid)
+        messages = list(inner(self, server_round, arrays, config, grid))
+        self._expected = {int(m.metadata.dst_node_id) for m in messages}
+        self._sent_ids = {}
+        return messages
+
+    configure._external_guard = True  # type: ignore[attr-defined]
+    return configure
+
+
 def sample_nodes(
     grid: Grid,
     rng: random.Random,
@@ -454,8 +520,9 @@ class RoundStrategy(Strategy):
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation
         (:mod:`flower_app.privacy`): the server obtains only the sum of the nodes'
-        replies; the nodes' ClientApps need :func:`~flower_app.privacy.
-        secure_aggregation_mod`. Default None (replies in the clear). Strategies whose
+        replies; the nodes' ClientApps need
+        :func:`~flower_app.privacy.secure_aggregation_mod`. Default None (replies in the
+        clear). Strategies whose
         aggregate is not a sum of replies refuse it (``supports_secure_aggregation``).
     """
 
@@ -466,7 +533,8 @@ class RoundStrategy(Strategy):
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
     #: the round's aggregate is a function of the sum of the train replies (see
-    #: :meth:`merge_senders`), so secure aggregation can replace the replies by their sum
+    #: :meth:`RoundStrategy.merge_senders`), so secure aggregation can replace the replies
+    #: by their sum
     supports_secure_aggregation: bool = False
     #: metrics of a train reply sent in the clear under secure aggregation (every node
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
@@ -527,36 +595,23 @@ class RoundStrategy(Strategy):
         Flower's ``Strategy.start`` (and so ``DifferentialPrivacyServerSideFixedClipping``
         and friends, which wrap a strategy and run their own loop) calls only
         ``configure_train``/``aggregate_train``/``configure_evaluate``/
-        ``aggregate_evaluate``. Every subclass's ``configure_train`` is therefore wrapped:
-        outside this class's own ``start()``, the first call runs :meth:`setup` (with
-        :attr:`external_num_rounds` rounds) and every round first runs
-        :meth:`before_round`; the messages returned are remembered as the round's
-        expected senders. Called without a grid (a unit test that prepared the strategy
-        itself), ``configure_train`` runs alone.
+        ``aggregate_evaluate``, and sends the messages itself: this class's :meth:`send`,
+        which records whom each exchange went to, is bypassed. So every subclass's
+        ``configure_train`` and ``configure_evaluate`` are wrapped: outside this class's
+        own ``start()``, the messages they return are remembered as the expected senders
+        of the replies that the next ``aggregate_*`` call checks (without this, the
+        evaluate replies of nodes that were not trained in the round were rejected as
+        "reply from a node that was not sent anything"), and the first
+        ``configure_train`` runs :meth:`setup` (with :attr:`external_num_rounds` rounds)
+        and every round first runs :meth:`before_round`. Called without a grid (a unit
+        test that prepared the strategy itself), they run alone.
         """
         super().__init_subclass__(**kwargs)
-        inner = cls.__dict__.get("configure_train")
-        if inner is None or getattr(inner, "_external_guard", False):
-            return
-
-        @functools.wraps(inner)
-        def configure_train(
-            self: RoundStrategy,
-            server_round: int,
-            arrays: ArrayRecord,
-            config: ConfigRecord,
-            grid: Grid,
-        ) -> Iterable[Message]:
-            if self._own_loop or grid is None:  # no grid: called alone (e.g. a unit test)
-                return inner(self, server_round, arrays, config, grid)
-            arrays = self._prepare_external(server_round, arrays, grid)
-            messages = list(inner(self, server_round, arrays, config, grid))
-            self._expected = {int(m.metadata.dst_node_id) for m in messages}
-            self._sent_ids = {}
-            return messages
-
-        configure_train._external_guard = True  # type: ignore[attr-defined]
-        cls.configure_train = configure_train  # type: ignore[method-assign]
+        for name in ("configure_train", "configure_evaluate"):
+            inner = cls.__dict__.get(name)
+            if inner is None or getattr(inner, "_external_guard", False):
+                continue
+            setattr(cls, name, _external_guard(inner, prepare=name == "configure_train"))
 
     def _prepare_external(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> ArrayRecord:
         """Run ``setup`` once and ``before_round`` once per round for another loop."""
@@ -566,6 +621,7 @@ class RoundStrategy(Strategy):
                 "another loop (e.g. a Flower DP wrapper) sends each reply in the clear"
             )
         if not self._external_setup:
+            self.check_driver(_external_driver(self))
             check_initial_arrays(arrays, self.expected_initial_arrays())
             self._t0 = time.perf_counter()
             self.setup(grid, arrays, self.external_num_rounds)
@@ -578,6 +634,15 @@ class RoundStrategy(Strategy):
         return arrays
 
     # ------------------------------------------------------------------ hooks
+    def check_driver(self, driver: Strategy | None) -> None:
+        """Refuse (raise) or warn about the wrapper whose loop drives this strategy.
+
+        Called once, before ``setup``, when another loop drives the strategy; ``driver``
+        is the wrapping strategy found on the call stack (e.g. one of Flower's
+        ``DifferentialPrivacy*`` wrappers, whose ``strategy`` attribute is this one), or
+        None. Default: accept every driver.
+        """
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Prepare the run before round 1; return the number of rounds to run.
 
@@ -612,6 +677,32 @@ class RoundStrategy(Strategy):
 
     def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
         """Exchange what must precede the round's sampling (default: nothing)."""
+
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Return requests for the handlers the run needs only after round 1 (default none).
+
+        Sent once before round 1, after ``setup``. Each is a real request of its kind (e.g.
+        MaxFL's opt-in test of the initial model), so a ClientApp answers it as it will
+        later; the replies are discarded. A node without the handler stops the run there
+        with :class:`MissingHandlerError` naming the decorator to add.
+        """
+        return []
+
+    def _probe_handlers(self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord) -> None:
+        messages = list(self.probe_messages(grid, arrays, config))
+        if not messages:
+            return
+        kinds = sorted({m.metadata.message_type for m in messages})
+        for reply in self.send(grid, messages, timeout=min(self._timeout, 600.0)):
+            hint = None
+            if reply.has_error():
+                hint = handler_hint(str(reply.error.reason), reply.metadata.message_type)
+            if hint is not None:
+                src = self._sent_ids.get(reply.metadata.reply_to_message_id)
+                raise MissingHandlerError(f"before round 1: node {src}: {hint}")
+        log(INFO, "before round 1: the nodes answer %s", ", ".join(kinds))
 
     def decode_train_reply(self, src: int, reply: Message) -> Any:
         """Check one train reply and return its decoded content (raise to reject it)."""
@@ -652,7 +743,7 @@ class RoundStrategy(Strategy):
         return ""
 
     def refresh_nodes(self, grid: Grid) -> None:
-        """Before each round: re-discover cohorts (cohort mode), see :func:`refresh_cohorts`.
+        """Before each round: re-discover cohorts (cohort mode), see ``refresh_cohorts``.
 
         Mapped nodes that left the grid are marked offline (their users are skipped and
         recorded as missing); a node that rejoined under a new id and serves an offline
@@ -763,7 +854,7 @@ class RoundStrategy(Strategy):
         Pushes the messages and pulls replies every ``POLL_FAST`` (5 ms) for the first
         ``POLL_FAST_FOR`` (1 s), then with an interval growing ×1.5 up to 0.5 s, until
         every message is answered or ``timeout`` (default: ``start``'s) has passed; the
-        messages expire ``TTL_MARGIN`` s after that (:func:`expire_after`).
+        messages expire ``TTL_MARGIN`` s after that (``expire_after``).
         Flower's gRPC grid sleeps a fixed 3 s between pulls (every deployment round was a
         multiple of 3 s); a growing interval from the start added up to a third of a
         short round's time in simulation, where a pull is a lookup in memory. Replies are
@@ -1035,6 +1126,7 @@ class RoundStrategy(Strategy):
         self._t0 = time.perf_counter()
         total = int(self.setup(grid, arrays, int(num_rounds)))
         arrays = self.initial_state(arrays)
+        self._probe_handlers(grid, arrays, evaluate_config)
         result = Result()
         first = 1
         if self._resume is not None:

@@ -1,7 +1,7 @@
 """FedDiscreteGreedyStrategy: the federated discrete greedy with importance factors.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting", Algs. 3-5.
-The math lives in :mod:`flower_app.algorithms.discrete_greedy`; the message contract is the
+The math lives in :mod:`flower_app.algorithms.fedcg.discrete_greedy`; the message contract is the
 table of :mod:`flower_app.strategies.fedcg` (rows ``train.histogram``, ``train.importance``,
 ``train.discrete``).
 """
@@ -23,8 +23,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -42,14 +42,13 @@ from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
     decode_int_report,
-    drop_replies,
-    majority_m,
     matroid_entries,
     named_record,
     positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
+    resolve_m,
     train_message,
 )
 
@@ -68,9 +67,10 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     sends S; each user participates with probability κ_i = min(1, κ w_i) and sends its
     marginal gains / κ_i (fixed point, 2^-20 units); the server adds the argmax.
 
-    **The protocol fixes its length**: it runs k rounds (k − |S₀| with a starting set S₀
-    in ``initial_arrays``), whatever ``num_rounds`` of :meth:`start` says; a different
-    ``num_rounds`` is logged as not used. Message contract: the table of
+    **The protocol fixes its length**: it runs k rounds (k − ``|S₀|`` with a starting set
+    S₀ in ``initial_arrays``), whatever ``num_rounds`` of
+    :meth:`~flower_app.strategies.RoundStrategy.start` says; a different ``num_rounds`` is
+    logged as not used. Message contract: the table of
     :mod:`flower_app.strategies.fedcg`.
 
     Parameters
@@ -81,7 +81,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     groups : sequence of int, optional
         Block of every element (length m): a partition matroid.
     capacities : int, sequence or mapping, optional
-        Block capacities (see :func:`build_matroid`).
+        Block capacities (see ``flower_app.strategies.submodular_records.build_matroid``).
     kappa : float, optional
         κ > 0 of Alg. 3 (default 50): larger asks more users per round.
     min_available_nodes : int, optional
@@ -207,7 +207,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
 
     # ------------------------------------------------------------------ setup
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
-        """Discovery (cohort mode) or the node set (plain), then Algs. 4/5; return k − |S₀|.
+        """Discovery (cohort mode) or the node set (plain), then Algs. 4/5; return k − ``|S₀|``.
 
         ``initial_arrays`` is empty (S starts empty) or has ``"selected"`` int64: S₀.
         """
@@ -363,15 +363,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             raise AllRepliesRejectedError(
                 f"importance factors: no usable histogram; first: {checked.first_error}"
             )
-        m = majority_m(checked, lambda value: value[3])
-        drop_replies(
-            checked,
-            lambda s, v: None if v[3] == m else f"histogram for m={v[3]}; the run has m={m}",
-            "importance factors",
-        )
-        checked.accepted = [
-            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
-        ]
+        m = resolve_m(checked, lambda value: value[3], "histogram", "importance factors")
         matroid = build_matroid(m, self.k, self.groups, self.capacities)
         self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
         senders = [src for src, _ in checked.accepted]

@@ -1,18 +1,19 @@
 """FedCGStrategy (FedCG Alg. 1, FedCG+ Alg. 2), and the message contract of the ICML 2024 paper.
 
 The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which lives in
-:mod:`flower_app.strategies.discrete_greedy`.
+``flower_app.strategies.discrete_greedy``.
 
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
-lives in :mod:`flower_app.algorithms.fedcg` and :mod:`flower_app.algorithms.discrete_greedy`;
-this module moves it over Flower's Message API on
+lives in :mod:`flower_app.algorithms.fedcg.continuous` and
+:mod:`flower_app.algorithms.fedcg.discrete_greedy`; this module moves it over Flower's
+Message API on
 :class:`~flower_app.strategies.base.RoundStrategy`.
 
 Two client modes:
 
 *plain* (the default)
     one node is one client i with its own utility f_i (its ClientApp uses the helpers of
-    :mod:`flower_app.clients.fedcg`); nodes are sampled from ``grid.get_node_ids()``
+    ``flower_app.clients.fedcg``); nodes are sampled from ``grid.get_node_ids()``
     like Flower's ``FedAvg``; the ground-set size m comes from the replies (metric
     ``n-elements``; the most common value among the first round's replies is taken and
     replies with another m are left out), or from ``initial_arrays["x"]`` / ``groups``.
@@ -30,11 +31,11 @@ direction request adds ``"1"`` int64 user ids and ``"2"`` float64 weights c_i.
 =====================  ==============================  ======================================
 message type           request                         reply
 =====================  ==============================  ======================================
-``train.direction``    ``"x"`` float64 (m,) [#x]_;      ``"values"`` float64 (m,), or ``"ids"``
+``train.direction``    ``"x"`` float64 (m,) [#x]_;     ``"values"`` float64 (m,), or ``"ids"``
 (FedCG, each round)    config ``seed``,                int32 + ``"values"`` float64: the sum
                        ``local-steps``, ``gradient``,  of the τ LMO vertices (cohort: τ·Σ c_i
                        ``gradient-samples``,           Δ_i); metrics ``num-examples``,
-                       ``fill-base`` (0/1) [#m]_        ``ids-sent``, ``n-elements`` (m;
+                       ``fill-base`` (0/1) [#m]_       ``ids-sent``, ``n-elements`` (m;
                                                        plain), ``weight`` (Σ c_i; cohort)
 ``train.histogram``    no arrays                       ``"values"`` float64 (m,) or sparse:
 (discrete, setup)                                      Σ_i O_i, O_i = (f_i({j}))_j; metrics
@@ -46,9 +47,18 @@ message type           request                         reply
 (discrete, each        config ``seed``, ``kappa``      int32 + ``"values"`` int64: Σ Δ_i in
 round)                 [#m]_                           2^-20 units; metrics ``participants``,
                                                        ``num-examples``, ``n-elements``
+``evaluate``           ``"selected"`` int64 S (the     metrics ``objective`` (f_i(S), float
+(FedCG plain, after    final rounding; ∅ once before   ≥ 0), ``num-examples`` (1)
+round T [#e]_)         round 1); config: the user's
+                       ``evaluate_config`` +
+                       ``server-round``
 =====================  ==============================  ======================================
 
 .. [#x] shape (0,) = the zero vector while the server does not know m yet (round 1).
+.. [#e] with ``federated_evaluation=True`` (the default, as ``FedAvg`` evaluates by default):
+   F(S) = mean f_i(S) over the nodes goes to ``Result.evaluate_metrics_clientapp[T]``
+   (``objective``, ``nodes``) and the last round's row; the ClientApp answers with
+   :func:`~flower_app.clients.fedcg_evaluate` (``add_fedcg_handlers`` registers it).
 .. [#m] plain mode: config ``matroid-k`` (rank of the uniform matroid; 0 for a partition
    matroid) and, for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
    ``"matroid-capacities"`` int64 (G,).
@@ -72,13 +82,15 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Message,
+    MessageType,
     MetricRecord,
+    RecordDict,
 )
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedcg import ROUNDINGS, FedCGServer, LocalSteps
-from flower_app.algorithms.fedsm import check_report, decode_report
+from flower_app.algorithms.fedcg.continuous import ROUNDINGS, FedCGServer, LocalSteps
+from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -94,13 +106,13 @@ from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
     drop_replies,
-    majority_m,
     matroid_entries,
     named_record,
     positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
+    resolve_m,
     train_message,
 )
 from flower_app.submodular.rounding import check_in_polytope, greedy_rounding
@@ -118,8 +130,9 @@ class FedCGStrategy(RoundStrategy):
     continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
     matroid) and replies with the sum of its τ vertices; the server sets
     x ← x + η Σ c_i Δ_i / Σ c_i. After round T, x is rounded without the objective
-    (Remark 4.4). T is ``num_rounds`` of :meth:`start` (cohort mode: the server's T).
-    Message contract: the table of :mod:`flower_app.strategies.fedcg`.
+    (Remark 4.4). T is ``num_rounds`` of :meth:`~flower_app.strategies.RoundStrategy.start`
+    (cohort mode: the server's T). Message contract: the table of
+    :mod:`flower_app.strategies.fedcg`.
 
     Parameters
     ----------
@@ -129,7 +142,8 @@ class FedCGStrategy(RoundStrategy):
     groups : sequence of int, optional
         Block of every element (length m): a partition matroid (m is then known).
     capacities : int, sequence or mapping, optional
-        Block capacities of the partition matroid (see :func:`build_matroid`).
+        Block capacities of the partition matroid (see
+        ``flower_app.strategies.submodular_records.build_matroid``).
     eta : float, optional
         Server step η with η·T ≤ 1; 0 (default) means 1/T.
     local_steps : int, optional
@@ -164,6 +178,13 @@ class FedCGStrategy(RoundStrategy):
         (e.g. the mean F̂(x)); the algorithm never uses it.
     evaluate_every : int, optional
         Call ``objective_fn`` every this many rounds and after the last (default 1).
+    federated_evaluation : bool, optional
+        Plain mode: after round T, ask every node for f_i(S) of the final set (an
+        ``evaluate`` message); F(S), their mean, is ``Result.evaluate_metrics_clientapp[T]
+        ["objective"]``, as ``FedAvg``'s Result carries its evaluation (default True; the
+        ClientApp needs ``@app.evaluate()``, which
+        :func:`~flower_app.clients.add_fedcg_handlers` registers, and is asked once before
+        round 1 with S = ∅ so that a missing handler stops the run there).
     discovery_timeout : float, optional
         Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
     on_round : callable, optional
@@ -213,6 +234,7 @@ class FedCGStrategy(RoundStrategy):
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
+        federated_evaluation: bool = True,
     ) -> None:
         super().__init__(
             on_round=on_round,
@@ -248,6 +270,7 @@ class FedCGStrategy(RoundStrategy):
         self.min_available_nodes = int(min_available_nodes)
         self.objective_fn = objective_fn
         self.evaluate_every = max(1, int(evaluate_every))
+        self.federated_evaluation = bool(federated_evaluation) and not self.cohort_mode
         self.discovery_timeout = float(discovery_timeout)
         self.cohorts: CohortMap | None = None
         self.selected: list[int] | None = None
@@ -482,18 +505,8 @@ class FedCGStrategy(RoundStrategy):
 
     def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
         """Plain mode, first replies: fix m and the matroid; leave out the others."""
-        m = majority_m(checked, lambda value: value[5])
         context = f"round {server_round}"
-        drop_replies(
-            checked,
-            lambda _, value: (
-                None if value[5] == m else f"reply for m={value[5]}; the run has m={m}"
-            ),
-            context,
-        )
-        checked.accepted = [
-            (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
-        ]
+        m = resolve_m(checked, lambda value: value[5], "reply", context)
         self.server = self._build_server(m, grid_nodes)
 
         def keep(src: int, value: tuple) -> str | None:
@@ -546,6 +559,61 @@ class FedCGStrategy(RoundStrategy):
             self.selected = server.round_solution()
         chosen = self.selected if server.done else greedy_rounding(server.x, server.matroid)
         return named_record(x=server.x.copy(), selected=np.asarray(chosen, dtype=np.int64))
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate_messages(
+        self, grid: Grid, selected: np.ndarray, config: ConfigRecord, server_round: int
+    ) -> list[Message]:
+        content = RecordDict(
+            {
+                "arrays": named_record(selected=np.asarray(selected, dtype=np.int64)),
+                "config": self.merged_config(config, server_round),
+            }
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
+                    group_id=f"evaluate-{server_round}")
+            for n in sorted(int(n) for n in grid.get_node_ids())
+        ]  # fmt: skip
+
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """With federated evaluation: f_i(∅) from every node, so a missing handler fails now."""
+        if not self.federated_evaluation or self._rounds < 1:
+            return []
+        return self._evaluate_messages(grid, np.zeros(0, np.int64), config, 0)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Plain mode, after round T: ask every node for f_i(S) of the final set."""
+        server = self.server
+        if not self.federated_evaluation or server is None or not server.done:
+            return []
+        if "selected" in arrays:
+            selected = arrays["selected"].numpy()
+        else:
+            selected = self._arrays()["selected"].numpy()
+        return self._evaluate_messages(grid, selected, config, server_round)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Return F(S) = mean f_i(S) over the nodes that answered (and how many did)."""
+
+        def decode(src: int, reply: Message) -> float:
+            value = float(reply.content.metric_records["metrics"]["objective"])
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"objective = {value}: expected a finite f_i(S) >= 0")
+            return value
+
+        checked = self.check(replies, decode, f"round {server_round} (evaluate)",
+                             all_rejected_fails=False)  # fmt: skip
+        if not checked.accepted:
+            return None
+        values = [v for _, v in checked.accepted]
+        return MetricRecord({"objective": float(np.mean(values)), "nodes": len(values)})
 
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return ``{"x", "selected"}`` of the run (the last round already rounded x)."""

@@ -3,13 +3,14 @@
 Rafiey, Namani & Charalambides (2025), "Federated Submodular Maximization: Improved
 Communication Rounds and Bit Complexity": Algorithm 1 (k rounds), Algorithm 2 (O(log m)
 rounds) and Algorithm 3 (amplification). The math lives in :mod:`flower_app.algorithms`
-(:mod:`~flower_app.algorithms.fedsm_modes` ties the modes together,
-:mod:`~flower_app.algorithms.fedsm_user` is one user with any utility); this module moves it
+(:mod:`~flower_app.algorithms.fedsm.modes` ties the modes together,
+:mod:`~flower_app.algorithms.fedsm.user` is one user with any utility); this module moves it
 over Flower's Message API, on the loop of :class:`~flower_app.strategies.base.RoundStrategy`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
@@ -28,10 +29,11 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsm import decode_report
-from flower_app.algorithms.fedsm_modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.algorithms.fedsm.core import decode_report
+from flower_app.algorithms.fedsm.modes import MODES, FedSMParams, FedSMRun, RoundPlan
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
+    SUMMED_SENDER,
     CheckedReplies,
     InitialArraysError,
     RoundCallback,
@@ -121,13 +123,13 @@ def _array(value: np.ndarray) -> Array:
 
 
 class FedSMStrategy(RoundStrategy):
-    r"""Federated submodular maximisation: pick S, |S| ≤ k, maximising F = (1/n) Σ_i f_i.
+    r"""Federated submodular maximisation: pick S, \|S\| ≤ k, maximising F = (1/n) Σ_i f_i.
 
     Algorithm 1 (``mode="alg1"``, default): each communication round t the server samples K
     users uniformly without replacement (its own ``numpy.random.Generator`` seeded by
-    ``seed``) and sends them S; each sampled user draws d distinct elements of E \ S from its
+    ``seed``) and sends them S; each sampled user draws d distinct elements of E ∖ S from its
     own stream ``default_rng([seed, t, user])`` and reports f_i(e | S) for them; the server
-    scales the sum by |E \ S| / (dK) (Eq. 3) and adds the feasible element with the largest
+    scales the sum by \|E ∖ S\| / (dK) (Eq. 3) and adds the feasible element with the largest
     estimate. **Algorithm 1 runs k rounds, one element each: ``start(num_rounds=...)`` is
     not used** (logged when it differs). Algorithm 2 (``mode="alg2"``) adds blocks of
     elements in O(log m) rounds; amplification (``mode="amplified"``) runs 1/η steps of
@@ -137,7 +139,7 @@ class FedSMStrategy(RoundStrategy):
 
     * **plain** (default): one node is one client (user) i with its own utility f_i, e.g.
       a ClientApp whose ``@app.train()`` returns
-      :func:`flower_app.clients.fedsm.fedsm_reply`. Before round 1 the strategy waits for
+      :func:`flower_app.clients.fedsm_reply`. Before round 1 the strategy waits for
       ``min_available_nodes`` nodes; the n nodes connected then are the users (user id =
       position of the node in the order of its ``partition-id``, if its node_config has
       one, then of its node id), and one ``train`` exchange with
@@ -151,17 +153,17 @@ class FedSMStrategy(RoundStrategy):
     Parameters
     ----------
     k : int, optional
-        Largest |S| (default 10); Algorithm 1 runs k − |S₀| rounds.
+        Largest \|S\| (default 10); Algorithm 1 runs k − \|S₀\| rounds.
     clients_per_round : int or float, optional
         K: users per round, a count or a fraction of n (default 0.1; at least 1). It plays
         the role of FedAvg's ``fraction_train``.
     elements_per_client : int or float, optional
         d: elements each sampled user reports, a count or a fraction of m (default 0.1;
-        capped at |E \ S|); Algorithm 2: pairs per user (int cap, or fraction of |X|·r').
+        capped at \|E ∖ S\|); Algorithm 2: pairs per user (int cap, or fraction of \|X\|·r').
     mode : str, optional
         ``"alg1"`` (default), ``"alg2"`` or ``"amplified"``.
     capacities : int or mapping, optional
-        None (default): the uniform matroid |S| ≤ k. Otherwise a partition matroid: at most
+        None (default): the uniform matroid \|S\| ≤ k. Otherwise a partition matroid: at most
         ``capacities[g]`` elements of group g (an int: the same for every group; a group
         missing from the mapping has capacity 0). Element e's group is ``groups[e]``.
     groups : sequence of int, optional
@@ -173,10 +175,11 @@ class FedSMStrategy(RoundStrategy):
         Plain mode: nodes to wait for before the setup exchange (default 2); the nodes
         connected then are the n users.
     federated_evaluation : bool, optional
-        After the last round, ask every node for f_i(S) (an ``evaluate`` message; the
-        ClientApp needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm.
-        fedsm_evaluate`); F(S) goes to ``Result.evaluate_metrics_clientapp`` and the last
-        row's ``objective`` (default False).
+        After the last round, ask every node for f_i(S) (an ``evaluate`` message; the ClientApp
+        needs ``@app.evaluate()``, e.g. :func:`~flower_app.clients.fedsm_evaluate`); F(S) goes to
+        ``Result.evaluate_metrics_clientapp`` and the last row's ``objective`` (default False).
+        The nodes are asked once before round 1 too, for f_i(∅), so that a ClientApp
+        without the handler fails then, not after the run.
     cohorts : bool, optional
         Cohort mode (default False: plain mode).
     n_users : int, optional
@@ -188,7 +191,7 @@ class FedSMStrategy(RoundStrategy):
         All parameters of the mode (ε, τ, levels, η, surrogate, ...); when given it
         replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
         (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
-        proportional, same law; :mod:`flower_app.algorithms.fedsm_sampling`) is sent to the
+        proportional, same law; :mod:`flower_app.algorithms.fedsm.sampling`) is sent to the
         nodes with every round.
     lam : float, optional
         λ = max_{e,i} f_i({e}) for Algorithm 2's default threshold (cohort mode; plain mode
@@ -222,14 +225,14 @@ class FedSMStrategy(RoundStrategy):
     ============  ==========  ===============================================================
     message       mode        records (name: key dtype (shape))
     ============  ==========  ===============================================================
-    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S₀|,). ``"config"``:
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (\|S₀\|,). ``"config"``:
     (setup)                   ``stage="setup"``, ``server-round=0``, ``seed`` int.
     reply         plain       ``"metrics"``: ``num-examples`` = 1, ``num-elements`` int m,
                               ``max-singleton`` float λ_i, ``objective`` float f_i(S₀),
                               ``partition-id`` int (optional: orders the users);
                               ``"arrays"``: empty, or ``element-groups`` int64 (m,).
-    ``train``     plain       ``"arrays"``: ``selected`` int64 (|S|,) (T inside an
-    (round t)                 amplification step); Alg. 2 adds ``pool`` int32 X (|X|,),
+    ``train``     plain       ``"arrays"``: ``selected`` int64 (\|S\|,) (T inside an
+    (round t)                 amplification step); Alg. 2 adds ``pool`` int32 X (\|X\|,),
                               ``sequence`` int64 a_1..a_r' (r',); amplification adds
                               ``x-ids`` int32, ``x-values`` float64 (non-zeros of x).
                               ``"config"``: ``stage="round"``, ``server-round`` t,
@@ -238,7 +241,7 @@ class FedSMStrategy(RoundStrategy):
                               ``surrogate`` str, ``eta`` float, ``samples`` int;
                               ``FedSMParams(rng="batched")`` adds ``rng`` str.
     reply         plain       ``"arrays"``: ``ids`` int32 + ``values`` float64 (sparse) or
-                              ``values`` float64 (L,) (dense), L = m (Alg. 1) or |X|·r'
+                              ``values`` float64 (L,) (dense), L = m (Alg. 1) or \|X\|·r'
                               (Alg. 2: pair (e, j) at pos_X(e)·r' + j − j-from).
                               ``"metrics"``: ``num-examples`` = 1, ``num-elements`` = m,
                               ``user-values``, ``positive-entries`` int.
@@ -313,6 +316,8 @@ class FedSMStrategy(RoundStrategy):
             raise ValueError(f"k={k!r} must be a positive int")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be a non-negative int")
+        if params.dp_epsilon:  # ε against the server: shuffle bound only if it sees totals
+            params = dataclasses.replace(params, dp_secure=secure_aggregation is not None)
         self.params, self.k, self.seed = params, k, seed
         self.capacities, self.groups = capacities, None if groups is None else list(groups)
         self.min_available_nodes = int(min_available_nodes)
@@ -339,6 +344,7 @@ class FedSMStrategy(RoundStrategy):
                 "matroid)"
             )
         self._sent: dict[int, int] = {}
+        self._sent_users: dict[int, np.ndarray] = {}  # node -> the users it reports for
         self._plan: RoundPlan | None = None
         self._down: dict[str, int] = {}
         self._started = False
@@ -392,6 +398,14 @@ class FedSMStrategy(RoundStrategy):
             return f"uniform(k={self.k})"
         return f"partition(capacities={self.capacities})"
 
+    def _new_run(self, initial: list[int]) -> None:
+        """Start the server state (n, m and λ known) from the starting set S₀ = ``initial``."""
+        assert self.n_users is not None and self.matroid is not None
+        self.run = FedSMRun(
+            self.n_users, self.matroid, self.k, self.params, self.lam, seed=self.seed,
+            initial=initial,
+        )  # fmt: skip
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Discover cohorts (cohort mode) or learn n, m, λ (plain mode); return the rounds."""
         initial = _initial_set(arrays)
@@ -399,15 +413,7 @@ class FedSMStrategy(RoundStrategy):
         if self.cohort_mode:
             assert self.n_users is not None and self.matroid is not None
             if initial:
-                self.run = FedSMRun(
-                    self.n_users,
-                    self.matroid,
-                    self.k,
-                    self.params,
-                    self.lam,
-                    seed=self.seed,
-                    initial=initial,
-                )
+                self._new_run(initial)
             self.cohorts = discover_cohorts(
                 grid, self.n_users, self.matroid.n_elements, timeout=self.discovery_timeout
             )
@@ -462,15 +468,7 @@ class FedSMStrategy(RoundStrategy):
         self.lam = max(lam_i for _, (_, lam_i, _, _) in checked.accepted)
         reported = [g for _, (_, _, g, _) in checked.accepted if g is not None]
         self.matroid = self._build_matroid(m, reported)
-        self.run = FedSMRun(
-            self.n_users,
-            self.matroid,
-            self.k,
-            self.params,
-            self.lam,
-            seed=self.seed,
-            initial=initial,
-        )
+        self._new_run(initial)
         log(
             INFO,
             "setup: n=%d users (nodes), m=%d elements, λ=%.6g, matroid=%s",
@@ -522,16 +520,19 @@ class FedSMStrategy(RoundStrategy):
                 {"dp-bits": plan.dp_bits, "dp-lam": plan.dp_lam,
                  "dp-flip": [float(v) for v in plan.dp_flip]}
             )  # fmt: skip
-        messages, self._sent = [], {}
+        messages, self._sent, self._sent_users = [], {}, {}
         self._down = {"bytes": 0, "values": 0, "bytes-max": 0, "values-max": 0}
         if self.cohort_mode:
             assert self.cohorts is not None
+            groups = self.group_users(plan.users)
+            self._sent_users = {int(n): np.asarray(u, np.int64) for n, u in groups.items()}
             targets = [
                 (node, ArrayRecord(plan_arrays(plan, users)), int(users.size), entries)
-                for node, users in self.group_users(plan.users).items()
+                for node, users in groups.items()
             ]
         else:
             record = plan_record(plan)
+            self._sent_users = {self.nodes[int(u)]: np.array([u], np.int64) for u in plan.users}
             targets = [
                 (self.nodes[int(u)], record, 1, {"stage": "round", "user-id": int(u), **entries})
                 for u in plan.users
@@ -597,7 +598,12 @@ class FedSMStrategy(RoundStrategy):
             up["bytes-max"] = max(up["bytes-max"], nbytes)
             up["values-max"] = max(up["values-max"], nvalues)
             up["positive"] += positive
-        row = run.update(total, users)
+        senders = [n for n, _ in checked.accepted]
+        if SUMMED_SENDER in senders:  # a secure sum stands for its survivors
+            senders = [n for n in senders if n != SUMMED_SENDER] + list(self._summed_nodes)
+        empty = np.zeros(0, np.int64)
+        arrived = np.concatenate([empty] + [self._sent_users.get(n, empty) for n in senders])
+        row = run.update(total, users, arrived=arrived if plan.dp_bits else None)
         self._plan = None
         nodes = max(len(self._sent), 1)
         row.update(
@@ -640,7 +646,7 @@ class FedSMStrategy(RoundStrategy):
         return int(self._sent.get(node_id, 1))
 
     def round_summary(self, row: dict[str, Any]) -> str:
-        """Return '+e -> |S|=s/k  F=...  users=.. nodes=..  up=.. B down=.. B'."""
+        """Return the round's log line: ``+e -> |S|=s/k  F=...  users=..``, nodes and bytes."""
         objective = _fmt(row.get("objective"))
         if row.get("server-round", 0) == 0:
             return f"F={objective}"
@@ -651,6 +657,24 @@ class FedSMStrategy(RoundStrategy):
         )
 
     # ------------------------------------------------------------------ evaluation
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Plain mode with federated evaluation: f_i(∅) from every node before round 1.
+
+        The ``evaluate`` message is otherwise first sent after the last round: a ClientApp
+        without ``@app.evaluate()`` now fails before round 1, not at the end.
+        """
+        if self.cohort_mode or not self.federated_evaluation or not self.nodes:
+            return []
+        content = RecordDict(
+            {"arrays": selected_record([]), "config": self.merged_config(config, 0)}
+        )
+        return [
+            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            for n in self.nodes
+        ]
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

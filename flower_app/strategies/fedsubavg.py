@@ -3,8 +3,8 @@
 Ding et al. (NeurIPS 2022), "Federated Submodel Optimization for Hot and Cold Data
 Features", Algorithm 1, and the baselines of Section 5.1 on the same message contract:
 FedAvg, FedProx (μ = 0.01), FedAdam (Table 5) and the server-side SCAFFOLD approximation of
-Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg` (server steps on a
-flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg_named` (a model of named
+Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg.core` (server steps on a
+flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg.named` (a model of named
 arrays mapped onto that vector); this module moves it over Flower's Message API on the loop
 of :class:`~flower_app.strategies.base.RoundStrategy`.
 
@@ -38,7 +38,8 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.fedsubavg import (
+from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
+from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     AdamConfig,
     ClientSampler,
@@ -51,13 +52,12 @@ from flower_app.algorithms.fedsubavg import (
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg_named import (
+from flower_app.algorithms.fedsubavg.named import (
     NamedLayout,
     named_heat,
     named_heat_from_counts,
     rows_key,
 )
-from flower_app.algorithms.gaussian_dp import GaussianDP, dp_config, dp_round_info
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -66,6 +66,7 @@ from flower_app.strategies.base import (
     NotEnoughNodesError,
     RoundStrategy,
     int_metric,
+    is_flower_dp_wrapper,
     sample_nodes,
     to_metric,
 )
@@ -136,8 +137,9 @@ class FedSubAvgStrategy(RoundStrategy):
         Plain mode: nodes to wait for before the counting query (default 2).
     fraction_evaluate : float, optional
         Plain mode: fraction of nodes sent the *full* model in an ``evaluate`` message after
-        each round, as Flower's ``FedAvg`` does (default 0.0: none; the full model download
-        is what submodels avoid, prefer ``evaluate_fn``).
+        each round (default 1.0, as Flower's ``FedAvg``: the one-line swap keeps the
+        federated evaluation; 0.0 turns it off, e.g. with an ``evaluate_fn``, since the full
+        model download is what submodels avoid).
     min_evaluate_nodes : int, optional
         Plain mode: least nodes evaluated when ``fraction_evaluate > 0`` (default 2).
     weighting : str, optional
@@ -173,45 +175,46 @@ class FedSubAvgStrategy(RoundStrategy):
 
     Notes
     -----
-    Message contract (``<key>`` a sparse array of shape (R, *d), r the node's rows of it;
+    Message contract (``<key>`` a sparse array of shape ``(R, *d)``, r the node's rows of it;
     ``<dense>`` any other array; k the node's sampled users):
 
-    ===============  ==================================  ==================================
-    message (mode)   server → node                       node → server
-    ===============  ==================================  ==================================
-    ``query.``       ``"config"``: ``sparse-keys``       ``"arrays"``: ``"<key>.rows"``
-    ``feature_heat`` list[str]                           int64 (r,) distinct rows per
-    (plain)                                              sparse key; ``"metrics"``:
-                                                         ``num-examples`` int (+ optional
-                                                         ``partition-id`` int: then the
-                                                         sample is drawn over partitions)
-    ``train``        ``"arrays"``: ``"<key>"`` (r, *d)   ``"arrays"``: the same keys, rows
-    (plain)          model dtype, ``"<key>.rows"``       and shapes, updated values;
-                     int64 (r,) sorted, ``"<dense>"``    ``"metrics"``: ``num-examples``
-                     whole; ``"config"``: the user's     int (> 0 for ``"samples"``);
-                     ``train_config`` + ``server-round`` other numbers are averaged by
-                     (+ ``proximal-mu`` float, FedProx)  ``num-examples``
-    ``evaluate``     ``"arrays"``: the full model (the   ``"metrics"``: ``num-examples`` +
-    (plain, if       initial keys); ``"config"``:        numbers, averaged by
-    fraction_eval.)  ``evaluate_config`` + server-round  ``num-examples``
-    ``query.cohort`` ``"config"``: ``kind`` = cohort     ``"properties"``: ``partition-id``,
-    (cohort)                                             ``num-partitions``, ``first-user``,
-                                                         ``num-users``, ``n-users-total``,
-                                                         ``n-elements`` (int)
-    ``query.``       ``"config"``: ``kind`` =            ``"properties"``: ``rows``,
-    ``feature_heat`` ``"feature-heat"``                  ``clients``, ``samples`` list[int],
-    (cohort)                                             ``num-users``, ``num-samples`` int
-    ``query.``       ``"config"``: ``kind``, ``users``   ``"properties"``: ``users``,
-    ``submodel``     list[int]                           ``offsets`` (k+1), ``rows``
-    (cohort)                                             list[int]: S(i) concatenated
-    ``train``        ``"arrays"``: ``"0"`` int64 users   ``"arrays"``: ``"0"`` int64 rows
-    (cohort)         (k,), ``"1"`` int64 offsets (k+1,), (sorted, ⊆ ∪S(i)), ``"1"`` float64
-                     ``"2"`` int32 rows, ``"3"`` float64 Σ_i c_i Δx_i; ``"metrics"``:
-                     values; ``"config"``: ``seed``,     ``num-examples`` (= k),
-                     ``local-iters``, ``batch-size``,    ``weight-sum`` (Σ c_i),
-                     ``lr``, ``proximal-mu``,            ``samples``
-                     ``weighting``, ``server-round``
-    ===============  ==================================  ==================================
+    =================  ====================================  ==================================
+    message (mode)     server → node                         node → server
+    =================  ====================================  ==================================
+    ``query.``         ``"config"``: ``sparse-keys``         ``"arrays"``: ``"<key>.rows"``
+    ``feature_heat``   list[str]                             int64 (r,) distinct rows per
+    (plain)                                                  sparse key; ``"metrics"``:
+                                                             ``num-examples`` int (+ optional
+                                                             ``partition-id`` int: then the
+                                                             sample is drawn over partitions)
+    ``train``          ``"arrays"``: ``"<key>"``             ``"arrays"``: the same keys, rows
+    (plain)            ``(r, *d)`` model dtype,              and shapes, updated values;
+                       ``"<key>.rows"`` int64 (r,) sorted,   ``"metrics"``: ``num-examples``
+                       ``"<dense>"`` whole; ``"config"``:    int (> 0 for ``"samples"``);
+                       the user's ``train_config`` +         other numbers are averaged by
+                       ``server-round`` (+ ``proximal-mu``   ``num-examples``
+                       float, FedProx)
+    ``evaluate``       ``"arrays"``: the full model (the     ``"metrics"``: ``num-examples`` +
+    (plain, if         initial keys); ``"config"``:          numbers, averaged by
+    fraction_eval.)    ``evaluate_config`` + server-round    ``num-examples``
+    ``query.cohort``   ``"config"``: ``kind`` = cohort       ``"properties"``: ``partition-id``,
+    (cohort)                                                 ``num-partitions``, ``first-user``,
+                                                             ``num-users``, ``n-users-total``,
+                                                             ``n-elements`` (int)
+    ``query.``         ``"config"``: ``kind`` =              ``"properties"``: ``rows``,
+    ``feature_heat``   ``"feature-heat"``                    ``clients``, ``samples`` list[int],
+    (cohort)                                                 ``num-users``, ``num-samples`` int
+    ``query.``         ``"config"``: ``kind``, ``users``     ``"properties"``: ``users``,
+    ``submodel``       list[int]                             ``offsets`` (k+1), ``rows``
+    (cohort)                                                 list[int]: S(i) concatenated
+    ``train``          ``"arrays"``: ``"0"`` int64 users     ``"arrays"``: ``"0"`` int64 rows
+    (cohort)           (k,), ``"1"`` int64 offsets (k+1,),   (sorted, ⊆ ∪S(i)), ``"1"`` float64
+                       ``"2"`` int32 rows, ``"3"`` float64   Σ_i c_i Δx_i; ``"metrics"``:
+                       values; ``"config"``: ``seed``,       ``num-examples`` (= k),
+                       ``local-iters``, ``batch-size``,      ``weight-sum`` (Σ c_i),
+                       ``lr``, ``proximal-mu``,              ``samples``
+                       ``weighting``, ``server-round``
+    =================  ====================================  ==================================
 
     A reply with an error, rows other than those sent, non-finite values, the wrong shape
     or count is logged, counted in ``bad-replies`` and left out (K in the formulas is the
@@ -229,7 +232,7 @@ class FedSubAvgStrategy(RoundStrategy):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
-        fraction_evaluate: float = 0.0,
+        fraction_evaluate: float = 1.0,
         min_evaluate_nodes: int = 2,
         weighting: str = "clients",
         seed: int = 0,
@@ -299,7 +302,7 @@ class FedSubAvgStrategy(RoundStrategy):
         self._index_sets: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._sent: dict[int, tuple[int, np.ndarray]] = {}
         self._round_stats: dict[str, Any] = {}
-        self._dp_t = 0
+        self._dp_sampled = 0
         self._support: np.ndarray | None = None
         if self.cohorts_mode:
             if n_clients is None or n_params is None or clients_per_round is None:
@@ -307,6 +310,8 @@ class FedSubAvgStrategy(RoundStrategy):
             self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
             self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
             self.x = np.zeros(self.n_params)
+        #: client-level DP: ε against the server and outsiders (cohort mode only)
+        self.accountant = None if dp is None else GaussianAccountant(dp, self.n_clients)
         # cohort mode checkpoints x, the server step's state and the client sampler
         self.resumable = self.cohorts_mode
 
@@ -319,7 +324,7 @@ class FedSubAvgStrategy(RoundStrategy):
         """
         return {
             "x": self.x.copy(), "server": self.server, "sampler": self.sampler,
-            "bad-replies": self.bad_replies,
+            "bad-replies": self.bad_replies, "dp-accountant": self.accountant,
         }  # fmt: skip
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -341,6 +346,10 @@ class FedSubAvgStrategy(RoundStrategy):
         self.x[:] = x
         self.server, self.sampler = state["server"], state["sampler"]
         self.bad_replies = int(state.get("bad-replies", 0))
+        if self.accountant is not None:  # ε goes on from where it was
+            if not isinstance(state.get("dp-accountant"), GaussianAccountant):
+                raise TypeError("a DP run resumes only from a checkpoint with its accountant")
+            self.accountant = state["dp-accountant"]
 
     # ------------------------------------------------------------------ setup
     def summary(self) -> None:
@@ -361,6 +370,33 @@ class FedSubAvgStrategy(RoundStrategy):
                 "weighting=%s, seed=%d",
                 type(self).__name__, self.algorithm, list(self.sparse_keys), self.fraction_train,
                 self.min_train_nodes, self.weighting, self.seed,
+            )
+
+    def check_driver(self, driver: Any) -> None:
+        """Refuse Flower's DP wrappers unless the model is dense (FedAvg on the whole model).
+
+        Flower's ``DifferentialPrivacy*`` wrappers clip each reply as a whole model and add
+        N(0, (σC/K)²) to the aggregated model: FedAvg's sensitivity. With sparse tables
+        (or in cohort mode) neither holds: a node replies with its rows only (the
+        server-side clip subtracts the full model from them), and FedSubAvg multiplies
+        row m's mean update by N/n_m, so one client's clipped update moves a cold row by up
+        to N/n_m·C/K, far beyond the noise. Without ``sparse_keys`` every n_m = N and the
+        strategy is FedAvg (uniform with ``weighting="clients"``), which the wrappers fit.
+
+        Raises
+        ------
+        ValueError
+            If a Flower DP wrapper drives a strategy with sparse tables or in cohort mode.
+        """
+        if is_flower_dp_wrapper(driver) and (self.cohorts_mode or self.sparse_keys):
+            raise ValueError(
+                f"{type(driver).__name__} cannot wrap {type(self).__name__} with sparse "
+                "tables or cohorts: the wrapper clips whole-model replies and calibrates its "
+                "noise to FedAvg's mean (C/K), while a node replies with its rows only and "
+                "the heat correction N/n_m amplifies one client's update on cold rows up to "
+                "N/n_m times; use fsa-dp-noise (cohort mode: the noise goes into the sum, "
+                "and the correction after it is post-processing) or a dense model (no "
+                "sparse_keys), docs/privacy.md"
             )
 
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
@@ -630,14 +666,7 @@ class FedSubAvgStrategy(RoundStrategy):
                 if key in self.layout.sparse:
                     record[rows_key(key)] = Array(rows[key])
             down += record.count_bytes()
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node, record, train_config, server_round))
         self._round_stats = {"bytes-down": down}
         return messages
 
@@ -684,14 +713,7 @@ class FedSubAvgStrategy(RoundStrategy):
             down += record.count_bytes()
             sizes.append(np.diff(offsets))
             self._sent[node_id] = (int(node_users.size), np.unique(rows))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": train_config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, train_config, server_round))
         per_client = client_bytes(np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
         self._round_stats.update(
             {
@@ -706,24 +728,17 @@ class FedSubAvgStrategy(RoundStrategy):
     def _secure_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
         """Secure aggregation: the full model and the node's users (no index sets)."""
         messages, self._sent, down = [], {}, 0
-        self._dp_t = int(server_round)
         shared = {"1": Array(self.x.astype(np.float64))}  # the same for every node
         if self.dp is not None:
             sampled = sum(int(u.size) for u, _, _ in self._index_sets.values())
             config = ConfigRecord({**dict(config), **dp_config(self.dp, sampled)})
+            self._dp_sampled = sampled
             shared["2"] = Array(self._heat_support())  # where the clients put their noise
         for node_id, (node_users, _, _) in self._index_sets.items():
             record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
             down += record.count_bytes()
             self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
-            messages.append(
-                Message(
-                    RecordDict({"arrays": record, "config": config}),
-                    dst_node_id=node_id,
-                    message_type=MessageType.TRAIN,
-                    group_id=f"train-{server_round}",
-                )
-            )
+            messages.append(_train_message(node_id, record, config, server_round))
         self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
         return messages
 
@@ -754,9 +769,11 @@ class FedSubAvgStrategy(RoundStrategy):
         users = int_metric(metrics, "num-examples")
         if users != self._sent[SUMMED_SENDER][0]:
             raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
-        if self.dp is not None:  # noise on the whole heat support: that is the union
+        if self.accountant is not None:  # noise on the whole heat support: that is the union
             rows = self._heat_support()
-            self._round_stats.update(dp_round_info(self.dp, self.k, self.n_clients, self._dp_t))
+            arrived = [u for n in self._summed_nodes if n in self._index_sets
+                       for u in self._index_sets[n][0]]  # fmt: skip
+            self._round_stats.update(self.accountant.record(self._dp_sampled, arrived))
         else:
             rows = np.flatnonzero(dense)
         weight = float(metrics["weight-sum"])
@@ -960,3 +977,15 @@ class ScaffoldSubStrategy(FedSubAvgStrategy):
     """
 
     algorithm = "scaffold-sub"
+
+
+def _train_message(
+    node: int, record: ArrayRecord, config: ConfigRecord, server_round: int
+) -> Message:
+    """Return the round's ``train`` message to ``node`` (group id ``train-<round>``)."""
+    return Message(
+        RecordDict({"arrays": record, "config": config}),
+        dst_node_id=node,
+        message_type=MessageType.TRAIN,
+        group_id=f"train-{server_round}",
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from flower_app.algorithms.fedsubavg import FeatureHeat, RoundUpdate
+from flower_app.algorithms.fedsubavg.core import FeatureHeat, RoundUpdate
 from flower_app.strategies.base import int_metric
 
 __all__ = [

@@ -2,9 +2,9 @@
 
 Cho, Jhunjhunwala, Li, Smith & Joshi (TMLR 2024), "Maximizing Global Model Appeal in
 Federated Learning", Algorithm 1, with appeal-based flexible participation (Section 3). The
-math lives in :mod:`flower_app.algorithms.maxfl` (q_k and the server step),
-:mod:`flower_app.algorithms.learning` (the paper's clients) and
-:mod:`flower_app.algorithms.appeal` (the round protocol of the reproductions, shared with
+math lives in :mod:`flower_app.algorithms.maxfl.core` (q_k and the server step),
+:mod:`flower_app.algorithms.maxfl.learning` (the paper's clients) and
+:mod:`flower_app.algorithms.maxfl.appeal` (the round protocol of the reproductions, shared with
 the direct engine); this module moves it over the grid as the hooks of
 :class:`~flower_app.strategies.base.RoundStrategy`, which owns ``start()``.
 
@@ -14,7 +14,7 @@ Two modes:
 ``FedAvg``. Nodes are sampled from ``grid.get_node_ids()`` (``fraction_train``,
 ``min_train_nodes``, seeded by ``seed``); the client replies FedAvg's ``arrays`` plus two
 metrics (the received model's loss on its training data and its requirement ρ_k) and the
-server computes q_k and Δw_k itself. Client helpers: :mod:`flower_app.clients.maxfl`.
+server computes q_k and Δw_k itself. Client helpers: ``flower_app.clients.maxfl``.
 
 *Cohort* (``MaxFLStrategy(cohorts=True, ...)`` and :class:`AppealStrategy`, which also runs
 the baselines fedavg, fedprox, qffl, scaffold, mwfed, perfedavg and pfedme): a node serves a
@@ -26,7 +26,7 @@ and gives the direct engine's model bit for bit.
 Why the baselines are not Flower's own ``FedAvg`` / ``FedProx`` / ``QFedAvg`` in cohort
 mode: those sample nodes, not clients of a cohort, and know neither the opt-in pool nor the
 seen/unseen evaluation. Their server math is re-implemented without Flower in
-:mod:`flower_app.algorithms.fl_baselines` and tested against Flower's functions.
+:mod:`flower_app.algorithms.maxfl.baselines` and tested against Flower's functions.
 """
 
 from __future__ import annotations
@@ -50,7 +50,14 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from flower_app.algorithms.appeal import (
+from flower_app.algorithms.common.gaussian_dp import (
+    DP_ALGORITHMS,
+    GaussianAccountant,
+    GaussianDP,
+    dp_config,
+    q_sum_floor,
+)
+from flower_app.algorithms.maxfl.appeal import (
     AppealServer,
     PoolCache,
     TrainOutcome,
@@ -59,21 +66,14 @@ from flower_app.algorithms.appeal import (
     round_row,
     summarise_metrics,
 )
-from flower_app.algorithms.gaussian_dp import (
-    DP_ALGORITHMS,
-    GaussianDP,
-    dp_config,
-    dp_round_info,
-    q_sum_floor,
-)
-from flower_app.algorithms.maxfl import (
+from flower_app.algorithms.maxfl.core import (
     Q_MAX,
     adaptive_server_lr,
     aggregation_weight,
     maxfl_update,
 )
-from flower_app.algorithms.participation import ParticipationSampler, warn_empty_pool
-from flower_app.algorithms.server_rules import RULES, MWFedRule, rule_for
+from flower_app.algorithms.maxfl.participation import ParticipationSampler, warn_empty_pool
+from flower_app.algorithms.maxfl.server_rules import RULES, MWFedRule, rule_for
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import (
     SUMMED_SENDER,
@@ -82,6 +82,7 @@ from flower_app.strategies.base import (
     RoundCallback,
     RoundStrategy,
     int_metric,
+    is_flower_dp_wrapper,
     sample_nodes,
     to_metric_record,
 )
@@ -97,6 +98,28 @@ __all__ = [
 
 #: train-config keys that hold one value per sampled client (sliced per node)
 PER_USER_KEYS = tuple(sorted({r.share_key for r in RULES.values() if r.share_key}))
+
+#: plain mode's round diagnostics in ``train_metrics_clientapp`` (the app's own train
+#: metrics pass through beside them; one of these names in a reply is not passed through)
+DIAGNOSTICS = frozenset(
+    {"pool-size", "sampled", "nodes", "num-examples", "q-mean", "q-sum", "server-step",
+     "received-loss", "appeal", "bad-replies"}
+)  # fmt: skip
+
+
+def _own_means(decoded: list[tuple], taken: set[str]) -> dict[str, float]:
+    """Average the app's own train metrics over the replies, weighted by ``num-examples``.
+
+    As Flower's ``FedAvg`` does (its ``aggregate_metricrecords``): a metric every accepted
+    reply carries; keys the strategy itself reports are left out.
+    """
+    owns = [own for *_, own in decoded]
+    weights = np.array([n for *_, n, _ in decoded], dtype=np.float64)
+    if not owns or weights.sum() <= 0:
+        return {}
+    keys = [k for k in owns[0] if k not in taken and all(k in o for o in owns)]
+    return {k: float(np.dot(weights, [o[k] for o in owns]) / weights.sum()) for k in keys}
+
 
 #: the opt-in request of plain mode: a ClientApp answers it with ``@app.evaluate("appeal")``
 APPEAL_MESSAGE = f"{MessageType.EVALUATE}.appeal"
@@ -123,7 +146,7 @@ def decode_cohort_reply(
         Expected array shapes (the model's; twice for SCAFFOLD).
     algorithm : str
         The algorithm; its server rule checks the values (MaxFL: q_k ∈ [0, 1/4], q-FFL:
-        h > 0, MW-Fed: ``met``; :mod:`flower_app.algorithms.server_rules`).
+        h > 0, MW-Fed: ``met``; :mod:`flower_app.algorithms.maxfl.server_rules`).
 
     Returns
     -------
@@ -228,7 +251,7 @@ class AppealStrategy(RoundStrategy):
     """MaxFL or a baseline in cohort mode: seen/unseen clients, flexible participation.
 
     The reproductions' strategy (:func:`flower_app.runners.maxfl.server_run`). One round
-    runs the steps of :func:`flower_app.algorithms.appeal.run_protocol` as the base's
+    runs the steps of :func:`flower_app.algorithms.maxfl.appeal.run_protocol` as the base's
     hooks: ``before_round`` asks for the opt-in pool (flexible participation, after the
     mandatory rounds; reused while the model is unchanged) and samples the round's
     clients with the server's generator; ``configure_train`` / ``aggregate_train`` send
@@ -258,10 +281,13 @@ class AppealStrategy(RoundStrategy):
         Seconds to wait until the nodes' cohorts cover all clients (default 300).
     dp : GaussianDP, optional
         Client-level DP with distributed Gaussian noise
-        (:mod:`flower_app.algorithms.gaussian_dp`; MaxFL and FedAvg, needs
-        ``secure_aggregation``): every sampled client clips, weights and noises its update;
-        each round's row adds ``dp-epsilon`` (the run so far, RDP accountant) at
-        ``dp-delta``, and no training loss. Default None.
+        (:mod:`flower_app.algorithms.common.gaussian_dp`; MaxFL and FedAvg, needs
+        ``secure_aggregation``): every sampled client clips, weights and noises its update
+        (noise from its node's OS entropy); each round's row adds ``dp-epsilon`` (against
+        the server: the worst client over the rounds it took part in, no amplification),
+        ``dp-epsilon-outsider`` (amplified by sampling) and the noise that arrived
+        (:class:`~flower_app.algorithms.common.gaussian_dp.GaussianAccountant`, kept in
+        ``self.accountant``), and no training loss. Default None.
     secure_aggregation : SecureAggregation, optional
         Sum each round's train replies with secure aggregation (:mod:`flower_app.privacy`):
         nodes then reply with sums only (``q-sum``, ``loss-sum``, ``h-sum`` instead of the
@@ -274,7 +300,7 @@ class AppealStrategy(RoundStrategy):
     -----
     Message contract: the table of :class:`MaxFLStrategy` (rows "cohort"); the client
     side is :class:`flower_app.clients.learning.LearningClient` behind
-    :func:`flower_app.clients.adapter.numpy_client_app`.
+    :func:`flower_app.clients.numpy_client_app`.
 
     A train reply with an error, a missing record, other clients than sent, a wrong number
     or shape of arrays, non-finite values, q_k outside [0, 1/4] or (MW-Fed) a missing or
@@ -319,6 +345,8 @@ class AppealStrategy(RoundStrategy):
         if dp is not None and server.algorithm not in DP_ALGORITHMS:
             raise ValueError(f"client-level DP is implemented for {DP_ALGORITHMS}")
         self.dp = dp
+        self.accountant = None if dp is None else GaussianAccountant(dp, sampler.n_seen)
+        self._dp_sampled = 0
         if secure_aggregation is not None and server.rule.reports_met:
             raise ValueError(
                 f"{server.algorithm} does not support secure aggregation: its step needs "
@@ -345,18 +373,26 @@ class AppealStrategy(RoundStrategy):
         """The algorithm's name."""
         return self.server.algorithm
 
-    def checkpoint_state(self) -> tuple[AppealServer, ParticipationSampler, PoolCache]:
+    def checkpoint_state(self) -> tuple[Any, ...]:
         """Return the server (w, the algorithm's state), the client sampler and the pool cache.
+
+        With client-level DP the privacy accountant follows (ε must go on from where it was).
 
         Client-side state (ρ_k) is recomputed by the nodes from their data; algorithms that
         keep per-client state across rounds on the nodes (SCAFFOLD's c_i, Per-FedAvg,
         pFedMe) lose it when the nodes restart, so their resumed run may differ.
         """
+        if self.accountant is not None:
+            return self.server, self.sampler, self._pool, self.accountant
         return self.server, self.sampler, self._pool
 
-    def restore_state(self, state: tuple[AppealServer, ParticipationSampler, PoolCache]) -> None:
+    def restore_state(self, state: tuple[Any, ...]) -> None:
         """Continue from a checkpoint (after ``setup``'s discovery)."""
-        server, sampler, pool = state
+        server, sampler, pool = state[:3]
+        if self.accountant is not None:
+            if len(state) < 4 or not isinstance(state[3], GaussianAccountant):
+                raise TypeError("a DP run resumes only from a checkpoint with its accountant")
+            self.accountant = state[3]
         if not isinstance(server, AppealServer) or not isinstance(sampler, ParticipationSampler):
             raise TypeError("a MaxFL checkpoint holds (AppealServer, ParticipationSampler, ...)")
         self.server, self.sampler, self._pool = server, sampler, pool
@@ -439,7 +475,7 @@ class AppealStrategy(RoundStrategy):
         """Build one ``train`` message per node serving the round's sampled clients.
 
         The clients are those sampled in :meth:`before_round`, unless ``config`` holds
-        ``users`` (list of int); a key of :data:`PER_USER_KEYS` (``mw-share``) then holds
+        ``users`` (list of int); a key of ``PER_USER_KEYS`` (``mw-share``) then holds
         one value per entry of ``users``. Each node receives its own clients' values.
         """
         raw = dict(config)
@@ -461,6 +497,7 @@ class AppealStrategy(RoundStrategy):
         cfg = dict(self.merged_config(raw, server_round, algorithm=self.algorithm))
         if self.dp is not None:
             cfg.update(dp_config(self.dp, int(users.size)))
+            self._dp_sampled = int(users.size)
         payload = ArrayRecord([np.asarray(a) for a in self.server.payload()])
         messages = self._messages(users, payload, cfg, MessageType.TRAIN, server_round, per_user)
         self._bytes_down = payload.count_bytes() * len(messages)
@@ -471,7 +508,7 @@ class AppealStrategy(RoundStrategy):
         return len(self._sent[node_id]) if node_id in self._sent else 1
 
     def decode_train_reply(self, src: int, reply: Message) -> Any:
-        """Check one node's train reply (see :func:`decode_cohort_reply`)."""
+        """Check one node's train reply (see ``decode_cohort_reply``)."""
         if src == SUMMED_SENDER:
             return decode_summed_reply(
                 reply, len(self._sent[src]), self.server.shapes, noisy=self.dp is not None
@@ -557,11 +594,13 @@ class AppealStrategy(RoundStrategy):
         for _, (sums, users, q_sum, loss_sum, h_sum) in checked.accepted:
             outcome.sums, outcome.users = sums, users
             outcome.q_sum, outcome.loss_sum, outcome.h_sum = q_sum, loss_sum, h_sum
-        if self.dp is not None:
+        if self.accountant is not None and self.dp is not None:
             if outcome.q_sum is not None:
                 outcome.q_sum = max(outcome.q_sum, q_sum_floor(self.dp))
+            # the clients whose noisy updates are in the sum: those of the surviving nodes
+            arrived = [u for n in self._summed_nodes for u in self._sent.get(n, [])]
             outcome.info.update(
-                dp_round_info(self.dp, int(self._users.size), self.sampler.n_seen, server_round)
+                self.accountant.record(self._dp_sampled, arrived if checked.accepted else [])
             )
         return self._apply_step(server_round, outcome)
 
@@ -649,7 +688,7 @@ class MaxFLStrategy(AppealStrategy):
     received on its training data, and its requirement ρ_k (the loss of a model it trained
     alone); the server computes q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k)) and
     Δw_k = w − w_k and steps w ← w − η_g / (Σ q_k + ε) · Σ q_k Δw_k
-    (:func:`flower_app.algorithms.maxfl.maxfl_update`). With ``flexible`` participation,
+    (:func:`flower_app.algorithms.maxfl.core.maxfl_update`). With ``flexible`` participation,
     after ``mandatory_rounds`` rounds only nodes for which F_k(w) < ρ_k are sampled.
 
     Parameters
@@ -726,7 +765,9 @@ class MaxFLStrategy(AppealStrategy):
                                                                   ``train-loss`` (float: F_k(w),
                                                                   the *received* model's loss on
                                                                   the local training data),
-                                                                  ``rho`` (float: ρ_k), others kept
+                                                                  ``rho`` (float: ρ_k); the app's
+                                                                  own numbers are averaged into
+                                                                  the Result as ``FedAvg`` does
     plain   evaluate.appeal  ``arrays``: w; ``config``:           ``metrics``: ``train-loss``
                              ``server-round``. To every node      (F_k(w)), ``rho`` (ρ_k); the node
                              each round after                     is in the pool if F_k(w) < ρ_k
@@ -750,26 +791,29 @@ class MaxFLStrategy(AppealStrategy):
                                                                   ``loss`` (lists of float, q_k ∈
                                                                   [0, 1/4]), ``h-sum`` (float),
                                                                   MW-Fed: ``met`` (list of 0/1)
-    cohort  evaluate.appeal  ``arrays``: w; ``config``: ``users``  ``metrics``: ``appealing`` (list
-                             (the node's seen clients),           of int: F_k(w) < ρ_k)
-                             ``server-round``
+    cohort  evaluate.appeal  ``arrays``: w; ``config``:           ``metrics``: ``appealing`` (list
+                             ``users`` (the node's seen           of int: F_k(w) < ρ_k)
+                             clients), ``server-round``
     cohort  evaluate.        ``arrays``: w; ``config``:           ``metrics``: per-group sums
             metrics          ``server-round``, ``tuned`` (int     ``seen-count``, ``seen-acc``,
                              0/1)                                 ..., ``unseen-*``
     ======  ===============  ===================================  ==================================
 
-    Plain mode's client helpers: :mod:`flower_app.clients.maxfl` (``ensure_rho``,
+    Plain mode's client helpers: ``flower_app.clients.maxfl`` (``ensure_rho``,
     ``maxfl_metrics``, ``appeal_reply``). A train reply without these records or keys, with
-    other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is
-    logged, counted in ``bad-replies`` and left out; a round in which all are left out
-    raises :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A node without an
+    other keys or shapes than w, non-finite floats, or a negative ``num-examples`` is logged,
+    counted in ``bad-replies`` and left out; a round in which all are left out raises
+    :class:`~flower_app.strategies.base.AllRepliesRejectedError`. A node without an
     ``@app.evaluate("appeal")`` handler raises
-    :class:`~flower_app.strategies.base.MissingHandlerError` naming it. Non-floating
-    arrays (e.g. BatchNorm's ``num_batches_tracked``) are taken from the accepted reply
-    with the most examples. Each round's ``train_metrics_clientapp`` holds ``pool-size``,
+    :class:`~flower_app.strategies.base.MissingHandlerError` naming it before round 1 (flexible
+    participation sends every node the opt-in test of the initial model first). Non-floating
+    arrays (e.g. BatchNorm's ``num_batches_tracked``) are taken from the accepted reply with
+    the most examples. Each round's ``train_metrics_clientapp`` holds ``pool-size``,
     ``sampled``, ``nodes``, ``num-examples``, ``q-mean``, ``q-sum``, ``server-step``,
-    ``train-loss`` (mean F_k(w)), ``appeal`` (fraction of trained nodes with
-    F_k(w) < ρ_k) and ``bad-replies``.
+    ``received-loss`` (mean F_k(w): the loss of the model the nodes *received*, before their
+    training), ``appeal`` (fraction of trained nodes with F_k(w) < ρ_k) and ``bad-replies``;
+    beside them, the app's own train metrics (e.g. ``train_loss`` after training), averaged
+    weighted by ``num-examples`` as ``FedAvg`` does.
     """
 
     def __init__(
@@ -848,6 +892,27 @@ class MaxFLStrategy(AppealStrategy):
         self._eval_rng = random.Random(f"evaluate-{self.seed}")
 
     # ------------------------------------------------------------------ setup
+    def check_driver(self, driver: Any) -> None:
+        """Warn when one of Flower's DP wrappers drives MaxFL: its noise is FedAvg's.
+
+        Flower's ``DifferentialPrivacy*`` wrappers add N(0, (σC/K)²) to the aggregated
+        model, calibrated to FedAvg's uniform mean of K clipped updates (sensitivity C/K).
+        MaxFL's step divides Σ q_k Δ_k by Σ q_k + ε: when the other clients' q_k are near
+        0, one client moves the model by up to η_g·C, so the wrapper's σ is not MaxFL's
+        noise multiplier (at worst it is σ/(K·η_g)). The wrappers run and lose no reply;
+        for a guarantee calibrated to MaxFL use cohort mode with client-level DP
+        (``maxfl-dp-noise``, :mod:`flower_app.algorithms.common.gaussian_dp`).
+        """
+        if is_flower_dp_wrapper(driver):
+            log(
+                WARNING,
+                "%s drives MaxFLStrategy: its noise sigma*C/K is calibrated for FedAvg's "
+                "uniform mean; MaxFL divides by sum(q_k) + eps, so one client can move the "
+                "model by up to server_lr*C and the wrapper's noise multiplier is not "
+                "MaxFL's (docs/privacy.md, 'Flower's DP wrappers')",
+                type(driver).__name__,
+            )
+
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Cohort mode: discovery; plain mode: keep w and reset the node sampler."""
         if self.cohort_mode:
@@ -898,15 +963,31 @@ class MaxFLStrategy(AppealStrategy):
         self._pool_size = len(pool)
         self._empty_pool_warned = warn_empty_pool(self._empty_pool_warned, len(pool))
 
-    def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
-        """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
+    def probe_messages(
+        self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Plain flexible mode: the opt-in test of the initial model, to every node.
+
+        ``evaluate.appeal`` is first needed after ``mandatory_rounds``; asking it before
+        round 1 (a real request; the answers are not used) makes a ClientApp without
+        ``@app.evaluate("appeal")`` fail then, not after the mandatory rounds.
+        """
+        if self.cohort_mode or not self.flexible:
+            return []
+        everyone = sample_nodes(
+            grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
+            self._timeout,
+        )  # fmt: skip
+        return self._appeal_messages(0, everyone)
+
+    def _appeal_messages(self, server_round: int, nodes: list[int]) -> list[Message]:
         content = RecordDict(
             {
                 "arrays": self._record(self._global),
                 "config": ConfigRecord({"server-round": int(server_round)}),
             }
         )
-        messages = [
+        return [
             Message(
                 content,
                 dst_node_id=int(n),
@@ -915,6 +996,10 @@ class MaxFLStrategy(AppealStrategy):
             )
             for n in nodes
         ]
+
+    def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
+        """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
+        messages = self._appeal_messages(server_round, nodes)
 
         def decode(src: int, reply: Message) -> bool:
             metrics = _metrics_of(reply)
@@ -1003,7 +1088,12 @@ class MaxFLStrategy(AppealStrategy):
             raise ValueError(f"metrics need 'num-examples' >= 0, got {n!r}")
         loss = _finite(metrics, self.train_loss_key)
         rho = _finite(metrics, self.rho_key)
-        return arrays, loss, rho, n
+        own = {
+            k: v for k, v in metrics.items()
+            if k not in (self.train_loss_key, self.rho_key, "num-examples")
+            and isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
+        }  # fmt: skip
+        return arrays, loss, rho, n, own
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -1022,12 +1112,12 @@ class MaxFLStrategy(AppealStrategy):
             return None, to_metric_record({**row, "nodes": 0, "server-step": 0.0})
         if checked.accepted[0][0] == SUMMED_SENDER:
             return self._step_summed(row, checked.accepted[0][1])
-        losses = np.array([loss for _, (_, loss, _, _) in checked.accepted])
-        rhos = np.array([rho for _, (_, _, rho, _) in checked.accepted])
+        losses = np.array([loss for _, (_, loss, _, _, _) in checked.accepted])
+        rhos = np.array([rho for _, (_, _, rho, _, _) in checked.accepted])
         qs = aggregation_weight(losses, rhos)
         floats = [k for k, w in self._global.items() if w.dtype.kind == "f"]
         sums = [np.zeros(self._global[k].shape, np.float64) for k in floats]
-        for q, (_, (arrays, _, _, _)) in zip(qs, checked.accepted, strict=True):
+        for q, (_, (arrays, _, _, _, _)) in zip(qs, checked.accepted, strict=True):
             for s, k in zip(sums, floats, strict=True):
                 s += q * (self._global[k].astype(np.float64) - arrays[k].astype(np.float64))
         q_sum = float(np.sum(qs))
@@ -1037,14 +1127,15 @@ class MaxFLStrategy(AppealStrategy):
         new = dict(zip(floats, stepped, strict=True))
         largest = max(checked.accepted, key=lambda r: r[1][3])[1][0]
         self._global = {k: new[k] if k in new else largest[k] for k in self._global}
+        row.update(_own_means([r for _, r in checked.accepted], set(row) | DIAGNOSTICS))
         row.update(
             {
                 "nodes": len(checked.accepted),
-                "num-examples": int(sum(n for _, (_, _, _, n) in checked.accepted)),
+                "num-examples": int(sum(n for _, (_, _, _, n, _) in checked.accepted)),
                 "q-mean": float(np.mean(qs)),
                 "q-sum": q_sum,
                 "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
-                "train-loss": float(np.mean(losses)),
+                "received-loss": float(np.mean(losses)),
                 "appeal": float(np.mean(losses < rhos)),
             }
         )
@@ -1068,7 +1159,7 @@ class MaxFLStrategy(AppealStrategy):
                 "q-mean": q_sum / max(nodes, 1),
                 "q-sum": q_sum,
                 "server-step": adaptive_server_lr(q_sum, self.server_lr, self.eps),
-                "train-loss": loss_sum / max(nodes, 1),
+                "received-loss": loss_sum / max(nodes, 1),
                 "appeal": appeal / max(nodes, 1),
             }
         )
@@ -1128,7 +1219,7 @@ class MaxFLStrategy(AppealStrategy):
             return super().round_summary(row)
         return (
             f"pool={row.get('pool-size', '-')} nodes={row.get('nodes', '-')}"
-            f" q̄={_fmt(row.get('q-mean'))} F_k(w)={_fmt(row.get('train-loss'))}"
+            f" q̄={_fmt(row.get('q-mean'))} F_k(w)={_fmt(row.get('received-loss'))}"
             f" appeal={_fmt(row.get('appeal'))}"
         )
 

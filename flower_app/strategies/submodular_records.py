@@ -24,8 +24,8 @@ from flwr.app import (
 )
 from flwr.common import log
 
-from flower_app.algorithms.fedcg import matroid_spec
-from flower_app.algorithms.fedsm import decode_report
+from flower_app.algorithms.fedcg.continuous import matroid_spec
+from flower_app.algorithms.fedsm.core import decode_report
 from flower_app.strategies.base import (
     AllRepliesRejectedError,
     CheckedReplies,
@@ -49,6 +49,7 @@ __all__ = [
     "reply_parts",
     "report_arrays",
     "reported_n_elements",
+    "resolve_m",
     "train_message",
 ]
 
@@ -184,6 +185,35 @@ def drop_replies(
         raise AllRepliesRejectedError(
             f"{context}: all replies were rejected; first: {checked.first_error}"
         )
+
+
+def resolve_m(
+    checked: CheckedReplies, m_of: Callable[[Any], int], what: str, context: str
+) -> int:
+    """Fix the ground-set size m by the replies' majority; leave out the others; decode.
+
+    Each accepted value is a tuple whose first item is an undecoded report and from which
+    ``m_of`` reads the m it announces. The replies announcing another m are left out
+    ("``what`` for m=…; the run has m=…"), the others' reports decoded
+    (:func:`~flower_app.algorithms.fedsm.core.decode_report`) in place.
+
+    Returns
+    -------
+    int
+        m.
+    """
+    m = majority_m(checked, m_of)
+    drop_replies(
+        checked,
+        lambda _, value: (
+            None if m_of(value) == m else f"{what} for m={m_of(value)}; the run has m={m}"
+        ),
+        context,
+    )
+    checked.accepted = [
+        (src, (decode_report(value[0], m), *value[1:])) for src, value in checked.accepted
+    ]
+    return m
 
 
 def build_matroid(

@@ -23,6 +23,7 @@ evaluations only; tests check it against the closed form.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,12 +31,17 @@ import scipy.sparse as sp
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
+    "RowEntries",
+    "SortedRows",
     "check_point",
     "entry_gradients",
+    "entry_weights",
     "multilinear_gradient",
     "multilinear_value",
     "sampled_entry_gradients",
     "sampled_gradient",
+    "set_gains",
+    "sorted_rows",
 ]
 
 
@@ -59,9 +65,17 @@ def check_point(x: np.ndarray, n_elements: int) -> np.ndarray:
     return np.clip(arr, 0.0, 1.0)
 
 
+class RowEntries(Protocol):
+    """Rows' non-zero entries grouped by row, values decreasing within a row."""
+
+    val: np.ndarray
+    last: np.ndarray
+    by_pos: list[np.ndarray]
+
+
 @dataclass
-class _SortedRows:
-    """Non-zero entries grouped by row, values decreasing within a row."""
+class SortedRows:
+    """Non-zero entries grouped by row, values decreasing within a row (ties: by column)."""
 
     row: np.ndarray
     col: np.ndarray
@@ -72,12 +86,13 @@ class _SortedRows:
     order: np.ndarray | None = None  # sorted entry -> index into the CSR data
 
 
-def _sorted_rows(objective: MaxRowObjective, users: np.ndarray | None) -> _SortedRows:
+def _sorted_rows(objective: MaxRowObjective, users: np.ndarray | None) -> SortedRows:
     rows = objective.values if users is None else objective.values[np.asarray(users)]
-    return _sorted_csr(rows)
+    return sorted_rows(rows)
 
 
-def _sorted_csr(rows: sp.csr_matrix) -> _SortedRows:
+def sorted_rows(rows: sp.csr_matrix) -> SortedRows:
+    """Return the non-zero entries of ``rows`` grouped by row, values decreasing in a row."""
     counts = np.diff(rows.indptr)
     row = np.repeat(np.arange(rows.shape[0]), counts)
     order = np.lexsort((rows.indices, -rows.data, row))
@@ -89,15 +104,15 @@ def _sorted_csr(rows: sp.csr_matrix) -> _SortedRows:
     by_pos_order = np.argsort(pos, kind="stable")
     bounds = np.cumsum(np.bincount(pos, minlength=1))[:-1] if pos.size else np.array([], int)
     by_pos = np.split(by_pos_order, bounds) if pos.size else []
-    return _SortedRows(row, col, val, first, last, by_pos, order)
+    return SortedRows(row, col, val, first, last, by_pos, order)
 
 
-def _prefix_and_tail(sr: _SortedRows, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _prefix_and_tail(sr: SortedRows, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return P (probability no better element is in R) and T (expected best worse one)."""
     return _prefix_and_tail_xe(sr, x[sr.col])
 
 
-def _prefix_and_tail_xe(sr: _SortedRows, xe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _prefix_and_tail_xe(sr: RowEntries, xe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """As :func:`_prefix_and_tail`, with one inclusion probability per (sorted) entry."""
     q = 1.0 - xe
     prefix = np.ones(sr.val.size)
@@ -109,6 +124,51 @@ def _prefix_and_tail_xe(sr: _SortedRows, xe: np.ndarray) -> tuple[np.ndarray, np
         nxt = inner + 1
         tail[inner] = xe[nxt] * sr.val[nxt] + q[nxt] * tail[nxt]
     return prefix, tail
+
+
+def entry_weights(sr: RowEntries, xe: np.ndarray) -> np.ndarray:
+    """Return ∂E[f_i(R)]/∂x_j = P_p (v_p − T_p) at every sorted entry (≥ 0).
+
+    Parameters
+    ----------
+    sr : RowEntries
+        The rows' entries (:func:`sorted_rows`, or FedCG's batch of users).
+    xe : numpy.ndarray
+        The inclusion probability of each entry, in [0, 1]: rows may sit at different
+        points (FedCG+'s local iterates, FedSM's amplification surrogate).
+    """
+    prefix, tail = _prefix_and_tail_xe(sr, xe)
+    return prefix * np.maximum(sr.val - tail, 0.0)
+
+
+def set_gains(row: np.ndarray, val: np.ndarray, in_r: np.ndarray, n_rows: int) -> np.ndarray:
+    """Return f_i(R ∪ {j}) − f_i(R ∖ {j}) at every entry (i, j), for one set R per row.
+
+    The sampled estimators' step (the FedCG paper's Appendix C.3): for j ∉ R the gain of
+    adding j; for j ∈ R only the row's unique best element of R loses something when
+    removed (down to the runner-up).
+
+    Parameters
+    ----------
+    row, val : numpy.ndarray
+        Row index and value of every entry.
+    in_r : numpy.ndarray
+        bool per entry: its element is in its row's set R.
+    n_rows : int
+        Number of rows.
+    """
+    data_in = np.where(in_r, val, 0.0)
+    best = np.zeros(n_rows)
+    np.maximum.at(best, row, data_in)
+    # f(R ∪ j) − f(R) for j ∉ R
+    out_gain = np.where(in_r, 0.0, np.maximum(val - best[row], 0.0))
+    # f(R) − f(R ∖ j) for j ∈ R: only the row's best element in R, against the runner-up
+    is_best = in_r & (data_in == best[row]) & (data_in > 0)
+    n_best = np.bincount(row[is_best], minlength=n_rows)
+    second = np.zeros(n_rows)
+    np.maximum.at(second, row, np.where(is_best, 0.0, data_in))
+    in_gain = np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
+    return out_gain + in_gain
 
 
 def multilinear_value(
@@ -161,8 +221,7 @@ def multilinear_gradient(
     sr = _sorted_rows(objective, users)
     if sr.val.size == 0:
         return np.zeros(objective.n_elements)
-    prefix, tail = _prefix_and_tail(sr, x)
-    weights = prefix * np.maximum(sr.val - tail, 0.0)
+    weights = entry_weights(sr, x[sr.col])
     return np.bincount(sr.col, weights=weights, minlength=objective.n_elements)
 
 
@@ -206,18 +265,8 @@ def sampled_gradient(
     total = np.zeros(m)
     for _ in range(samples):
         in_r = rng.random(m) < x
-        data_in = np.where(in_r[rows.indices], rows.data, 0.0)
-        best = np.zeros(rows.shape[0])
-        np.maximum.at(best, row, data_in)
-        # f(R ∪ j) − f(R) for j ∉ R
-        out_gain = np.where(in_r[rows.indices], 0.0, np.maximum(rows.data - best[row], 0.0))
-        # f(R) − f(R ∖ j) for j ∈ R: only the row's best element in R, against the runner-up
-        is_best = in_r[rows.indices] & (data_in == best[row]) & (data_in > 0)
-        n_best = np.bincount(row[is_best], minlength=rows.shape[0])
-        second = np.zeros(rows.shape[0])
-        np.maximum.at(second, row, np.where(is_best, 0.0, data_in))
-        in_gain = np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
-        total += np.bincount(rows.indices, weights=out_gain + in_gain, minlength=m)
+        gains = set_gains(row, rows.data, in_r[rows.indices], rows.shape[0])
+        total += np.bincount(rows.indices, weights=gains, minlength=m)
     return total / samples
 
 
@@ -246,12 +295,11 @@ def entry_gradients(
     xe = np.asarray(xe, dtype=np.float64)
     if xe.shape != (rows.nnz,):
         raise ValueError(f"xe has shape {xe.shape}, expected ({rows.nnz},)")
-    sr = _sorted_csr(sp.csr_matrix(rows))
+    sr = sorted_rows(sp.csr_matrix(rows))
     if sr.val.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, np.zeros(0)
-    prefix, tail = _prefix_and_tail_xe(sr, np.clip(xe[sr.order], 0.0, 1.0))
-    return sr.row, sr.col, prefix * np.maximum(sr.val - tail, 0.0)
+    return sr.row, sr.col, entry_weights(sr, np.clip(xe[sr.order], 0.0, 1.0))
 
 
 def sampled_entry_gradients(
@@ -284,14 +332,5 @@ def sampled_entry_gradients(
     row = np.repeat(np.arange(n_rows), np.diff(rows.indptr))
     total = np.zeros(nnz)
     for s in range(uniforms.shape[1]):
-        in_r = uniforms[:, s] < xe
-        data_in = np.where(in_r, rows.data, 0.0)
-        best = np.zeros(n_rows)
-        np.maximum.at(best, row, data_in)
-        out_gain = np.where(in_r, 0.0, np.maximum(rows.data - best[row], 0.0))
-        is_best = in_r & (data_in == best[row]) & (data_in > 0)
-        n_best = np.bincount(row[is_best], minlength=n_rows)
-        second = np.zeros(n_rows)
-        np.maximum.at(second, row, np.where(is_best, 0.0, data_in))
-        total += out_gain + np.where(is_best & (n_best[row] == 1), data_in - second[row], 0.0)
+        total += set_gains(row, rows.data, uniforms[:, s] < xe, n_rows)
     return total / uniforms.shape[1]

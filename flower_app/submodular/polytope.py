@@ -189,7 +189,7 @@ def batched_linear_maximizer(
     have weight 0. This returns, for every row, the positive-weight part of the greedy base
     of a uniform or partition matroid, and how many places each block still has for
     zero-weight elements (the caller fills them, e.g. at random: see
-    :func:`flower_app.algorithms.fedcg.fill_bases`).
+    :func:`flower_app.algorithms.fedcg.continuous.fill_bases`).
 
     Parameters
     ----------

@@ -19,7 +19,8 @@ the server can round without the clients' data. Each runs in O(n log n) for n el
 * :func:`swap_rounding` — randomized swap rounding (Chekuri, Vondrák and Zenklusen, FOCS
   2010) of x written as a convex combination of bases; see its docstring.
 * :func:`greedy_rounding` — deterministic: add elements by decreasing x_j while independent.
-* :func:`complete_by_order` — complete an independent set to a base by decreasing x_j.
+* :func:`complete_by_order` — complete an independent set to a base by decreasing x_j
+  (:func:`complete_by_scan`: the same by its definition, the reference it is tested against).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "blocks_of",
     "check_in_polytope",
     "complete_by_order",
+    "complete_by_scan",
     "greedy_rounding",
     "pipage_rounding",
     "swap_rounding",
@@ -388,3 +390,20 @@ def complete_by_order(selected: list[int], x: np.ndarray, matroid: Matroid) -> l
         if room > 0:
             out.append(free[np.lexsort((free, -y[free]))][:room])
     return sorted(int(e) for e in np.concatenate(out))
+
+
+def complete_by_scan(selected: list[int], x: np.ndarray, matroid: Matroid) -> list[int]:
+    """:func:`complete_by_order` by its definition, for any matroid: the reference.
+
+    Scans all elements by (−x_j, j) and adds each one that keeps the set independent, one
+    independence check (O(n)) per element: the first implementation of the greedy rounding,
+    which :func:`complete_by_order` and :func:`greedy_rounding` are tested and measured
+    against (``tests/test_rounding_fast.py``, ``benchmarks/rounding_speed.py``).
+    """
+    chosen = list(selected)
+    for e in np.lexsort((np.arange(x.size), -x)):
+        if len(chosen) >= matroid.rank:
+            break
+        if matroid.feasible_mask(chosen)[e]:
+            chosen.append(int(e))
+    return sorted(chosen)

@@ -29,7 +29,7 @@ from typing import Any
 
 from flower_app.settings import help_text
 
-__all__ = ["PRESETS", "Variant", "main"]
+__all__ = ["PRESETS", "Variant", "build_parser", "main"]
 
 COLUMNS = [
     "dataset", "variant", "algorithm", "k", "seed", "rounds", "local-steps", "gradient",
@@ -353,6 +353,55 @@ def report(args: argparse.Namespace) -> None:
         print(f"wrote {out / f'{dataset}.md'} and {out / f'{dataset}.png'}")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of ``run_sim.py fedcg`` (subcommands ``run`` and ``report``)."""
+    parser = argparse.ArgumentParser(
+        prog="run_sim.py fedcg",
+        description="Reproductions of FedCG, FedCG+ and the federated discrete greedy "
+        "(Rafiey, ICML 2024) on the direct engine: each preset is a dataset with its k grid "
+        "and its variants; runs.csv gets one row per run as it finishes.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_run = sub.add_parser(
+        "run",
+        help="run a preset's variants x k x seeds, appending to <out>/runs.csv",
+        description="Run every (variant, k, seed) of a preset on the direct engine; rows "
+        "already in <out>/runs.csv are skipped, so an interrupted sweep resumes.",
+    )
+    presets = "; ".join(
+        f"{name}: {len(p.variants)} variants, k = {', '.join(map(str, p.ks))}"
+        for name, p in sorted(PRESETS.items())
+    )
+    p_run.add_argument("--preset", choices=sorted(PRESETS), required=True,
+                       help=f"dataset and grid ({presets})")  # fmt: skip
+    p_run.add_argument("--out", default="benchmarks/results/fedcg",
+                       help="results folder (default: benchmarks/results/fedcg)")  # fmt: skip
+    p_run.add_argument(
+        "--data-dir", default=os.environ.get("FLOWER_APP_DATA", ""),
+        help=help_text("data-dir") + " (default here: $FLOWER_APP_DATA)",
+    )  # fmt: skip
+    p_run.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    p_run.add_argument("--ks", default="", help="comma-separated k (default: the preset's)")
+    p_run.add_argument("--seeds", default="", help="comma-separated subset of the seeds")
+    variants = sorted({v.name for p in PRESETS.values() for v in p.variants})
+    p_run.add_argument("--variants", default="",
+                       help="'|'-separated variant names (default: all of the preset's): "
+                       + "; ".join(f"'{v}'" for v in variants).replace("%", "%%"))  # fmt: skip
+    p_run.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
+    p_run.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
+    p_rep = sub.add_parser(
+        "report",
+        help="tables and figures from <out>/runs.csv",
+        description="Write table-<dataset>.csv, <dataset>.md and <dataset>.png (objective "
+        "against k) from <out>/runs.csv.",
+    )
+    p_rep.add_argument(
+        "--out", default="benchmarks/results/fedcg",
+        help="results folder holding runs.csv (default: benchmarks/results/fedcg)",
+    )  # fmt: skip
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``run`` or ``report``); returns the exit code.
 
@@ -366,21 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         0 on success.
     """
-    parser = argparse.ArgumentParser(prog="fedcg-sweep", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="run a preset's grid on the direct engine")
-    p_run.add_argument("--preset", choices=sorted(PRESETS), required=True)
-    p_run.add_argument("--out", default="benchmarks/results/fedcg")
-    p_run.add_argument("--data-dir", default=os.environ.get("FLOWER_APP_DATA", ""))
-    p_run.add_argument("--jobs", type=int, default=1)
-    p_run.add_argument("--ks", default="", help="comma-separated k (default: the preset's)")
-    p_run.add_argument("--seeds", default="", help="comma-separated subset of the seeds")
-    p_run.add_argument("--variants", default="", help="'|'-separated variant names")
-    p_run.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
-    p_run.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
-    p_rep = sub.add_parser("report", help="tables and plots from runs.csv")
-    p_rep.add_argument("--out", default="benchmarks/results/fedcg")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "run":
         run(args)
     else:

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
+from flower_app.sweeps import runnable_datasets
 
-__all__ = ["ALG2_VARIANTS", "main"]
+__all__ = ["ALG2_VARIANTS", "DATASETS_RUN", "build_parser", "main"]
 
 #: Algorithm 2 variants: name -> run_config (see flower_app/runners/fedsm.py)
 ALG2_VARIANTS: dict[str, dict[str, Any]] = {
@@ -436,11 +437,17 @@ def report_amplification(out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
+#: datasets these reproductions run: FedSM's, but not your own files (no --data-file here)
+DATASETS_RUN = runnable_datasets("fedsm")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="movielens", help=help_text("dataset"))
+    p.add_argument("--dataset", default="movielens", choices=DATASETS_RUN,
+                   help=help_text("dataset") + " (default: movielens)")  # fmt: skip
     p.add_argument("--data-dir", default="", help=help_text("data-dir"))
-    p.add_argument("--k", type=int, required=True, help="r: cardinality of S")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--k", type=int, required=True, help="r: the cardinality of S (k)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
     p.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
     p.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
     p.add_argument(
@@ -449,35 +456,78 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partition-capacity", type=int, default=2, help=help_text("partition-capacity")
     )
-    p.add_argument("--out", required=True, help="results folder")
+    p.add_argument("--out", required=True, help="results folder (run folders in <out>/runs/)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of ``run_sim.py fedsm-modes`` (alg2-curve, amplification, report)."""
+    parser = argparse.ArgumentParser(
+        prog="run_sim.py fedsm-modes",
+        description="Reproductions of FedSM Algorithm 2 (objective and |S| against "
+        "communication rounds) and of the amplification (Algorithm 3) against Algorithm 1 "
+        "at equal budget, on the direct engine.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p2 = sub.add_parser(
+        "alg2-curve",
+        help="Algorithm 2: objective and |S| against rounds (curve.csv, runs.csv, PNGs)",
+        description="Run Algorithm 2 (fedsm-mode = alg2) for every K:d setting, variant and "
+        "seed; write curve.csv, runs.csv, by-k.csv and alg2-*.png into --out.",
+    )
+    _common(p2)
+    p2.add_argument(
+        "--settings", nargs="+", default=["1.0:200"],
+        help="K:d pairs (K users per round as a fraction with a dot or a count; d pairs "
+        "per user), e.g. 1.0:200 0.5:100 (default: 1.0:200)",
+    )  # fmt: skip
+    p2.add_argument(
+        "--variants", nargs="+", default=[next(iter(ALG2_VARIANTS))],
+        choices=list(ALG2_VARIANTS), metavar="VARIANT",
+        help="readings of the paper's levels (quote each): "
+        + "; ".join(f"'{v}'" for v in ALG2_VARIANTS) + f" (default: '{next(iter(ALG2_VARIANTS))}')",
+    )  # fmt: skip
+    p2.add_argument("--epsilon", type=float, default=0.405, help=help_text("fedsm-epsilon"))
+    p2.add_argument(
+        "--tau", type=float, default=0.006,
+        help=help_text("fedsm-tau") + " (default here: 0.006, the authors')",
+    )  # fmt: skip
+    pa = sub.add_parser(
+        "amplification",
+        help="Algorithm 3 against Algorithm 1 at equal budget (amplification.csv, .md, .png)",
+        description="On the same instance and seeds, run Algorithm 1 with the per-round "
+        "budget (K, d), Algorithm 1 with the amplification's total budget (K/eta, d/eta) and "
+        "Algorithm 3 with Algorithm 1 inside (1/eta steps, each --roundings); write "
+        "amplification.csv and amplification.md into --out.",
+    )
+    _common(pa)
+    pa.add_argument(
+        "--clients", default="0.01",
+        help="K: users per round (fraction with a dot, else a count; default 0.01)",
+    )  # fmt: skip
+    pa.add_argument("--elements", default="0.1",
+                    help="d: elements per user (fraction of m with a dot, else a count; "
+                    "default 0.1)")  # fmt: skip
+    pa.add_argument("--eta", type=float, default=0.1, help=help_text("fedsm-eta"))
+    pa.add_argument("--surrogate", default="exact", choices=["exact", "sampled"],
+                    help=help_text("fedsm-surrogate"))  # fmt: skip
+    pa.add_argument("--roundings", nargs="+", default=["pipage", "greedy"],
+                    choices=["pipage", "greedy"],
+                    help=help_text("fedsm-rounding") + " (default: both)")  # fmt: skip
+    pr = sub.add_parser(
+        "report",
+        help="redo the tables and figures from the CSVs in --out",
+        description="Rewrite the Algorithm 2 and amplification tables and figures from "
+        "runs.csv / amplification.csv in --out, without running anything.",
+    )
+    pr.add_argument("--out", required=True, help="results folder of an earlier run")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand (see the module docstring); return the exit status."""
-    parser = argparse.ArgumentParser(prog="fedsm_modes", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p2 = sub.add_parser("alg2-curve", help="Algorithm 2: objective and |S| against rounds")
-    _common(p2)
-    p2.add_argument(
-        "--settings", nargs="+", default=["1.0:200"], help="K:d pairs, e.g. 1.0:200 0.5:100"
-    )
-    p2.add_argument("--variants", nargs="+", default=[next(iter(ALG2_VARIANTS))])
-    p2.add_argument("--epsilon", type=float, default=0.405)
-    p2.add_argument("--tau", type=float, default=0.006)
-    pa = sub.add_parser("amplification", help="Algorithm 3 against Algorithm 1, equal budget")
-    _common(pa)
-    pa.add_argument("--clients", default="0.01", help="K (fraction with a dot, else count)")
-    pa.add_argument("--elements", default="0.1", help="d (fraction with a dot, else count)")
-    pa.add_argument("--eta", type=float, default=0.1)
-    pa.add_argument("--surrogate", default="exact", choices=["exact", "sampled"])
-    pa.add_argument("--roundings", nargs="+", default=["pipage", "greedy"])
-    pr = sub.add_parser("report", help="redo tables and figures from the CSVs in --out")
-    pr.add_argument("--out", required=True)
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "alg2-curve":
-        unknown = set(args.variants) - set(ALG2_VARIANTS)
-        if unknown:
-            parser.error(f"unknown variants {sorted(unknown)}; known: {list(ALG2_VARIANTS)}")
         alg2_curve(args)
     elif args.command == "amplification":
         amplification(args)

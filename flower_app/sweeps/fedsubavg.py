@@ -52,12 +52,22 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.algorithms.fedsubavg import ALGORITHM_NAMES, WEIGHTINGS
+from flower_app.algorithms.fedsubavg.core import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import direct_run
 from flower_app.settings import SETTINGS, help_text
+from flower_app.sweeps import runnable_datasets
 
-__all__ = ["SETUPS", "PaperSetup", "first_round_at", "main", "rounds_to_target", "setup_of"]
+__all__ = [
+    "DATASETS_RUN",
+    "SETUPS",
+    "PaperSetup",
+    "build_parser",
+    "first_round_at",
+    "main",
+    "rounds_to_target",
+    "setup_of",
+]
 
 LABELS = {
     "central-sgd": "CentralSGD",
@@ -249,6 +259,63 @@ def _fmt_rounds(values: list[int | None], horizon: int) -> str:
     return f"{np.mean(values):.1f}"
 
 
+#: datasets the sweep runs: FedSubAvg's, but not your own table (no --data-file here)
+DATASETS_RUN = runnable_datasets("fedsubavg")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of ``run_sim.py fedsubavg``."""
+    p = argparse.ArgumentParser(
+        prog="run_sim.py fedsubavg",
+        description="FedSubAvg and the submodel baselines (CentralSGD, FedAvg, FedProx, "
+        "FedAdam, SCAFFOLD) with the paper's settings, on the direct engine: every "
+        "algorithm x K x seed x weighting, then curves.csv, rounds.csv (rounds to the "
+        "target), table.md (Tables 2-3 beside the paper's), fig3/fig4 PNGs and "
+        "summary.json in --out. Runs that already have a summary.json are read, not rerun.",
+    )
+    p.add_argument("--dataset", default="movielens-rating", choices=DATASETS_RUN,
+                   help=help_text("dataset") + " (default: movielens-rating)")  # fmt: skip
+    p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    p.add_argument("--data-seed", type=int, default=0, help=help_text("data-seed"))
+    p.add_argument("--num-users", type=int, default=0,
+                   help="users (clients) of a synthetic stand-in (0 = its default)")  # fmt: skip
+    p.add_argument("--num-movies", type=int, default=0,
+                   help="movies of synthetic-movielens-rating (0 = its default)")  # fmt: skip
+    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHM_NAMES),
+                   choices=ALGORITHM_NAMES, metavar="ALGORITHM",
+                   help="algorithms run at --target-k: " + ", ".join(ALGORITHM_NAMES)
+                   + " (default: all)")  # fmt: skip
+    p.add_argument("--clients", nargs="+", type=int, default=None,
+                   help="K values (default: the paper's K of the task)")  # fmt: skip
+    p.add_argument(
+        "--k-algorithms",
+        nargs="+",
+        default=["fedsubavg"],
+        choices=ALGORITHM_NAMES,
+        metavar="ALGORITHM",
+        help="algorithms run at the K values other than --target-k (Table 3; default: "
+        "fedsubavg)",
+    )
+    p.add_argument(
+        "--target-k", type=int, default=None,
+        help="K whose CentralSGD run sets the target loss (default: the paper's K)",
+    )  # fmt: skip
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=None, help="default: the paper's horizon")
+    p.add_argument("--eval-every", type=int, default=1, help="evaluate every E rounds")
+    p.add_argument("--embedding-init", default="random",
+                   choices=SETTINGS["fsa-embedding-init"].choices,
+                   help=help_text("fsa-embedding-init"))  # fmt: skip
+    p.add_argument("--weightings", nargs="+", default=None, choices=WEIGHTINGS,
+                   help="default: the paper's (samples for Sent140 and Amazon)")  # fmt: skip
+    p.add_argument("--out", default="benchmarks/results/fedsubavg",
+                   help="results folder (default: benchmarks/results/fedsubavg)")  # fmt: skip
+    p.add_argument("--rerun", action="store_true", help="run again runs that have a summary")
+    p.add_argument("--progress", action="store_true", help="a progress bar per run")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep and write the tables and figures (see the module docstring).
 
@@ -262,34 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         Exit status 0.
     """
-    p = argparse.ArgumentParser(prog="fedsubavg-sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default="movielens-rating")
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
-    p.add_argument("--num-movies", type=int, default=0, help="synthetic stand-in only")
-    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHM_NAMES))
-    p.add_argument("--clients", nargs="+", type=int, default=None,
-                   help="K values (default: the paper's K of the task)")  # fmt: skip
-    p.add_argument(
-        "--k-algorithms",
-        nargs="+",
-        default=["fedsubavg"],
-        help="algorithms run at the K values other than --target-k (Table 3)",
-    )
-    p.add_argument("--target-k", type=int, default=None, help="default: the paper's K")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=None, help="default: the paper's horizon")
-    p.add_argument("--eval-every", type=int, default=1, help="evaluate every E rounds")
-    p.add_argument("--embedding-init", default="random",
-                   choices=SETTINGS["fsa-embedding-init"].choices,
-                   help=help_text("fsa-embedding-init"))  # fmt: skip
-    p.add_argument("--weightings", nargs="+", default=None, choices=WEIGHTINGS,
-                   help="default: the paper's (samples for Sent140 and Amazon)")  # fmt: skip
-    p.add_argument("--out", default="benchmarks/results/fedsubavg")
-    p.add_argument("--rerun", action="store_true", help="run again runs that have a summary")
-    p.add_argument("--progress", action="store_true")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup = setup_of(args.dataset)
     if args.target_k is None:  # the paper's K, unless --clients leaves it out
         args.target_k = setup.k if not args.clients or setup.k in args.clients else args.clients[0]

@@ -1,4 +1,4 @@
-"""MaxFL reproductions and sensitivity sweeps on the direct engine (hook for ``run_sim.py``).
+"""MaxFL reproductions and sensitivity sweeps on the direct engine (``run_sim.py maxfl``).
 
 ``main(argv)`` runs every combination of ``--algorithms`` × ``--seeds`` × the ``--grid``
 overrides for one ``--setting`` (the paper's Table 1, Table 2/3, Table 4 or a custom one),
@@ -43,10 +43,13 @@ from typing import Any
 import numpy as np
 
 from flower_app.config import AppConfig, ConfigError
+from flower_app.registry import algorithms_of
+from flower_app.settings import help_text
 
 __all__ = [
     "SETTINGS",
     "RunRecord",
+    "build_parser",
     "collect_runs",
     "main",
     "parse_grid",
@@ -548,16 +551,54 @@ def report(out: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- command line
+#: what each --setting is, for the help
+SETTING_HELP = {
+    "table1": "Fashion-MNIST, Dirichlet alpha = 0.5, flexible participation after 10 "
+    "mandatory rounds, K = 5 (Table 1)",
+    "table2": "Fashion-MNIST, 5 clusters x 2 labels, every sampled client takes part, K = 5 "
+    "(Tables 2-3)",
+    "table4": "table1 with 20%% Byzantine seen clients (Table 4)",
+    "emnist": "EMNIST stand-in (synthetic-emnist), Dirichlet alpha = 0.05, flexible "
+    "participation, K = 10",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Return the sweep's argument parser."""
-    p = argparse.ArgumentParser(prog="maxfl-sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--setting", choices=sorted(SETTINGS), default="table1")
-    p.add_argument("--algorithms", nargs="+", default=["maxfl", "fedavg"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--grid", nargs="*", default=[], help="key=v1,v2 run_config overrides")
-    p.add_argument("--set", nargs="*", default=[], help="key=value fixed overrides")
-    p.add_argument("--data-dir", default="")
-    p.add_argument("--out", type=Path, required=True)
+    """Return the parser of ``run_sim.py maxfl``."""
+    p = argparse.ArgumentParser(
+        prog="run_sim.py maxfl",
+        description="MaxFL and its baselines in one of the paper's settings, for every "
+        "algorithm x seed x grid point, on the direct engine; then sweep.csv, table.md "
+        "(mean and std over seeds) and curves PNGs in --out. Runs that already have a "
+        "summary.json are kept, so the same command resumes an interrupted sweep. "
+        "'run_sim.py maxfl report --out DIR' only rebuilds the report.",
+    )
+    p.add_argument(
+        "--setting", choices=sorted(SETTINGS), default="table1",
+        help="the paper's setting (run_config overrides): "
+        + "; ".join(f"{k}: {v}" for k, v in SETTING_HELP.items()) + " (default: table1)",
+    )  # fmt: skip
+    algorithms = algorithms_of("maxfl")
+    p.add_argument(
+        "--algorithms", nargs="+", default=["maxfl", "fedavg"], choices=algorithms,
+        metavar="ALGORITHM",
+        help=f"algorithms to run: {', '.join(algorithms)} (default: maxfl fedavg)",
+    )  # fmt: skip
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+    p.add_argument(
+        "--grid", nargs="*", default=[], metavar="KEY=V1,V2",
+        help="run_config keys to sweep, each over its comma-separated values (every "
+        "combination is a grid point), e.g. maxfl-lr=0.01,0.05 maxfl-local-steps=10,50",
+    )  # fmt: skip
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE",
+        help="run_config keys fixed for every run, over the setting's (e.g. "
+        "maxfl-requirement=heldout, or dataset=fmnist)",
+    )  # fmt: skip
+    p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    p.add_argument("--out", type=Path, required=True,
+                   help="results folder (run folders in <out>/runs/)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (>= 1)")
     p.add_argument(
         "--report",

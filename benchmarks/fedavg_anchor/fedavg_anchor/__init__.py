@@ -1,0 +1,1 @@
+"""fedavg-anchor: Flower's quickstart-numpy FedAvg, timed per round."""

@@ -1,0 +1,423 @@
+"""Separate "devices" on one Linux machine: network namespaces and cgroup limits.
+
+The edge-device rehearsal (:mod:`flower_app.deploy.rehearsal`) gives the SuperLink and every
+SuperNode a device of its own:
+
+* a **network namespace** each (``ip netns``), linked by veth pairs to a bridge in the
+  SuperLink's namespace, with its own address in a private /24 (by default
+  ``10.231.<x>.0/24``, ``x`` from this process's id); a SuperNode reaches the SuperLink only
+  over that link, and its ClientApps reach it over the namespace's own loopback, so every
+  node can use Flower's default ports;
+* a **cgroup** each with a memory limit and a CPU quota (cgroup v2 ``memory.max`` /
+  ``cpu.max``, or the v1 ``memory`` and ``cpu`` controllers where the machine mounts those),
+  holding the SuperNode and everything it starts (superexec, ClientApps).
+
+Every namespace and cgroup is named ``fa-<pid>-...`` after the process that made it, and
+:meth:`Devices.close` removes exactly those (killing, by PID, any process still left in one
+of its cgroups). Both need root; :func:`probe` says what is available and why not, and the
+rehearsal then falls back to loopback and/or no limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "Cgroup",
+    "Devices",
+    "Host",
+    "IsolationError",
+    "Support",
+    "parse_memory",
+    "probe",
+]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: CPU quota period (µs) for cgroup ``cpu.max`` / ``cpu.cfs_period_us``
+CPU_PERIOD_US = 100_000
+
+
+class IsolationError(RuntimeError):
+    """A namespace or cgroup could not be made (the message says what and why)."""
+
+
+def parse_memory(text: str | int) -> int:
+    """Return bytes for ``"512M"``, ``"1G"``, ``"768MiB"``, ``"1048576"`` (or an int).
+
+    Raises
+    ------
+    ValueError
+        For anything else (the text is quoted).
+    """
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"memory {text!r}: expected e.g. 512M, 1G or a number of bytes")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    return int(float(match.group(1)) * scale[match.group(2).upper()])
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise IsolationError(f"{shlex.join(cmd)} failed: {(proc.stderr or proc.stdout).strip()}")
+
+
+# ----------------------------------------------------------------------------- cgroups
+def _own_v1_path(controller: str) -> str:
+    """Return this process's cgroup path in the v1 hierarchy holding ``controller``."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return "/"
+
+
+def _v1_dir(controller: str, root: Path) -> Path | None:
+    """Return the mount of a v1 controller (``cpu`` may be mounted as ``cpu,cpuacct``)."""
+    for candidate in (controller, f"{controller},cpuacct", f"cpuacct,{controller}"):
+        path = root / candidate
+        if path.is_dir() and (path / "cgroup.procs").exists():
+            return path
+    return None
+
+
+@dataclass
+class Cgroup:
+    """One limited cgroup: a memory limit and a CPU quota for a process and its children.
+
+    Use :meth:`create`; :meth:`enter_shell` is the shell snippet that moves the shell
+    running it (and so what it ``exec``\\ s) into the cgroup.
+
+    Attributes
+    ----------
+    name : str
+        ``fa-<pid>-<label>``.
+    dirs : list of pathlib.Path
+        The cgroup directories (one for v2; the memory and cpu ones for v1).
+    version : int
+        1 or 2.
+    memory, cpus : int, float
+        The limits (bytes; cores).
+    """
+
+    name: str
+    dirs: list[Path]
+    version: int
+    memory: int
+    cpus: float
+
+    @classmethod
+    def create(cls, name: str, memory: int, cpus: float, root: Path = CGROUP_ROOT) -> Cgroup:
+        """Make the cgroup ``name`` with ``memory`` bytes and ``cpus`` cores.
+
+        cgroup v2 (``root/cgroup.controllers`` lists memory and cpu): ``root/name`` with
+        ``memory.max``, ``memory.swap.max = 0`` and ``cpu.max``. cgroup v1: ``name`` under
+        this process's own memory and cpu cgroups, with ``memory.limit_in_bytes`` (and
+        ``memory.memsw.limit_in_bytes`` where swap accounting exists) and
+        ``cpu.cfs_quota_us``.
+
+        Raises
+        ------
+        IsolationError
+            If neither is usable here (the reason is in the message).
+        """
+        quota = max(1000, int(round(cpus * CPU_PERIOD_US)))
+        controllers = root / "cgroup.controllers"
+        if controllers.exists() and {"memory", "cpu"} <= set(controllers.read_text().split()):
+            path = root / name
+            try:
+                enabled = (root / "cgroup.subtree_control").read_text().split()
+                missing = [c for c in ("memory", "cpu") if c not in enabled]
+                if missing:
+                    (root / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
+                path.mkdir()
+                (path / "memory.max").write_text(str(memory))
+                with contextlib.suppress(OSError):
+                    (path / "memory.swap.max").write_text("0")
+                (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                raise IsolationError(f"cgroup v2 {path}: {err}") from err
+            return cls(name, [path], 2, memory, cpus)
+        mem_root, cpu_root = _v1_dir("memory", root), _v1_dir("cpu", root)
+        if mem_root is None or cpu_root is None:
+            raise IsolationError(
+                f"no cgroup v2 with memory and cpu controllers at {root} and no v1 memory and "
+                "cpu hierarchies: memory and CPU limits are not available here"
+            )
+        mem = mem_root / _own_v1_path("memory").lstrip("/") / name
+        cpu = cpu_root / _own_v1_path("cpu").lstrip("/") / name
+        made: list[Path] = []
+        try:
+            for path in (mem, cpu):
+                path.mkdir()
+                made.append(path)
+            (mem / "memory.limit_in_bytes").write_text(str(memory))
+            with contextlib.suppress(OSError):
+                (mem / "memory.memsw.limit_in_bytes").write_text(str(memory))
+            (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+        except OSError as err:
+            for path in reversed(made):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            raise IsolationError(f"cgroup v1 {mem} / {cpu}: {err}") from err
+        return cls(name, [mem, cpu], 1, memory, cpus)
+
+    def enter_shell(self) -> str:
+        """Return ``echo $$ > .../cgroup.procs`` for every directory of the cgroup."""
+        return " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
+
+    def pids(self) -> list[int]:
+        """Return the processes in the cgroup now."""
+        found: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                found |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
+        return sorted(found)
+
+    def _memory_file(self, v1: str, v2: str) -> Path:
+        return self.dirs[0] / (v2 if self.version == 2 else v1)
+
+    def usage(self) -> int:
+        """Return the memory charged to the cgroup now (bytes, page cache included)."""
+        path = self._memory_file("memory.usage_in_bytes", "memory.current")
+        with contextlib.suppress(OSError, ValueError):
+            return int(path.read_text().split()[0])
+        return 0
+
+    def peak(self) -> int:
+        """Return the cgroup's peak memory charge so far (bytes, page cache included)."""
+        path = self._memory_file("memory.max_usage_in_bytes", "memory.peak")
+        with contextlib.suppress(OSError, ValueError):
+            return int(path.read_text().split()[0])
+        return 0
+
+    def set_cpus(self, cpus: float) -> None:
+        """Change the CPU quota (cores) of the running cgroup."""
+        quota = max(1000, int(round(cpus * CPU_PERIOD_US)))
+        if self.version == 2:
+            (self.dirs[0] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (self.dirs[1] / "cpu.cfs_quota_us").write_text(str(quota))
+        self.cpus = cpus
+
+    def reset_peak(self) -> None:
+        """Start :meth:`peak` over from the current usage (where the kernel allows it)."""
+        path = self._memory_file("memory.max_usage_in_bytes", "memory.peak")
+        with contextlib.suppress(OSError):
+            path.write_text("0")
+
+    def oom_kills(self) -> int:
+        """Return how many processes the kernel killed for exceeding the memory limit."""
+        path = self._memory_file("memory.oom_control", "memory.events")
+        with contextlib.suppress(OSError, ValueError):
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
+    def remove(self, timeout: float = 20.0) -> None:
+        """SIGKILL every process left in the cgroup (by PID), then remove it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.pids()
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                for d in self.dirs:
+                    if d.exists():
+                        d.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- hosts
+@dataclass
+class Host:
+    """Where a process runs: an address, a command prefix (namespace) and a cgroup.
+
+    Attributes
+    ----------
+    address : str
+        The host's address as others reach it (``127.0.0.1`` on loopback).
+    prefix : list of str
+        Put before a command to run it there (``ip netns exec NS``; empty on loopback).
+    cgroup : Cgroup or None
+        Memory and CPU limits of the host's processes.
+    label : str
+        Name for logs and reports.
+    """
+
+    address: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)
+    cgroup: Cgroup | None = None
+    label: str = "loopback"
+
+    @property
+    def namespaced(self) -> bool:
+        """True when the host is a network namespace of its own."""
+        return bool(self.prefix)
+
+    def command(self, cmd: list[str]) -> list[str]:
+        """Return ``cmd`` wrapped to run on this host (in its namespace and cgroup).
+
+        The wrapper is a shell that moves itself into the cgroup and then ``exec``\\ s the
+        namespace prefix and the command, so the process keeps the shell's PID (the leader
+        of the process group the caller made).
+        """
+        full = [*self.prefix, *cmd]
+        if self.cgroup is None:
+            return full
+        return ["/bin/sh", "-c", f'{self.cgroup.enter_shell()} && exec "$@"', "sh", *full]
+
+
+# ----------------------------------------------------------------------------- probe
+@dataclass(frozen=True)
+class Support:
+    """What this machine offers the rehearsal.
+
+    Attributes
+    ----------
+    namespaces : bool
+        Network namespaces and veth pairs can be made.
+    cgroups : bool
+        Memory and CPU limits can be set.
+    why_not : list of str
+        A sentence per missing piece.
+    """
+
+    namespaces: bool
+    cgroups: bool
+    why_not: list[str]
+
+
+def probe(tag: str | None = None) -> Support:
+    """Try a throwaway namespace, veth pair and cgroup; say what works.
+
+    Parameters
+    ----------
+    tag : str, optional
+        Name stem (default ``fa-<pid>-probe``).
+    """
+    tag = tag or f"fa-{os.getpid()}-probe"
+    why: list[str] = []
+    namespaces = False
+    if os.geteuid() != 0:
+        why.append(f"network namespaces need root (running as uid {os.geteuid()})")
+    else:
+        try:
+            _run(["ip", "netns", "add", tag])
+            try:
+                _run(["ip", "-n", tag, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
+                namespaces = True
+            finally:
+                _run(["ip", "netns", "del", tag])
+        except (IsolationError, FileNotFoundError, subprocess.TimeoutExpired) as err:
+            why.append(f"network namespaces unavailable: {err}")
+    cgroups = False
+    try:
+        Cgroup.create(tag, 64 << 20, 0.5).remove()
+        cgroups = True
+    except (IsolationError, OSError) as err:
+        why.append(f"cgroup limits unavailable: {err}")
+    return Support(namespaces, cgroups, why)
+
+
+# ----------------------------------------------------------------------------- devices
+class Devices:
+    """A SuperLink namespace with a bridge, and one namespace (and cgroup) per device.
+
+    Parameters
+    ----------
+    tag : str, optional
+        Name stem of every namespace and cgroup (default ``fa-<pid>``).
+    subnet : str, optional
+        The first three octets of the private /24 (default ``10.231.<20 + pid % 200>``).
+        The SuperLink is ``.1``, device ``i`` is ``.(10 + i)``.
+    namespaces : bool, optional
+        False: every host is loopback (only cgroups, if any, are made).
+    """
+
+    def __init__(
+        self, tag: str | None = None, subnet: str | None = None, namespaces: bool = True
+    ) -> None:
+        pid = os.getpid()
+        self.tag = tag or f"fa-{pid}"
+        self.subnet = subnet or f"10.231.{20 + pid % 200}"
+        self.namespaces = namespaces
+        self._netns: list[str] = []
+        self._cgroups: list[Cgroup] = []
+        self.link: Host = Host(label="superlink")
+        if namespaces:
+            ns = f"{self.tag}-link"
+            self._add_ns(ns)
+            _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.subnet}.1/24", "dev", "br0"])
+            _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+            self.link = Host(f"{self.subnet}.1", ["ip", "netns", "exec", ns], None, "superlink")
+
+    def _add_ns(self, name: str) -> None:
+        _run(["ip", "netns", "add", name])
+        self._netns.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+    def device(self, index: int, memory: int | None, cpus: float | None) -> Host:
+        """Make device ``index``: its namespace, linked to the SuperLink's, and its cgroup.
+
+        ``memory``/``cpus`` None: no cgroup.
+        """
+        label = f"node{index}"
+        cgroup = None
+        if memory is not None and cpus is not None:
+            cgroup = Cgroup.create(f"{self.tag}-{label}", memory, cpus)
+            self._cgroups.append(cgroup)
+        if not self.namespaces:
+            return Host("127.0.0.1", [], cgroup, label)
+        ns, link = f"{self.tag}-{label}", f"{self.tag}-link"
+        self._add_ns(ns)
+        veth = f"veth{index}"
+        _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", veth,
+              "netns", link])  # fmt: skip
+        _run(["ip", "-n", link, "link", "set", veth, "master", "br0"])
+        _run(["ip", "-n", link, "link", "set", veth, "up"])
+        address = f"{self.subnet}.{10 + index}"
+        _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        return Host(address, ["ip", "netns", "exec", ns], cgroup, label)
+
+    def cgroups(self) -> list[Cgroup]:
+        """Return the cgroups made so far."""
+        return list(self._cgroups)
+
+    def close(self) -> None:
+        """Remove every cgroup (killing what is left in it) and namespace made here."""
+        errors = []
+        for cgroup in self._cgroups:
+            try:
+                cgroup.remove()
+            except OSError as err:
+                errors.append(f"cgroup {cgroup.name}: {err}")
+        self._cgroups.clear()
+        for ns in reversed(self._netns):
+            with contextlib.suppress(IsolationError):
+                _run(["ip", "netns", "del", ns])  # its veth ends go with it
+        self._netns.clear()
+        if errors:
+            raise IsolationError("; ".join(errors))
