@@ -206,8 +206,8 @@ def _table(results: list[dict[str, Any]]) -> str:
     head = (
         "| job | nodes | SecAgg | rounds | bytes up / round | bytes down / round | "
         "messages / round | round time (median) | SecAgg keys (round 1) / unmask | time × | "
-        "same result |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "same result | load avg (1 min) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in results:
@@ -225,8 +225,15 @@ def _table(results: list[dict[str, Any]]) -> str:
                 if r["secure-aggregation"]
                 else "- | 1.0 | - |"
             )
+            + f" {_load_range(r)} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def _load_range(result: dict[str, Any]) -> str:
+    """The 1-minute load average over a configuration's runs (at start and end), min-max."""
+    loads = [x for pair in result.get("load-average-1min", []) for x in pair]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
 
 
 if __name__ == "__main__":
