@@ -203,13 +203,23 @@ class AppConfig:
         found = combination_problems(values)
         if found:
             raise ConfigError("\n".join(found))
-        return cls(**common, extra=extra)
+        out = cls(**common, extra=extra)
+        try:
+            out.secure  # noqa: B018 - the settings' own checks, before Flower starts
+        except ValueError as err:
+            raise ConfigError(f"run_config secure aggregation (secagg-*): {err}") from err
+        return out
 
     @classmethod
     def problems(cls, cfg: Mapping[str, Any]) -> list[str]:
         """Return every problem :meth:`from_run_config` would raise, one line each."""
-        found = problems(cfg)
-        return found or combination_problems(parse(cfg))
+        found = problems(cfg) or combination_problems(parse(cfg))
+        if not found:
+            try:
+                cls.from_run_config(cfg)
+            except ConfigError as err:  # the secure-aggregation settings' own checks
+                found = str(err).splitlines()
+        return found
 
     @property
     def secure(self) -> SecureAggregation | None:

@@ -94,15 +94,19 @@ def test_nodes_are_separate_limited_devices_and_the_run_matches_direct(synthetic
 
 def test_secure_aggregation_on_the_rehearsal_matches_direct(synthetic, tmp_path) -> None:
     """SecAgg+ over the rehearsal's nodes (each message a fresh ClientApp process: the
-    protocol's state lives in the node's Context between its four stages)."""
+    protocol's state — keys for the run, the session between collect and unmask — lives in
+    the node's Context): the plain run's set, every node in every sum, keys set up once, and
+    the protocol's cost recorded per round."""
     run = synthetic.federation.run({**FEDSM, "secure-aggregation": True}, timeout=900)
     assert run.status == "finished:completed", run.output + run.details
     assert run.summary["selected"] == _direct(tmp_path, FEDSM)["selected"]
     metrics = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == FEDSM["k"]
-    for row in metrics:
-        assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 2
-        assert row["secagg-messages"] == 8 * row["nodes"] and row["secagg-bytes-up"] > 0
+    for t, row in enumerate(metrics):
+        assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 3
+        assert row["secagg-sessions"] == 1 and row["secagg-bytes-up"] > 0
+        setup = row["nodes"] if t == 0 else 0  # keys once per run
+        assert row["secagg-messages"] == 2 * (setup + row["nodes"] + row["secagg-unmask-nodes"])
 
 
 def test_supernode_with_unregistered_key_is_refused(synthetic) -> None:

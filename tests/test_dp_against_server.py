@@ -383,8 +383,11 @@ def test_dropouts_raise_epsilon_by_the_noise_that_did_not_arrive() -> None:
 
 def test_a_node_that_drops_out_is_charged_in_the_flower_run(tmp_path) -> None:
     """MaxFL on 5 in-process nodes under secure aggregation, one node failing every train
-    message: each round's ε is computed for the clients whose noise arrived."""
-    cfg = {**MAXFL, "num-users": 10, "clients-per-round": 6, "maxfl-rounds": 3,
+    message: each round's ε is computed for the clients whose noise arrived. (10 seen
+    clients and no unseen ones, 2 per node, 8 sampled: they sit on at least 4 nodes, so the
+    3 nodes a secure sum needs remain when one fails.)"""
+    cfg = {**MAXFL, "num-users": 10, "maxfl-unseen-users": 0, "clients-per-round": 8,
+           "maxfl-rounds": 3,
            "output-dir": str(tmp_path), "run-name": "drop"}  # fmt: skip
     grid = LocalGrid(5, cfg)
     failing = grid.node_ids[1]

@@ -97,9 +97,20 @@ def test_settings_plan_shares_and_threshold() -> None:
     assert SecureAggregation().plan(10) == (9, 5)  # 2⌈log2 10⌉ + 1
     assert SecureAggregation().plan(100) == (15, 8)
     assert SecureAggregation().plan(5) == (5, 3)
-    assert SecureAggregation(num_shares=1.0).plan(10) == (10, 5)
+    # the threshold is a strict majority of the neighbourhood, also at even sizes
+    assert SecureAggregation(num_shares=1.0).plan(10) == (10, 6)
+    assert SecureAggregation().plan(4) == (4, 3)
+    assert SecureAggregation().plan(6) == (6, 4)
+    assert SecureAggregation().plan(3) == (3, 2)
     assert SecureAggregation(num_shares=0.3).plan(100) == (31, 16)
     assert SecureAggregation(num_shares=4, reconstruction_threshold=3).plan(100) == (5, 3)
+    assert SecureAggregation(reconstruction_threshold=1.0).plan(10) == (9, 9)
+    with pytest.raises(ValueError, match="strict majority, at least 5"):
+        SecureAggregation(reconstruction_threshold=4).plan(10)
+    with pytest.raises(ValueError, match="strict majority"):
+        SecureAggregation(reconstruction_threshold=0.4)
+    with pytest.raises(ValueError, match="needs >= 3 nodes"):
+        SecureAggregation(min_nodes=2)
     with pytest.raises(ValueError, match="frac_bits"):
         SecureAggregation(frac_bits=60)
     with pytest.raises(ValueError, match="fraction must be in"):
@@ -216,7 +227,13 @@ def test_secure_fedsm_selects_the_same_set_from_exactly_the_same_sums() -> None:
         assert np.array_equal(summed[-1], np.sum(list(by_node.values()), axis=0))  # exact
     rows = [r for r in secure.history if r["server-round"] >= 1]
     assert all(r["secagg-nodes"] == NODES and r["bad-replies"] == 0 for r in rows)
-    assert all(r["secagg-messages"] == 8 * NODES for r in rows)  # 4 stages, out and back
+    assert all(r["secagg-sessions"] == 1 and r["secagg-unmask-rejected"] == 0 for r in rows)
+    # keys are set up once, in the first round; every round: collect, and unmask from the
+    # three nodes that give every seed (5 of 5 neighbours, threshold 3: their own seeds,
+    # three shares of each other one)
+    assert all(r["secagg-unmask-nodes"] == 3 for r in rows)
+    assert rows[0]["secagg-messages"] == 2 * (NODES + NODES + 3)  # setup, collect, unmask
+    assert all(r["secagg-messages"] == 2 * (NODES + 3) for r in rows[1:])
     assert all(r["bytes-up"] == r["secagg-bytes-up"] > 0 for r in rows)
 
 
@@ -226,7 +243,7 @@ def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> No
     assert reports
     # every reply of the rounds (discovery's cohort sizes are not replies to sum)
     train_replies = [m for m in grid.received if m.metadata.message_type == "train"]
-    assert len(train_replies) == 4 * NODES * K
+    assert len(train_replies) == NODES + K * (NODES + 3)  # setup once; collect, unmask
     for msg in train_replies:
         # nothing but the masked vector travels as an array, and it is uint64
         for name, rec in msg.content.array_records.items():
@@ -240,8 +257,8 @@ def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> No
             assert nz.tobytes() not in blob
         # metrics: only the public ones, in the clear
         for rec in msg.content.config_records.values():
-            assert set(rec) <= {"pk1", "pk2", "destinations", "ciphertexts", "layout",
-                                "nodes", "shares", "num-elements"}  # fmt: skip
+            assert set(rec) <= {"pk", "destinations", "ciphertexts", "commitment", "layout",
+                                "nodes", "shares", "seed", "num-elements"}  # fmt: skip
     # while the plain run's replies hold the reports themselves
     assert any(
         r.tobytes() in _payload_bytes(m) or r[r != 0].tobytes() in _payload_bytes(m)
@@ -260,9 +277,9 @@ def test_a_node_dropping_out_mid_protocol_still_gives_the_right_sum(stage, how) 
     for t, (by_node, summed, row) in enumerate(
         zip(plain.decoded, secure.decoded, rows, strict=True)
     ):
-        if stage == "collect":  # its vector never came: the others' sum, its masks removed
+        if stage == "collect":  # its vector never came: the session is rerun without it
             expected = sum(v for n, v in by_node.items() if n != victim)
-            assert row["secagg-nodes"] == NODES - 1
+            assert row["secagg-nodes"] == NODES - 1 and row["secagg-sessions"] == 2
             assert [f["node-id"] for f in row["failed-nodes"]] == [victim]
             assert row["users-missing"] == row["failed-nodes"][0]["users"] > 0
             assert row["users"] + row["users-missing"] == 24
@@ -274,6 +291,7 @@ def test_a_node_dropping_out_mid_protocol_still_gives_the_right_sum(stage, how) 
         else:  # its vector came; its private mask is rebuilt from the others' shares
             expected = sum(by_node.values())
             assert row["secagg-nodes"] == NODES and "failed-nodes" not in row
+            assert row["secagg-unmask-rejected"] == 1 and row["secagg-sessions"] == 1
             assert np.array_equal(summed[-1], expected)
     if stage == "unmask":
         assert secure.run.selected == plain.run.selected
@@ -281,10 +299,18 @@ def test_a_node_dropping_out_mid_protocol_still_gives_the_right_sum(stage, how) 
 
 def test_too_many_dropouts_fail_the_round_loudly() -> None:
     ratings = _ratings()
+    # every share needed (threshold 4 of 4): a node lost while unmasking leaves its
+    # neighbours' seeds one share short
+    grid = Wiretap(4, {}, app=_cohort_app(ratings))
+    grid.fail = {(1001, "unmask"): "lost"}
+    strategy = _cohort_strategy(secure_aggregation=SecureAggregation(reconstruction_threshold=4))
+    with pytest.raises(AllRepliesRejectedError, match="than the threshold 4"):
+        _run(strategy, grid)
+    # a dropout in collect reruns the session without the node: 2 left, fewer than 3
     grid = Wiretap(3, {}, app=_cohort_app(ratings))
-    grid.fail = {(1000, "collect"): "error", (1001, "unmask"): "lost"}
-    strategy = _cohort_strategy(secure_aggregation=SecureAggregation(reconstruction_threshold=3))
-    with pytest.raises(AllRepliesRejectedError, match="fewer than the threshold 3"):
+    grid.fail = {(1000, "collect"): "error"}
+    strategy = _cohort_strategy(secure_aggregation=SecureAggregation())
+    with pytest.raises(AllRepliesRejectedError, match="2 nodes left after dropouts, fewer than 3"):
         _run(strategy, grid)
 
 
@@ -361,9 +387,14 @@ def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_
     assert config["secure-aggregation"] is True and config["secagg-num-shares"] == 3
     rows = [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4
-    for row in rows:
+    for t, row in enumerate(rows):
         assert row["secagg-nodes"] == 6 and row["bad-replies"] == 0
-        assert row["secagg-messages"] == 48 and row["secagg-bytes-up"] == row["bytes-up"] > 0
+        # keys once per run (6 setups in round 1); each round collect (6) and unmask (k = 3,
+        # t = 2: a node not asked needs both its ring neighbours asked, so at least 3)
+        unmask = row["secagg-unmask-nodes"]
+        assert 3 <= unmask <= 6
+        assert row["secagg-messages"] == 2 * ((6 if t == 0 else 0) + 6 + unmask)
+        assert row["secagg-bytes-up"] == row["bytes-up"] > 0
     cfg = AppConfig.from_run_config({**small, "output-dir": str(tmp_path), "run-name": "d"})
     assert run.summary["selected"] == run_direct(cfg)["selected"]
 
@@ -376,6 +407,10 @@ def test_secure_aggregation_is_refused_for_families_without_it() -> None:
                                    "dataset": "synthetic-movielens-rating"})  # fmt: skip
     assert AppConfig.from_run_config({"secure-aggregation": True}).secure == SecureAggregation()
     assert AppConfig.from_run_config({}).secure is None
+    # a threshold below the strict majority the nodes demand: refused before Flower starts
+    with pytest.raises(ConfigError, match="secagg.*strict majority"):
+        AppConfig.from_run_config({"secure-aggregation": True,
+                                   "secagg-reconstruction-threshold": 0.3})  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- MaxFL
@@ -601,3 +636,32 @@ def test_every_runner_honours_secure_aggregation_in_run_config(tmp_path, run_con
     rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
     assert rows and all(r["secagg-nodes"] >= 2 for r in rows)
     assert json.loads((tmp_path / "r" / "config.json").read_text())["secure-aggregation"]
+
+
+@pytest.mark.parametrize(
+    "run_config",
+    [
+        {"algorithm": "fedsm", "num-users": 40, "num-elements": 30, "k": 2},
+        {"algorithm": "fedcg", "num-users": 40, "num-elements": 30, "k": 2, "fedcg-rounds": 2},
+        {**MAXFL_SMALL, "maxfl-rounds": 2, "maxfl-solo-steps": 5, "maxfl-local-steps": 2},
+        {"algorithm": "fedsubavg", "dataset": "synthetic-movielens-rating", "num-users": 30,
+         "num-elements": 20, "fsa-rounds": 2},
+    ],
+    ids=lambda c: c["algorithm"],
+)  # fmt: skip
+def test_cohort_rounds_with_users_on_one_node_are_summed_with_idle_nodes(tmp_path, run_config):
+    """One sampled user per round sits on one node: the other nodes join with no users
+    (zero replies) so the round is a secure sum of 3 nodes instead of a refused one."""
+    import json
+
+    from flower_app.config import AppConfig
+    from flower_app.registry import load_runner
+
+    full = {**run_config, "clients-per-round": 1, "secure-aggregation": True,
+            "output-dir": str(tmp_path), "run-name": "r", "seed": 3}  # fmt: skip
+    cfg = AppConfig.from_run_config(full)
+    load_runner(cfg.algorithm).server_run(LocalGrid(3, full), cfg)
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
+    assert rows and all(r["secagg-nodes"] == 3 and r["bad-replies"] == 0 for r in rows)
+    assert all(r.get("users", r.get("clients")) == 1 for r in rows)

@@ -330,7 +330,12 @@ class LearningClient(NumPyClient):
             losses.append(res.loss)
             met.append(int(res.met))
             h_sum += res.h
-        assert sums is not None, "fit needs at least one client"
+        if sums is None:
+            if not config.get("secure-aggregation"):
+                raise ValueError("fit needs at least one client")
+            # a node with no sampled user in a secure round (it only makes the sum possible):
+            # zeros of the reply's shapes
+            sums = [np.zeros(w.shape, np.float64) for w in weights] * self.rule.copies
         if dp is not None:  # Σ (q_k C + noise) / C; no loss: it is not privatised
             return sums, len(users), {"q-sum": q_terms / dp.clip, "h-sum": 0.0}
         if config.get("secure-aggregation"):  # only sums: the server sees Σ over all nodes

@@ -16,21 +16,28 @@ client checks ``|v| · 2^f < 2^63 / n`` for its own entries (n = clients in the 
 refuses to encode otherwise, naming the entry.
 
 Masks are streams of uniform ``uint64`` from AES-256 in counter mode (the ``cryptography``
-package Flower depends on), keyed by SHA-256 of the secret: a node's private seed or a
-pair's shared key. Flower's own ``pseudo_rand_gen`` seeds a 32-bit ``RandomState`` (2^32
-keys, which an observer can search) and draws below a modulus < 2^63, so it is not used.
+package Flower depends on), keyed by HKDF-SHA256 of the secret (a node's self-mask seed or a
+pair's shared key) with a label that names the mask's kind and session: one pairwise key
+gives an independent mask for every session, and a mask of one session tells nothing about
+another's (HKDF as a pseudo-random function). Flower's own ``pseudo_rand_gen`` seeds a
+32-bit ``RandomState`` (2^32 keys, which an observer can search) and draws below a modulus
+< 2^63, so it is not used.
+
+Integer entries must lie in the signed 64-bit range the sum is decoded in: an unsigned
+entry ≥ 2^63 (or a Python int beyond int64) is refused by name, never wrapped.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 __all__ = [
     "Entry",
@@ -40,25 +47,30 @@ __all__ = [
     "mask_stream",
 ]
 
-_MASK_CONTEXT = b"flower_app secure aggregation mask v1"
+_MASK_CONTEXT = b"flower_app secure aggregation mask v2|"
 
 
-def mask_stream(secret: bytes, size: int) -> np.ndarray:
+def mask_stream(secret: bytes, size: int, label: bytes = b"") -> np.ndarray:
     """Return ``size`` uniform uint64 values derived from ``secret`` (AES-256-CTR).
 
     Parameters
     ----------
     secret : bytes
-        A node's private seed or a shared pairwise key (any length).
+        A node's self-mask seed or a shared pairwise key (any length).
     size : int
         Number of values.
+    label : bytes, optional
+        What the mask is for (e.g. ``b"pair|<session>"``): the AES key is
+        HKDF-SHA256(secret, info = context + label), so each label gives an independent
+        stream from the same secret.
 
     Returns
     -------
     numpy.ndarray
-        uint64 (size,), the same for the same secret on every machine.
+        uint64 (size,), the same for the same secret and label on every machine.
     """
-    key = hashlib.sha256(_MASK_CONTEXT + secret).digest()
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+               info=_MASK_CONTEXT + bytes(label)).derive(bytes(secret))  # fmt: skip
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
     return np.frombuffer(encryptor.update(bytes(8 * int(size))), dtype="<u8").astype(np.uint64)
 
@@ -131,21 +143,24 @@ def layout_of(content: RecordDict, public: Iterable[str] = ()) -> list[tuple[Ent
     ValueError
         If the reply holds a ConfigRecord (which cannot be summed) or a non-numeric array.
     """
-    if len(content.config_records):
+    # one pass over the records (RecordDict's typed views copy the dict on every access)
+    records = dict(content.items())
+    configs = sorted(n for n, r in records.items() if isinstance(r, ConfigRecord))
+    if configs:
         raise ValueError(
             f"secure aggregation sums arrays and metrics; the reply has ConfigRecord(s) "
-            f"{sorted(content.config_records)}, which cannot be summed"
+            f"{configs}, which cannot be summed"
         )
     public = set(public)
     out: list[tuple[Entry, np.ndarray]] = []
-    for name in sorted(content.array_records):
-        for key, array in content.array_records[name].items():
+    for name in sorted(n for n, r in records.items() if isinstance(r, ArrayRecord)):
+        for key, array in records[name].items():
             a = array.numpy()
             if a.dtype.kind not in "biuf":
                 raise ValueError(f"array '{name}/{key}' has dtype {a.dtype}: not a number")
             out.append((Entry("array", name, key, a.dtype.kind == "f", tuple(a.shape)), a))
-    for name in sorted(content.metric_records):
-        for key, value in content.metric_records[name].items():
+    for name in sorted(n for n, r in records.items() if isinstance(r, MetricRecord)):
+        for key, value in records[name].items():
             if name == "metrics" and key in public:
                 continue
             out.append(_metric_entry(name, key, value))
@@ -169,7 +184,9 @@ def encode_reply(
     Raises
     ------
     ValueError
-        A non-finite value, or one too large to be summed over ``clients`` clients.
+        A non-finite value, an integer outside the signed 64-bit range (e.g. a uint64
+        ≥ 2^63), or a value too large to be summed over ``clients`` clients; the message
+        names the entry.
     """
     limit = float(2**63) / max(int(clients), 1)
     parts = []
@@ -189,13 +206,34 @@ def encode_reply(
                 )
             parts.append(scaled.astype(np.int64).view(np.uint64))
         else:
-            ints = flat.astype(np.int64)
-            if ints.size and float(np.max(np.abs(ints.astype(np.float64)))) >= limit:
-                raise ValueError(f"secure aggregation: {where} is too large to sum")
-            parts.append(ints.view(np.uint64))
+            parts.append(_encode_integers(flat, where, clients).view(np.uint64))
     if not parts:
         return np.zeros(0, np.uint64)
     return np.concatenate(parts)
+
+
+def _encode_integers(flat: np.ndarray, where: str, clients: int) -> np.ndarray:
+    """Return integer entries as int64, refusing (never wrapping) what does not fit."""
+    bound = (2**63 - 1) // max(int(clients), 1)  # n values of at most this sum in int64
+    if flat.size == 0:
+        return np.zeros(0, np.int64)
+    if flat.dtype.kind == "O":  # Python ints too large for any numpy integer type
+        values = [int(v) for v in flat]
+        lo, hi = min(values), max(values)
+    else:
+        lo, hi = int(flat.min()), int(flat.max())
+    if lo < -(2**63) or hi >= 2**63:
+        raise ValueError(
+            f"secure aggregation: {where} holds {hi if hi >= 2**63 else lo}, outside the "
+            "signed 64-bit range the sum is decoded in (it would wrap): send it as int64 "
+            "or as a real"
+        )
+    if max(hi, -lo) > bound:
+        raise ValueError(
+            f"secure aggregation: {where} holds {hi if hi > bound else lo}, too large to "
+            f"sum {clients} clients in 64 bits (at most {bound} in absolute value)"
+        )
+    return flat.astype(np.int64)
 
 
 def decode_sum(

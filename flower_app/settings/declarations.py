@@ -149,13 +149,16 @@ _DECLARED = (
     ),
     Setting(
         "secagg-num-shares", "int", 0, _COMMON,
-        "secure aggregation: neighbours each node shares its secrets with, itself included "
-        "(0 = 2*ceil(log2 n)+1, SecAgg+; n or more = every node, SecAgg)", ge=0,
+        "secure aggregation: neighbours each node masks with and shares its seed with, "
+        "itself included (0 = 2*ceil(log2 n)+1, SecAgg+; n or more = every node, SecAgg; "
+        "at least 3)", ge=0,
     ),
     Setting(
         "secagg-reconstruction-threshold", "count", 0.5, _COMMON,
-        "secure aggregation: shares needed to rebuild a secret, a count or a fraction of "
-        "secagg-num-shares (dropouts tolerated: shares - threshold per neighbourhood)",
+        "secure aggregation: shares needed to rebuild a seed, a count or a fraction of "
+        "secagg-num-shares; always at least a strict majority (nodes refuse less: a count "
+        "below it fails, a fraction below 0.5 is refused); nodes failing while unmasking "
+        "tolerated: shares - threshold per neighbourhood",
     ),
     Setting(
         "secagg-frac-bits", "int", 24, _COMMON,

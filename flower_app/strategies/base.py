@@ -64,7 +64,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
+from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 
 __all__ = [
     "AllRepliesRejectedError",
@@ -761,6 +761,9 @@ class RoundStrategy(Strategy):
 
         The users of an offline node are recorded in the round's ``failed-nodes`` and
         ``users-missing`` (reason: offline) and count against ``min_reply_fraction``.
+        Under secure aggregation, when the users sit on fewer than ``min_nodes`` nodes,
+        other online nodes are added with no users (they reply zeros), so that the round
+        can be summed securely (e.g. K = 2 users on one node).
         """
         cohorts = self.cohorts  # type: ignore[attr-defined]
         groups = cohorts.group(users)
@@ -769,6 +772,17 @@ class RoundStrategy(Strategy):
                 int(groups.pop(node).size),
                 "node offline (left the SuperLink's node list; not sent)",
             )
+        if self.secure_aggregation is not None:
+            # a secure sum needs at least min_nodes nodes: when the sampled users sit on
+            # fewer, other online nodes take part with no users (their replies are zeros;
+            # the server learns the same sum over the sampled users)
+            least = int(self.secure_aggregation.min_nodes)
+            idle = [int(n) for n in cohorts.node_ids
+                    if int(n) not in groups and int(n) not in cohorts.offline]  # fmt: skip
+            for node in idle[: max(0, least - len(groups))]:
+                groups[node] = np.zeros(0, dtype=np.asarray(users).dtype)
+            order = {int(n): i for i, n in enumerate(cohorts.node_ids)}
+            groups = dict(sorted(groups.items(), key=lambda item: order[item[0]]))
         return groups
 
     def checkpoint_state(self) -> Any:
@@ -992,7 +1006,10 @@ class RoundStrategy(Strategy):
         assert self.secure_aggregation is not None
         context = f"round {server_round}"
         expected = {int(m.metadata.dst_node_id) for m in messages}
-        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg-{server_round}")
+        # the same neighbour ring every round for the same nodes: pairwise keys are derived
+        # once per pair and run (a ring reshuffled each round costs every node an ECDH per
+        # new neighbour per round)
+        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg")
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs),
             messages,
@@ -1001,6 +1018,7 @@ class RoundStrategy(Strategy):
             server_round,
             self.secure_public_metrics,
             self.secure_transform(),
+            keys=key_book(grid),
         )
         checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
         checked.missing = len(outcome.failed) - outcome.bad
@@ -1008,6 +1026,9 @@ class RoundStrategy(Strategy):
             log(WARNING, "%s: node %s left out: %s", context, node, reason)
             if checked.first_error is None:
                 checked.first_error = f"node {node}: {reason}"
+        for node, reason in sorted(outcome.unmask_rejected.items()):
+            log(WARNING, "%s: node %s's unmask reply left out (its reply is in the sum): %s",
+                context, node, reason)  # fmt: skip
         if outcome.content is not None and outcome.template is not None:
             self._summed_nodes = list(outcome.survivors)
             sender = self.merge_senders(outcome.survivors)
@@ -1030,6 +1051,7 @@ class RoundStrategy(Strategy):
         if metrics is not None:
             metrics["bad-replies"] = int(checked.left_out)
             metrics["secagg-nodes"] = len(outcome.survivors)
+            metrics["secagg-unmask-rejected"] = len(outcome.unmask_rejected)
             for key, value in outcome.cost.items():
                 metrics[key] = value
             if "secagg-bytes-up" in outcome.cost:  # what really went up, not the sum's size

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm.core import check_report, decode_report
-from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
+from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
     AllRepliesRejectedError,
@@ -264,6 +264,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         outcome = secure_sum(
             lambda m: self.send(grid, m), msgs, self.secure_aggregation,
             random.Random(f"{self.seed}-secagg-{action}"), 0, self.secure_public_metrics,
+            keys=key_book(grid),
         )  # fmt: skip
         self.protocol_bytes += int(outcome.cost.get("secagg-bytes-up", 0))
         self._summed_nodes = list(outcome.survivors)

@@ -58,7 +58,7 @@ from flower_app.algorithms.fedsubavg.named import (
     named_heat_from_counts,
     rows_key,
 )
-from flower_app.privacy.secagg_server import SecureAggregation, secure_sum
+from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 from flower_app.strategies.base import (
     SUMMED_SENDER,
     CheckedReplies,
@@ -474,6 +474,7 @@ class FedSubAvgStrategy(RoundStrategy):
             lambda msgs: self.send(grid, msgs), heat_messages(nodes, config),
             self.secure_aggregation, random.Random(f"{self.seed}-secagg-heat"), 0,
             transform={"name": "fedsubavg-heat", **self._sparse_rows_params()},
+            keys=key_book(grid),
         )  # fmt: skip
         if outcome.content is None:
             raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")
@@ -599,7 +600,7 @@ class FedSubAvgStrategy(RoundStrategy):
         ]
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs), messages, self.secure_aggregation,
-            random.Random(f"{self.seed}-secagg-heat"), 0,
+            random.Random(f"{self.seed}-secagg-heat"), 0, keys=key_book(grid),
         )  # fmt: skip
         if outcome.failed or outcome.content is None:
             raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")
