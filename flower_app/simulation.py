@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FlwrRun", "LocalSimulation", "superlink_pids", "toml_value"]
+__all__ = ["FlwrRun", "LocalSimulation", "free_ports", "superlink_pids", "toml_value"]
 
 _log = logging.getLogger(__name__)
 
@@ -41,10 +41,22 @@ PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return ``count`` distinct TCP ports that are free on ``host`` right now.
+
+    All are bound at once before any is released: ports chosen one at a time can repeat (the
+    kernel may hand out a just-released port again; a Ray head once got the same port for
+    two of its components and refused to start).
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def toml_value(value: Any) -> str:
@@ -125,8 +137,7 @@ class LocalSimulation:
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
-        self.http_port = _free_port()
-        self.control_port = _free_port()
+        self.http_port, self.control_port = free_ports(2)
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.quiet import Collapser, is_noise
+from flower_app.simulation import free_ports
 
 __all__ = [
     "PORT_ENV",
@@ -135,12 +136,6 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
     """Return this ``FLWR_HOME``'s local SuperLink ports, chosen once and kept in it.
 
@@ -179,7 +174,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
             port = http if others else busy[0]
             ports, note = {}, f"port {port} is held by {who}: chose new ports"
     if len(ports) != 2:
-        ports = {"http-api-port": _free_port(), "control-api-port": _free_port()}
+        ports = dict(zip(("http-api-port", "control-api-port"), free_ports(2), strict=True))
         note = note or f"chose the local SuperLink ports of {home}"
     if note:
         home.mkdir(parents=True, exist_ok=True)
