@@ -106,7 +106,15 @@ def test_secure_aggregation_on_the_rehearsal_matches_direct(synthetic, tmp_path)
 
 
 def test_supernode_with_unregistered_key_is_refused(synthetic) -> None:
+    """A SuperNode whose key was never registered is refused and gets no node id.
+
+    The SuperLink is shared: ``flwr supernode ls`` also lists what earlier tests left on it
+    (``test_deploy_guide.py`` registers a key and unregisters it: that node stays listed,
+    status ``unregistered``: Flower keeps an unregistered node's row). So the check is that
+    the stranger adds no row and that no node is online but the registered ones."""
     fed = synthetic.federation
+    before = {int(r["node-id"]): r["status"] for r in fed.supernodes()}
+    assert set(fed.node_ids.values()) <= set(before), before
     stranger = make_node_keys(fed.root / "stranger", 1, prefix="unregistered")[0]
     proc = fed.start_node(0, key=stranger)  # on a device of its own
     try:
@@ -116,8 +124,11 @@ def test_supernode_with_unregistered_key_is_refused(synthetic) -> None:
             time.sleep(0.5)
         log = proc.output()
         assert "Failed to activate SuperNode" in log, log
-        listed = {int(r["node-id"]) for r in fed.supernodes()}
-        assert listed == set(fed.node_ids.values())  # only the registered keys
+        rows = fed.supernodes()
+        after = {int(r["node-id"]) for r in rows}
+        assert after == set(before), rows  # no node id for the unregistered key
+        online = {int(r["node-id"]) for r in rows if r["status"] == "online"}
+        assert online <= set(fed.node_ids.values()), rows  # only registered keys online
     finally:
         proc.stop()
 
