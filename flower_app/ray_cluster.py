@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,9 +30,20 @@ from types import TracebackType
 from typing import Any
 
 from flower_app import procfs
-from flower_app.simulation import BIN, free_port
+from flower_app.simulation import BIN, free_ports
 
 __all__ = ["LoopbackRayCluster"]
+
+_log = logging.getLogger(__name__)
+
+#: how ``ray start`` says that a port it was given is taken; it is then started again with
+#: other ports (at most :data:`_PORT_ATTEMPTS` times)
+_PORT_CLASH = re.compile(
+    r"[^\n]*(?:port number \d+ that is used|address already in use"
+    r"|port \d+ is (?:already )?in use)[^\n]*",
+    re.IGNORECASE,
+)
+_PORT_ATTEMPTS = 3
 
 #: ``ray.init`` from a throw-away driver; prints the cluster's nodes and actors as JSON
 _QUERY = """
@@ -91,8 +104,7 @@ class LoopbackRayCluster:
         self.root, self.num_nodes, self.num_cpus = root, num_nodes, num_cpus
         self.object_store_bytes = object_store_mib * 1024 * 1024
         self.ips = [f"127.0.0.{2 + i}" for i in range(num_nodes)]
-        self.port = free_port()
-        self.client_port = free_port()
+        self._choose_ports()
         self.procs: list[subprocess.Popen] = []
         self.env = {
             **os.environ,
@@ -101,6 +113,12 @@ class LoopbackRayCluster:
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         }
         self.env.pop("RAY_ADDRESS", None)
+
+    def _choose_ports(self) -> None:
+        """Choose the GCS, Ray Client, dashboard and raylet agent ports (distinct, free now)."""
+        self.port, self.client_port, self.dashboard_port, *self.agent_ports = free_ports(
+            3 + self.num_nodes
+        )
 
     @property
     def address(self) -> str:
@@ -132,7 +150,7 @@ class LoopbackRayCluster:
             "--temp-dir",
             str(node_dir / "tmp"),
             "--dashboard-agent-listen-port",
-            str(free_port()),
+            str(self.agent_ports[index]),
         ]
         with (node_dir / "ray-start.log").open("w") as log:
             self.procs.append(
@@ -164,21 +182,35 @@ class LoopbackRayCluster:
             If a ``ray start`` exits or the nodes do not all join in time.
         """
         deadline = time.monotonic() + timeout
-        self._ray_start(
-            0,
-            [
-                "--head",
-                "--port",
-                str(self.port),
-                "--ray-client-server-port",
-                str(self.client_port),
-                "--include-dashboard",
-                "false",
-                "--dashboard-port",
-                str(free_port()),
-            ],
-        )
-        self._wait_log(0, deadline)
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self._ray_start(
+                0,
+                [
+                    "--head",
+                    "--port",
+                    str(self.port),
+                    "--ray-client-server-port",
+                    str(self.client_port),
+                    "--include-dashboard",
+                    "false",
+                    "--dashboard-port",
+                    str(self.dashboard_port),
+                ],
+            )
+            try:
+                self._wait_log(0, deadline)
+                break
+            except RuntimeError as err:
+                # a port free when chosen, taken by another program before Ray bound it
+                if attempt == _PORT_ATTEMPTS or not _PORT_CLASH.search(str(err)):
+                    raise
+                failed = self.procs.pop()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(failed.pid, signal.SIGKILL)  # what that start left behind
+                failed.wait(timeout=30)
+                _log.warning("ray start: %s; again with other ports", _PORT_CLASH.search(
+                    str(err)).group(0))  # fmt: skip
+                self._choose_ports()
         if self.num_nodes == 1:  # `ray start` logs "Ray runtime started" once the head is up
             return self
         for i in range(1, self.num_nodes):

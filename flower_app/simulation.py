@@ -33,7 +33,7 @@ from typing import Any
 
 from flower_app import procfs
 
-__all__ = ["FlwrRun", "LocalSimulation", "free_port", "superlink_pids", "toml_value"]
+__all__ = ["FlwrRun", "LocalSimulation", "free_ports", "superlink_pids", "toml_value"]
 
 _log = logging.getLogger(__name__)
 
@@ -43,11 +43,20 @@ PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    """Return a TCP port of 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return ``count`` distinct TCP ports that are free on ``host`` right now.
+
+    All are bound at once before any is released: ports chosen one at a time can repeat (the
+    kernel may hand out a just-released port again; a Ray head once got the same port for
+    two of its components and refused to start).
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 
 
 def toml_value(value: Any) -> str:
@@ -123,8 +132,7 @@ class LocalSimulation:
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.output_dir, self.project = home, output_dir, project
-        self.http_port = free_port()
-        self.control_port = free_port()
+        self.http_port, self.control_port = free_ports(2)
         self.env = {
             **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",

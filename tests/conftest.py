@@ -16,6 +16,7 @@ against SuperLinks it owns, and a sweep of every process it started, however it 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -32,6 +33,16 @@ from pathlib import Path
 # it, an AVX-512 machine with avx512_fp16 gave other MaxFL digests than the one before it).
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
+# One BLAS/OpenMP thread per process. The test run has two xdist workers on two cores, and
+# the Ray actors, SuperLinks and SuperNodes it starts beside them: a second OpenMP (torch),
+# MKL or OpenBLAS (numpy, scipy) thread per process only adds threads that spin-wait for
+# each other while the other processes hold the cores. Measured on the 2-core machine at load
+# 7: tests/test_models_sparse_tasks.py took 105 s and 49 s of CPU with torch's default 2
+# threads, 17 s and 11 s with 1. The package's reproducible computations run on one thread
+# already (flower_app.algorithms.learning.single_thread; Ray gives each actor 1), so the
+# pinned numbers are the same; every process the tests start inherits the setting.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -48,7 +59,8 @@ OWNER_VAR = "FLOWER_APP_PROCESS_OWNER"
 REPORT_VAR = "FLOWER_APP_SWEEP_REPORT"
 
 # the nodes' binary data caches of this test session (and of the SuperNodes it starts) stay
-# out of the user's ~/.cache
+# out of the user's ~/.cache (the watchdog deletes the folder when the run has ended)
+_OWN_CACHE = "FLOWER_APP_CACHE" not in os.environ
 os.environ.setdefault("FLOWER_APP_CACHE", tempfile.mkdtemp(prefix="flower-app-cache-"))
 
 # no per-example deadline: a test asserts behaviour, never timing (the machine may be busy)
@@ -64,7 +76,8 @@ from tests.deployment import Deployment, deployment, node_export, rehearsal  # n
 
 
 def _ray_prefix() -> str:
-    """Name prefix of this run's Ray head folders (the watchdog deletes them)."""
+    """Name prefix of this run's scratch folders in /tmp (its Ray heads', the scheduler's
+    groups file): the watchdog deletes them when the run has ended."""
     return f"fa-ray-{os.environ[process_sweep.TOKEN_VAR][-8:]}"
 
 
@@ -99,6 +112,75 @@ def flwr_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulati
         cli.stop()
 
 
+#: tests that share a session fixture too costly to start twice run in one xdist worker:
+#: group name -> the fixtures that put a test in it
+SHARED = {
+    "ray": ("ray_head", "flower_cli"),  # the Ray head (one per run instead of one per worker)
+    "rehearsal": ("rehearsal",),  # the edge-device rehearsal (4 namespaced, limited nodes)
+}
+#: where the workers tell the scheduler the group of each test (set by the run's first process)
+GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
+
+#: seconds the longest work units (a file, or a group of :data:`SHARED`) took in the
+#: measured runs of docs/testing.md: they are handed out first, longest first, so that both
+#: workers end together (xdist's own order, by number of tests, left the 30-40 s files of one
+#: test for the end); a unit not listed comes after them, in collection order
+LONGEST: dict[str, float] = {
+    "rehearsal": 900.0,  # CI (FLOWER_APP_REALDATA=1), load 6-7: the deploy tests on one rehearsal
+    "ray": 125.0,  # default suite, load 6: the tests on the run's Ray head
+}
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The :data:`SHARED` group of ``item`` (None: its file is its unit)."""
+    for group, fixtures in SHARED.items():
+        if any(name in item.fixturenames for name in fixtures):
+            return group
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after deselection: order what runs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests longest unit first; an xdist worker also writes each test's group
+    for the scheduler (:func:`pytest_xdist_make_scheduler`)."""
+    first = {unit: i for i, unit in enumerate(sorted(LONGEST, key=LONGEST.__getitem__,
+                                                            reverse=True))}  # fmt: skip
+    items.sort(key=lambda item: first.get(_group(item) or item.path.name, len(first)))
+    groups_file = os.environ.get(GROUPS_VAR)
+    if groups_file and os.environ.get("PYTEST_XDIST_WORKER"):
+        groups = {item.nodeid: g for item in items if (g := _group(item)) is not None}
+        tmp = Path(f"{groups_file}.{os.environ['PYTEST_XDIST_WORKER']}")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, groups_file)  # every worker writes the same
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's type
+    """``--dist loadgroup`` (pyproject's ``addopts``): file by file, as ``--dist loadfile``,
+    except that the tests of a :data:`SHARED` group are one unit, in the collection's order
+    (longest unit first). Other ``--dist`` modes: xdist's own scheduling.
+
+    (xdist's own ``loadgroup`` reads ``xdist_group`` marks from a suffix it appends to each
+    test's node id, which pytest 9.2 no longer lets a plugin change: the workers write the
+    groups to a file instead.)
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = Path(os.environ[GROUPS_VAR])
+
+    class FilesAndGroups(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected (and written it) by now
+                self.groups = json.loads(groups_file.read_text()) if groups_file.exists() else {}
+            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # keep the collection's order
+    return FilesAndGroups(config, log)
+
+
 #: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``).
 #: ``long``: Flower runs that repeat a path the default suite already runs once per strategy
 #: family (larger federations, more variants); off by default, on in CI.
@@ -112,12 +194,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if OWNER_VAR not in os.environ:  # the run's first process (not an xdist worker)
         os.environ.setdefault(process_sweep.TOKEN_VAR, process_sweep.new_token())
         os.environ[OWNER_VAR] = str(os.getpid())
+        scratch = tempfile.mkdtemp(prefix=f"{_ray_prefix()}-run-", dir="/tmp")
+        os.environ[GROUPS_VAR] = str(Path(scratch) / "xdist-groups.json")
         report = os.environ.get(REPORT_VAR)
         process_sweep.spawn_reaper(
             os.environ[process_sweep.TOKEN_VAR],
             os.getpid(),
             Path(report) if report else None,
-            remove=[f"/tmp/{_ray_prefix()}-*"],
+            remove=[f"/tmp/{_ray_prefix()}-*"]
+            + ([os.environ["FLOWER_APP_CACHE"]] if _OWN_CACHE else []),
         )
     if os.environ.get("FLOWER_APP_REALDATA") == "1" and config.option.markexpr == DEFAULT_MARKEXPR:
         config.option.markexpr = "not slow"

@@ -11,9 +11,12 @@ exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr run
   killed one once the SuperLink lists it offline, the terminated one at once: it
   deactivated itself).
 * The SuperLink and the ServerApp it runs are SIGKILLed after round 3, while a node serves a
-  message; the SuperLink is started again on its database, the nodes reconnect by themselves,
-  and ``resume=true`` finishes with the uninterrupted run's S; afterwards no node holds a
-  ClientApp (the one left waiting for its message's content when the SuperLink died is gone).
+  message; the SuperLink is started again on its database: it has the same registrations,
+  node ids and past runs, the nodes (still running) reconnect by themselves, and
+  ``resume=true`` with ``server-data='none'`` finishes with the direct engine's S (the
+  simulation's: ``test_movielens_fedsm.py``) with no node killed for memory; afterwards no
+  node holds a ClientApp (the one left waiting for its message's content when the SuperLink
+  died is gone). This run is also the rehearsal's FedSM-on-MovieLens-1M run.
 
 Markers ``deploy`` and ``realdata`` (FLOWER_APP_DATA with ml-1m/).
 """
@@ -128,10 +131,15 @@ def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
 
 
 def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_path) -> None:
+    """Also what ``test_superlink_restart_with_database_keeps_nodes_and_runs`` and
+    ``test_fedsm_movielens_on_nodes_with_their_own_files`` checked: the restarted SuperLink
+    keeps registrations, node ids and runs; FedSM with ``server-data='none'`` on the nodes'
+    own MovieLens-1M files ends with the direct engine's S, no node killed for memory."""
     fed = ml1m.federation
-    config = {**FEDSM, "data-dir": str(data_root()), "k": 6, "run-name": "superlink-killed"}
+    config = {**FEDSM, "data-dir": str(data_root()), "k": 5, "run-name": "superlink-killed"}
     run = BackgroundRun(fed, config)
     run.wait_for_round(3)
+    runs = fed.runs()  # the SuperLink's runs (this one running) before it is killed
     deadline = time.monotonic() + 300  # kill it while a node serves a message (the worst case)
     while not any(_clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)):
         assert time.monotonic() < deadline and run.thread.is_alive(), "no message in flight"
@@ -145,7 +153,11 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     apps = {i: _clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)}
     print("ClientApps running while the SuperLink is down:", apps)
     fed.start_superlink()
-    fed.wait_online(timeout=180, restarts=0)  # the nodes reconnect by themselves
+    nodes = fed.wait_online(timeout=180, restarts=0)  # the nodes reconnect by themselves
+    online = {int(r["node-id"]) for r in nodes if r["status"] == "online"}
+    assert online == set(fed.node_ids.values()), nodes  # the same ids, from its database
+    assert all(fed.nodes[i].alive() for i in range(ml1m.nodes))  # the nodes survived it
+    assert set(runs) <= set(fed.runs())  # its database kept the runs
     run.thread.join(timeout=300)  # `flwr run` of the killed run returns (its run failed)
     assert not run.thread.is_alive(), "flwr run of the killed run did not return"
     assert run.run is None or run.run.status != "finished:completed"
@@ -154,6 +166,7 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     assert resumed.status == "finished:completed", resumed.output[-3000:] + resumed.details
     summary = resumed.summary
     assert 2 <= summary["resumed-from-round"] < config["k"]
+    assert summary["server-data"] == "none" and summary["greedy-objective"] is None
     assert [r["server-round"] for r in rows(run.folder) if r["server-round"] >= 1] == list(
         range(1, config["k"] + 1)
     )
@@ -167,4 +180,7 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     while left := {i: a for i in range(ml1m.nodes) if (a := _clientapps(fed.nodes[i].pid))}:
         assert time.monotonic() < deadline, f"ClientApps left after the run: {left}"
         time.sleep(0.5)
-    print("resumed from round", summary["resumed-from-round"], json.dumps(ml1m.cgroup_report()))
+    report = ml1m.cgroup_report()
+    assert all(r["oom-kills"] == 0 for r in report.values()), report
+    print("resumed from round", summary["resumed-from-round"], json.dumps(report))
+    print("round times (s):", [round(r.get("round-time", 0.0), 2) for r in rows(run.folder)])

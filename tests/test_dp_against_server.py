@@ -233,14 +233,22 @@ def test_fedsm_randomiser_cannot_be_regenerated_by_a_seed_holder() -> None:
     def counts(noise) -> np.ndarray:
         return dp_entry_counts(upos, elem, gain, users, pool, plan, SEED, noise)[0]
 
-    spread = np.sum((counts(NoiseSource()) - counts(NoiseSource())) ** 2)
+    # the yardstick: the squared distance of two independent randomisations, averaged over 8
+    # pairs. One pair's varies by 18 % (sd/mean of 200 pairs; the smallest was 0.54 of the
+    # mean), so one pair as the yardstick with a 0.5 bound failed now and then (0.43 seen in
+    # a suite run). A guess that regenerates the noise scores 0, an unrelated one about 1;
+    # an unrelated one scores below 0.25 with a chance < 1e-7 a run (chi-square bound, all
+    # 21 families)
+    spread = np.mean([
+        np.sum((counts(NoiseSource()) - counts(NoiseSource())) ** 2) for _ in range(8)
+    ])  # fmt: skip
     assert spread > 0
     repro, fresh = counts(NoiseSource(True, SEED)), counts(NoiseSource())
     for family in FAMILIES:
         guess = counts(SeedHolder(SEED, family))
         if family == f"[seed, t, user, {DP_STREAM:#x}]":
             assert np.array_equal(repro, guess)  # the research mode: regenerated exactly
-        assert np.sum((fresh - guess) ** 2) / spread > 0.5, family
+        assert np.sum((fresh - guess) ** 2) / spread > 0.25, family
 
 
 def test_fedsm_debiased_counts_are_unbiased_also_when_reports_are_missing() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,3 +300,73 @@ def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family)
     other = {**cfg, "resume": True, "num-users": base["num-users"] + 2}
     with pytest.raises((ResumeError, ValueError), match="differs|now report"):
         runner.server_run(LocalGrid(nodes, other), AppConfig.from_run_config(other))
+
+
+class _CrashAfterRound(LocalGrid):
+    """A grid whose ServerApp "dies" at its first train exchange after the run folder holds
+    the checkpoint of round ``round_`` (setup exchanges, e.g. discrete greedy's, pass)."""
+
+    def __init__(self, num_nodes: int, run_config: dict, round_: int) -> None:
+        super().__init__(num_nodes, run_config)
+        self.round = round_
+        self.checkpoint = Path(run_config["output-dir"]) / run_config["run-name"] / "checkpoint.pkl"
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        train = any(m.metadata.message_type.split(".")[0] == "train" for m in messages)
+        if train and self.checkpoint.exists():
+            with self.checkpoint.open("rb") as fh:
+                if pickle.load(fh)["server-round"] >= self.round:
+                    raise _Crash
+        return super().push_messages(messages)
+
+
+#: the families (the server holding its data) whose resume ``test_resume.py`` ran each with
+#: a real SuperLink killed (two to three ``flwr run`` each, 2-4 min in CI): the ServerApp
+#: dies at its first train exchange after round 2
+FULL_RESUME = {
+    "fedcg": {"algorithm": "fedcg", "num-users": 40, "num-elements": 30, "k": 3,
+              "fedcg-rounds": 5, "clients-per-round": 0.5, "seed": 2},
+    "fed-discrete-greedy": {"algorithm": "fed-discrete-greedy", "num-users": 40,
+                            "num-elements": 30, "k": 4, "dgreedy-kappa": 5.0, "seed": 2},
+    "fedadam-sub": {**FSA_SMALL, "algorithm": "fedadam-sub", "fsa-rounds": 4},
+    "maxfl": {"algorithm": "maxfl", "dataset": "synthetic-emnist", "num-users": 8,
+              "clients-per-round": 4, "maxfl-rounds": 4, "maxfl-eval-every": 4,
+              "maxfl-solo-steps": 2, "maxfl-local-steps": 2, "seed": 5},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(FULL_RESUME))
+def test_a_run_resumes_after_the_serverapp_died(tmp_path, family) -> None:
+    """``resume = true`` through the runner (what the ServerApp runs), the server holding its
+    data: the ServerApp dies after round 2; the resumed run redoes no finished round and
+    ends as the uninterrupted one (S; x and the Adam moments; the model bit for bit). The
+    in-process side of what ``test_resume.py`` checks with a real SuperLink killed."""
+    from flower_app.registry import load_runner
+
+    base = {**FULL_RESUME[family], "output-dir": str(tmp_path)}
+    runner = load_runner(base["algorithm"])
+    nodes = 3
+    whole = runner.server_run(
+        LocalGrid(nodes, {**base, "run-name": "whole"}),
+        AppConfig.from_run_config({**base, "run-name": "whole"}),
+    )
+    cfg = {**base, "run-name": "crashed"}
+    with pytest.raises(_Crash):
+        runner.server_run(_CrashAfterRound(nodes, cfg, 2), AppConfig.from_run_config(cfg))
+    folder = tmp_path / "crashed"
+    assert not (folder / "summary.json").exists()
+    again = {**cfg, "resume": True}
+    resumed = runner.server_run(LocalGrid(nodes, again), AppConfig.from_run_config(again))
+    assert resumed["resumed-from-round"] == 2
+
+    def rounds(run: str) -> list[int]:
+        rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [r["server-round"] for r in map(json.loads, rows) if r["server-round"] >= 1]
+
+    assert rounds("crashed") == rounds("whole")  # each round once
+    compared = [k for k in ("selected", "objective", "multilinear", "train-loss", "test-loss",
+                            "test-accuracy", "model-digest") if k in whole]  # fmt: skip
+    assert compared, sorted(whole)
+    for key in compared:
+        assert resumed[key] == whole[key], key

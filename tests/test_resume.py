@@ -4,7 +4,18 @@ A real ``flwr run`` on a private local SuperLink is stopped after round 3; ``res
 with the same run_config on a fresh SuperLink continues from the run folder's
 ``checkpoint.pkl``: the finished rounds are not redone, ``metrics.jsonl`` holds every round
 once, and S is the uninterrupted run's (the direct engine's, which Flower matches exactly).
-Marked ``deploy`` (a SuperLink killed; about a minute): CI runs it.
+Marked ``deploy`` (a SuperLink killed; about two minutes): CI runs it.
+
+The ServerApp hands every family to the same ``runner.server_run(grid, cfg)``
+(``flower_app/server_app.py``), so Flower's side of a resume (a SuperLink killed, a new
+``flwr run`` with ``resume = true``) is the same for every family and is run here once, with
+FedSM. Each family's own resume (what its checkpoint holds, that the resumed run ends as the
+uninterrupted one) is checked through its runner with the ServerApp dying mid-run, in the
+default suite: ``tests/test_node_failures.py::test_a_run_resumes_after_the_serverapp_died``
+(FedCG, discrete greedy, FedAdam on submodels, MaxFL; the server holding its data) and
+``::test_server_data_none_run_resumes_after_the_serverapp_died`` (FedSM, FedCG, FedSubAvg
+with ``server-data = 'none'``); on the deployment rehearsal,
+``tests/test_deploy_failures.py::test_superlink_and_serverapp_killed_then_resumed_to_the_same_set``.
 """
 
 from __future__ import annotations
@@ -90,75 +101,6 @@ def test_fedsm_resumed_after_the_superlink_died_ends_as_the_uninterrupted_run(tm
     assert run.summary["objective"] == pytest.approx(direct["objective"])
 
 
-FEDCG = {
-    "algorithm": "fedcg",
-    "num-users": 300,
-    "num-elements": 200,
-    "k": 5,
-    "fedcg-rounds": 40,
-    "clients-per-round": 0.3,
-    "seed": 2,
-    "run-name": "interrupted",
-}
-
-
-DISCRETE = {
-    "algorithm": "fed-discrete-greedy",
-    "num-users": 300,
-    "num-elements": 200,
-    "k": 40,
-    "dgreedy-kappa": 5.0,
-    "seed": 2,
-    "run-name": "interrupted",
-}
-
-
-@pytest.mark.parametrize(
-    ("cfg", "rounds"), [(FEDCG, FEDCG["fedcg-rounds"]), (DISCRETE, DISCRETE["k"])],
-    ids=["fedcg", "discrete-greedy"],
-)
-def test_fedcg_family_resumed_after_the_superlink_died_ends_as_uninterrupted(
-    tmp_path, cfg, rounds
-) -> None:
-    run = _interrupt_and_resume(tmp_path, cfg, rounds)
-    direct = run_direct(
-        AppConfig.from_run_config(
-            {**cfg, "output-dir": str(tmp_path / "direct"), "run-name": "direct"}
-        )
-    )
-    assert run.summary["selected"] == direct["selected"]
-    assert run.summary["objective"] == pytest.approx(direct["objective"])
-    if "multilinear" in direct:
-        assert run.summary["multilinear"] == pytest.approx(direct["multilinear"], rel=1e-12)
-
-
-MAXFL = {
-    "algorithm": "maxfl",
-    "dataset": "synthetic-emnist",
-    "num-users": 12,
-    "clients-per-round": 4,
-    "maxfl-rounds": 40,
-    "maxfl-eval-every": 10,
-    "maxfl-solo-steps": 2,
-    "maxfl-local-steps": 2,
-    "seed": 5,
-    "run-name": "maxfl-interrupted",
-}
-
-
-def test_maxfl_resumed_after_the_superlink_died_ends_with_the_uninterrupted_model(
-    tmp_path,
-) -> None:
-    run = _interrupt_and_resume(tmp_path, MAXFL, MAXFL["maxfl-rounds"])
-    whole = LocalSimulation(tmp_path / "home-3", tmp_path / "runs")
-    try:
-        reference = whole.run({**MAXFL, "run-name": "uninterrupted"}, timeout=600)
-    finally:
-        whole.stop()
-    assert reference.status == "finished:completed", reference.details
-    assert run.summary["model-digest"] == reference.summary["model-digest"]
-
-
 def _quietly(fn, cfg) -> None:
     with contextlib.suppress(Exception):  # the run is killed on purpose
         fn(cfg, timeout=300)
@@ -178,29 +120,3 @@ def test_resume_refuses_a_different_configuration(tmp_path) -> None:
     exp.writer.save_checkpoint({"server-round": 1})
     with pytest.raises(ValueError, match=r"differs .*'k'"):
         _open(AppConfig.from_run_config({**cfg, "k": 5, "resume": True}), "flower")
-
-
-FEDSUBAVG = {
-    "algorithm": "fedadam-sub",
-    "dataset": "synthetic-movielens-rating",
-    "num-users": 60,
-    "num-elements": 40,
-    "clients-per-round": 10,
-    "fsa-rounds": 60,
-    "seed": 1,
-    "run-name": "interrupted",
-}
-
-
-def test_fedsubavg_family_resumed_after_the_superlink_died_ends_as_uninterrupted(
-    tmp_path,
-) -> None:
-    """FedAdam on submodels: x and the Adam moments come back from the checkpoint."""
-    run = _interrupt_and_resume(tmp_path, FEDSUBAVG, FEDSUBAVG["fsa-rounds"])
-    direct = run_direct(
-        AppConfig.from_run_config(
-            {**FEDSUBAVG, "output-dir": str(tmp_path / "direct"), "run-name": "direct"}
-        )
-    )
-    for key in ("train-loss", "test-loss", "test-accuracy"):
-        assert run.summary[key] == pytest.approx(direct[key], rel=1e-9), key

@@ -42,7 +42,7 @@ from typing import Any
 
 from flower_app import procfs
 from flower_app.quiet import Collapser, is_noise
-from flower_app.simulation import free_port
+from flower_app.simulation import free_ports
 
 __all__ = [
     "PORT_ENV",
@@ -166,7 +166,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
             port = http if others else busy[0]
             ports, note = {}, f"port {port} is held by {who}: chose new ports"
     if len(ports) != 2:
-        ports = {"http-api-port": free_port(), "control-api-port": free_port()}
+        ports = dict(zip(("http-api-port", "control-api-port"), free_ports(2), strict=True))
         note = note or f"chose the local SuperLink ports of {home}"
     if note:
         home.mkdir(parents=True, exist_ok=True)
