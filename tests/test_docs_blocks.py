@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.simulation import free_port, superlink_pids
+from flower_app.deploy.processes import free_port
+from flower_app.simulation import superlink_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
