@@ -126,8 +126,8 @@ GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 #: workers end together (xdist's own order, by number of tests, left the 30-40 s files of one
 #: test for the end); a unit not listed comes after them, in collection order
 LONGEST: dict[str, float] = {
-    "rehearsal": 770.0,  # CI (FLOWER_APP_REALDATA=1, -n 3), load 6: deploy tests, no real data
-    "rehearsal-realdata": 480.0,  # the same run: the deploy tests on MovieLens / Fashion-MNIST
+    "rehearsal": 780.0,  # CI (FLOWER_APP_REALDATA=1, -n 3), load 6-10: synthetic + Fashion-MNIST
+    "rehearsal-movielens": 700.0,  # the same runs: the deploy tests on MovieLens-1M files
     "ray": 125.0,  # default suite, load 6: the tests on the run's Ray head
 }
 
@@ -136,11 +136,14 @@ def _group(item: pytest.Item) -> str | None:
     """The :data:`SHARED` group of ``item`` (None: its file is its unit)."""
     for group, fixtures in SHARED.items():
         if any(name in item.fixturenames for name in fixtures):
-            if group == "rehearsal" and item.get_closest_marker("realdata") is not None:
-                # the real-data deploy runs get a second rehearsal, on another worker: one
-                # rehearsal running every deploy test one after the other took 20 of the 23
-                # minutes of a CI run (-n 3, load 6), the rest of the suite waiting for it
-                return "rehearsal-realdata"
+            if group == "rehearsal" and (
+                item.path.name == "test_deploy_failures.py" or "movielens" in item.name
+            ):
+                # the deploy runs on the nodes' MovieLens-1M files get a second rehearsal, on
+                # another worker: one rehearsal running every deploy test in turn took 20 of
+                # the 23 minutes of a CI run (-n 3, load 6); split this way the two took
+                # ~12 and ~13 minutes of measured test time (CI, with two CPU-bound loops)
+                return "rehearsal-movielens"
             return group
     return None
 

@@ -90,7 +90,10 @@ def _clientapps(pid: int) -> list[int]:
 
 def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
     fed = ml1m.federation
-    config = {**FEDSM, "data-dir": str(data_root()), "k": 8, "run-name": "node-failures"}
+    # min-reply-fraction 0.25: the restarted node may not be back when the other is stopped
+    # (on a loaded machine it was not, round 6 lost both: 288 of 604 users, below 0.5)
+    config = {**FEDSM, "data-dir": str(data_root()), "k": 8, "run-name": "node-failures",
+              "min-reply-fraction": 0.25}  # fmt: skip
     run = BackgroundRun(fed, config)
     # SIGKILL of the SuperNode process alone: its superexec and ClientApp exit by themselves
     run.wait_for_round(3)
