@@ -262,16 +262,12 @@ REMOTE_RESUME = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("family", sorted(REMOTE_RESUME))
-def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family) -> None:
-    """``server-data = 'none'`` + ``resume = true`` through the runner (what the ServerApp
-    runs): the ServerApp dies while sending round 3; the resumed run redoes no finished round
-    and ends as the uninterrupted one. The checkpoint holds the nodes' n, m (and λ), no
-    client data; nodes that report another instance are refused."""
+def _whole_then_crashed(base: dict, crashing_grid) -> tuple:
+    """Run ``base`` uninterrupted ("whole") on 3 in-process nodes, then again ("crashed") on
+    ``crashing_grid(nodes, cfg)``, which must end in :class:`_Crash` before a summary is
+    written; return (runner, nodes, whole summary, the crashed run's config, its folder)."""
     from flower_app.registry import load_runner
-    from flower_app.results import CHECKPOINT, ResumeError
 
-    base = {**REMOTE_RESUME[family], "server-data": "none", "output-dir": str(tmp_path)}
     runner = load_runner(base["algorithm"])
     nodes = 3
     whole = runner.server_run(
@@ -280,9 +276,24 @@ def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family)
     )
     cfg = {**base, "run-name": "crashed"}
     with pytest.raises(_Crash):
-        runner.server_run(_CrashingGrid(nodes, cfg, 3), AppConfig.from_run_config(cfg))
-    folder = tmp_path / "crashed"
+        runner.server_run(crashing_grid(nodes, cfg), AppConfig.from_run_config(cfg))
+    folder = Path(base["output-dir"]) / "crashed"
     assert not (folder / "summary.json").exists()
+    return runner, nodes, whole, cfg, folder
+
+
+@pytest.mark.parametrize("family", sorted(REMOTE_RESUME))
+def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family) -> None:
+    """``server-data = 'none'`` + ``resume = true`` through the runner (what the ServerApp
+    runs): the ServerApp dies while sending round 3; the resumed run redoes no finished round
+    and ends as the uninterrupted one. The checkpoint holds the nodes' n, m (and λ), no
+    client data; nodes that report another instance are refused."""
+    from flower_app.results import CHECKPOINT, ResumeError
+
+    base = {**REMOTE_RESUME[family], "server-data": "none", "output-dir": str(tmp_path)}
+    runner, nodes, whole, cfg, folder = _whole_then_crashed(
+        base, lambda nodes, cfg: _CrashingGrid(nodes, cfg, 3)
+    )
     with (folder / CHECKPOINT).open("rb") as fh:
         saved = pickle.load(fh)
     assert saved["server-round"] == 2
@@ -342,20 +353,10 @@ def test_a_run_resumes_after_the_serverapp_died(tmp_path, family) -> None:
     data: the ServerApp dies after round 2; the resumed run redoes no finished round and
     ends as the uninterrupted one (S; x and the Adam moments; the model bit for bit). The
     in-process side of what ``test_resume.py`` checks with a real SuperLink killed."""
-    from flower_app.registry import load_runner
-
     base = {**FULL_RESUME[family], "output-dir": str(tmp_path)}
-    runner = load_runner(base["algorithm"])
-    nodes = 3
-    whole = runner.server_run(
-        LocalGrid(nodes, {**base, "run-name": "whole"}),
-        AppConfig.from_run_config({**base, "run-name": "whole"}),
+    runner, nodes, whole, cfg, folder = _whole_then_crashed(
+        base, lambda nodes, cfg: _CrashAfterRound(nodes, cfg, 2)
     )
-    cfg = {**base, "run-name": "crashed"}
-    with pytest.raises(_Crash):
-        runner.server_run(_CrashAfterRound(nodes, cfg, 2), AppConfig.from_run_config(cfg))
-    folder = tmp_path / "crashed"
-    assert not (folder / "summary.json").exists()
     again = {**cfg, "resume": True}
     resumed = runner.server_run(LocalGrid(nodes, again), AppConfig.from_run_config(again))
     assert resumed["resumed-from-round"] == 2
