@@ -13,6 +13,12 @@ a small watchdog in a session of its own that waits for the owner to exit, howev
 exits (normal end, failure, Ctrl-C, SIGTERM from ``timeout``, even SIGKILL), then sweeps
 and writes what it found to a report file. Used by ``tests/conftest.py``.
 
+After the sweep the watchdog also removes the network namespaces and cgroups that exited
+processes left behind (:func:`flower_app.deploy.isolation.remove_stale`): a rehearsal names
+them ``fa-<pid>-...`` after the run's process that made them, which is dead by then, so a
+run stopped from outside leaves none; objects named after a live process (another run's
+rehearsal) stay.
+
 Run as ``python -m flower_app.process_sweep --token T --after PID [--report FILE]``.
 """
 
@@ -187,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     for pattern in args.remove:
         for path in glob.glob(pattern):
             shutil.rmtree(path, ignore_errors=True)
+    # the run's namespaces and cgroups, named after its (now exited) processes; imported
+    # here, once the run is over, so the waiting watchdog stays small
+    from flower_app.deploy.isolation import remove_stale
+
+    remove_stale()
     if args.report is not None:
         args.report.write_text("".join(f"{pid} {cmd}\n" for pid, cmd in sorted(found.items())))
     return 0

@@ -16,6 +16,18 @@ Every namespace and cgroup is named ``fa-<pid>-...`` after the process that made
 :meth:`Devices.close` removes exactly those (killing, by PID, any process still left in one
 of its cgroups). Both need root; :func:`probe` says what is available and why not, and the
 rehearsal then falls back to loopback and/or no limits.
+
+A process that dies without closing (SIGKILL, a test run stopped from outside) leaves its
+namespaces, their veth links and addresses, and its cgroups behind. :func:`remove_stale`
+removes every ``fa-<pid>-...`` namespace and cgroup whose ``<pid>`` is no longer a running
+process (a zombie counts as gone): it kills, by PID, whatever is still inside such a cgroup
+or namespace, then removes the cgroup directory and deletes the namespace (``ip netns
+delete``; its veth ends, and so its links and addresses, go with it). Objects whose
+``<pid>`` is alive are never touched: they belong to a running rehearsal, perhaps another
+checkout's. It runs when a :class:`Devices` is made (before it makes its own objects) and
+in the test run's watchdog (:mod:`flower_app.process_sweep`) once it has stopped the run's
+processes. The PID is read in this machine's PID namespace; a PID that a new process has
+taken keeps its stale objects until that process has ended too (never the other way round).
 """
 
 from __future__ import annotations
@@ -30,19 +42,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flower_app import procfs
+
 __all__ = [
     "Cgroup",
     "Devices",
     "Host",
     "IsolationError",
+    "Stale",
     "Support",
+    "owner_pid",
     "parse_memory",
     "probe",
+    "remove_stale",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: CPU quota period (µs) for cgroup ``cpu.max`` / ``cpu.cfs_period_us``
 CPU_PERIOD_US = 100_000
+#: the name of every namespace and cgroup made here: ``fa-<pid of its maker>-<label>``
+OWNED_NAME = re.compile(r"fa-([1-9][0-9]{0,9})-[A-Za-z0-9_.-]+")
+#: how deep :func:`remove_stale` looks below a cgroup hierarchy's root (v1 puts a device's
+#: cgroup under its maker's own cgroup, e.g. ``memory/<service>/<session>/fa-<pid>-node0``)
+STALE_SEARCH_DEPTH = 6
 
 
 class IsolationError(RuntimeError):
@@ -229,19 +251,27 @@ class Cgroup:
                     return int(value)
         return 0
 
-    def remove(self, timeout: float = 20.0) -> None:
-        """SIGKILL every process left in the cgroup (by PID), then remove it."""
+    def remove(self, timeout: float = 20.0) -> list[int]:
+        """SIGKILL every process left in the cgroup (by PID), then remove it.
+
+        Returns
+        -------
+        list of int
+            The PIDs that were signalled (empty when the cgroup was empty).
+        """
         deadline = time.monotonic() + timeout
+        killed: set[int] = set()
         while True:
             left = self.pids()
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
             try:
                 for d in self.dirs:
                     if d.exists():
                         d.rmdir()
-                return
+                return sorted(killed)
             except OSError:
                 if time.monotonic() > deadline:
                     raise
@@ -340,6 +370,157 @@ def probe(tag: str | None = None) -> Support:
     return Support(namespaces, cgroups, why)
 
 
+# ----------------------------------------------------------------------------- stale objects
+def owner_pid(name: str) -> int | None:
+    """Return ``<pid>`` of a name ``fa-<pid>-<label>`` made here; None for any other name."""
+    match = OWNED_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class Stale:
+    """What :func:`remove_stale` removed.
+
+    Attributes
+    ----------
+    namespaces : list of str
+        The namespaces deleted.
+    cgroups : list of pathlib.Path
+        The cgroup directories removed.
+    killed : list of int
+        PIDs that were still inside them (sent SIGKILL).
+    errors : list of str
+        What could not be removed, and why.
+    """
+
+    namespaces: list[str] = field(default_factory=list)
+    cgroups: list[Path] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.cgroups or self.killed or self.errors)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.namespaces:
+            parts.append(f"namespaces {', '.join(self.namespaces)}")
+        if self.cgroups:
+            parts.append(f"cgroups {', '.join(map(str, self.cgroups))}")
+        if self.killed:
+            parts.append(f"processes left in them (killed) {', '.join(map(str, self.killed))}")
+        text = "removed " + "; ".join(parts) if parts else "nothing removed"
+        return text + (f"; could not remove: {'; '.join(self.errors)}" if self.errors else "")
+
+
+def _namespace_names() -> list[str]:
+    """Return the names ``ip netns list`` shows (none without ``ip``)."""
+    try:
+        proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _namespace_pids(name: str) -> list[int]:
+    """Return the processes in namespace ``name`` (``ip netns pids``)."""
+    try:
+        proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+
+
+def _cgroup_hierarchies(root: Path) -> list[tuple[Path, int]]:
+    """Return ``(directory, version)`` of every hierarchy :meth:`Cgroup.create` may use."""
+    if (root / "cgroup.controllers").exists():
+        return [(root, 2)]
+    found: dict[Path, tuple[Path, int]] = {}
+    for controller in ("memory", "cpu"):
+        path = _v1_dir(controller, root)
+        if path is not None:
+            found.setdefault(path.resolve(), (path, 1))
+    return list(found.values())
+
+
+def _owned_cgroups(top: Path, depth: int) -> list[Path]:
+    """Return the directories named ``fa-<pid>-...`` under ``top``, ``depth`` levels down."""
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return []
+    found: list[Path] = []
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+        except OSError:
+            continue
+        if owner_pid(entry.name) is not None:
+            found.append(Path(entry.path))
+        elif depth > 1:
+            found += _owned_cgroups(Path(entry.path), depth - 1)
+    return found
+
+
+def remove_stale(root: Path = CGROUP_ROOT, timeout: float = 10.0) -> Stale:
+    """Remove every namespace and cgroup ``fa-<pid>-...`` whose ``<pid>`` has exited.
+
+    A process that made namespaces and cgroups (:class:`Devices`, :func:`probe`) and died
+    without removing them (SIGKILL, a test run stopped from outside) leaves them behind, with
+    their veth links, addresses and perhaps processes. Their ``<pid>`` is no longer a running
+    process (a zombie counts as exited). For each such cgroup (cgroup v2 under ``root``; v1
+    anywhere in the memory and cpu hierarchies, up to :data:`STALE_SEARCH_DEPTH` levels down,
+    since v1 puts it under its maker's own cgroup), every process still inside is sent
+    SIGKILL by PID and the directory removed; each such namespace has the processes still
+    inside it killed the same way and is deleted (``ip netns delete``; its veth ends, and so
+    its links and addresses, go with it). Objects whose ``<pid>`` is alive are never touched,
+    nor any other name. Needs root (only root makes them); as another user it does nothing.
+
+    Parameters
+    ----------
+    root : pathlib.Path, optional
+        Where the cgroup hierarchies are mounted.
+    timeout : float, optional
+        Seconds a cgroup may take to empty after its processes were killed.
+
+    Returns
+    -------
+    Stale
+        What was removed and what could not be (nothing is raised).
+    """
+    stale = Stale()
+    if os.geteuid() != 0:
+        return stale
+    for top, version in _cgroup_hierarchies(root):
+        for path in _owned_cgroups(top, STALE_SEARCH_DEPTH):
+            pid = owner_pid(path.name)
+            if pid is None or procfs.alive(pid):
+                continue
+            try:
+                stale.killed += Cgroup(path.name, [path], version, 0, 0.0).remove(timeout)
+                stale.cgroups.append(path)
+            except OSError as err:
+                stale.errors.append(f"cgroup {path}: {err}")
+    for name in _namespace_names():
+        pid = owner_pid(name)
+        if pid is None or procfs.alive(pid):
+            continue
+        for left in _namespace_pids(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(left, signal.SIGKILL)
+                stale.killed.append(left)
+        try:
+            _run(["ip", "netns", "delete", name])
+            stale.namespaces.append(name)
+        except (IsolationError, OSError, subprocess.TimeoutExpired) as err:
+            if name in _namespace_names():  # else someone else removed it meanwhile
+                stale.errors.append(f"namespace {name}: {err}")
+    stale.killed = sorted(set(stale.killed))
+    return stale
+
+
 # ----------------------------------------------------------------------------- devices
 class Devices:
     """A SuperLink namespace with a bridge, and one namespace (and cgroup) per device.
@@ -353,11 +534,18 @@ class Devices:
         The SuperLink is ``.1``, device ``i`` is ``.(10 + i)``.
     namespaces : bool, optional
         False: every host is loopback (only cgroups, if any, are made).
+
+    Attributes
+    ----------
+    stale : Stale
+        What :func:`remove_stale` removed (objects of exited processes) before this made
+        its own.
     """
 
     def __init__(
         self, tag: str | None = None, subnet: str | None = None, namespaces: bool = True
     ) -> None:
+        self.stale = remove_stale()
         pid = os.getpid()
         self.tag = tag or f"fa-{pid}"
         self.subnet = subnet or f"10.231.{20 + pid % 200}"

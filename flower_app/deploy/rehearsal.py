@@ -119,6 +119,8 @@ class Rehearsal:
         self.devices = (
             Devices(namespaces=self.namespaced) if (self.namespaced or self.limited) else None
         )
+        if self.devices is not None and self.devices.stale:  # left by exited processes
+            self.say(f"rehearsal: stale namespaces/cgroups: {self.devices.stale}")
         try:
             self.federation = SecureFederation(
                 root,
