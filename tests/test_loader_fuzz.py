@@ -1274,6 +1274,36 @@ def test_parquet_tables(case, coverage) -> None:
     assert (len(inst.users), len(inst.items), int(inst.values.nnz)) == expected, kind
 
 
+def test_preflight_check_names_the_item_names_and_element_groups_files(tmp_path) -> None:
+    """The data check reads 'item-names' (BOM allowed, as its loader) and 'element-groups'
+    headers, and names a missing file or a wrong header with the header it expects."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
+
+    table, names, groups = (tmp_path / f for f in ("t.csv", "names.csv", "groups.csv"))
+    table.write_text("user,item,value\n0,0,1.0\n1,1,2.0\n")
+    names.write_text("\ufeffitem,name\n0,a\n", encoding="utf-8")
+    groups.write_text("element,group\n0,x\n1,y\n")
+
+    def problems(item_names: str) -> list[str]:
+        return data_problems(AppConfig.from_run_config(
+            {"algorithm": "fedsm", "dataset": "facility-location-table", "data-file": str(table),
+             "item-names": item_names, "element-groups": str(groups)}
+        ))  # fmt: skip
+
+    assert problems(str(names)) == []
+    groups.write_text("\ufeffelement,group\n0,x\n", encoding="utf-8")  # read_groups: no BOM
+    assert problems(str(names)) == [
+        f"{groups}: line 1: '\\ufeffelement,group'; expected the header 'element,group'"
+    ]
+    groups.write_text("element,group\n0,x\n")
+    assert problems(str(tmp_path / "none.csv")) == [
+        f"run_config 'item-names': {tmp_path / 'none.csv'} not found"
+    ]
+    names.write_text("id,label\n")
+    assert problems(str(names)) == [f"{names}: line 1: 'id,label'; expected the header 'item,name'"]
+
+
 def test_preflight_check_refuses_npz_arrays_the_loader_refuses(tmp_path) -> None:
     """`flower-app run`'s data check (before Flower starts) refuses a misspelt 'clients' array
     as the loader does, instead of letting the run fail after Flower has started."""

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from flower_app.datasets.paths import json_object, open_text
+from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
     "AmazonCTR",
@@ -425,18 +426,7 @@ def synthetic_amazon(
     # a client's touched items are the items of its training rows (its history holds its own
     # earlier clicks): 80 % of its ratings fall before the cut with the times drawn below
     touches = per_user * (TIME_CUTOFF - 1_325_000_000) / (1_400_000_000 - 1_325_000_000)
-    lo, hi = 1e-7, 0.5
-    for _ in range(60):
-        p_top = (lo + hi) / 2
-        covered = float(np.sum(1.0 - (1.0 - p_top) ** touches))
-        lo, hi = (p_top, hi) if covered < target_dispersion else (lo, p_top)
-    ranks = np.arange(1, n_items + 1, dtype=np.float64)
-    lo_s, hi_s = 0.0, 3.0
-    for _ in range(60):
-        s = (lo_s + hi_s) / 2
-        lo_s, hi_s = (s, hi_s) if p_top * float(np.sum(ranks**-s)) > 1.0 else (lo_s, s)
-    probs = ranks**-s
-    probs /= probs.sum()
+    probs = zipf_for_heat(touches, target_dispersion, n_items, p_top_min=1e-7)
     item_cat = rng.integers(0, n_categories, size=n_items)
     user_bias = rng.normal(-0.3, 0.8, n_clients)
     item_bias = rng.normal(0.0, 0.8, n_items)

@@ -207,25 +207,34 @@ def _own(cfg: Any) -> list[str]:
     return []
 
 
-def _item_names(cfg: Any) -> list[str]:
-    path = Path(cfg.item_names).expanduser()
-    if not path.is_file():
-        return [f"run_config 'item-names': {path} not found"]
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        header = [h.strip() for h in next(csv.reader(fh), [])]
-    if header != ["item", "name"]:
-        return [f"{path}: line 1: {','.join(header)!r}; expected the header 'item,name'"]
-    return []
+def _csv_header(key: str, value: str, expected: list[str], encoding: str) -> list[str]:
+    """Check that run_config ``key``'s CSV exists and starts with the ``expected`` header.
 
+    Parameters
+    ----------
+    key : str
+        The run_config key that names the file (in the messages).
+    value : str
+        Its value, the path (``~`` expanded).
+    expected : list of str
+        The header's column names, in order.
+    encoding : str
+        The encoding its loader reads the file with.
 
-def _element_groups(cfg: Any) -> list[str]:
-    path = Path(cfg.element_groups).expanduser()
+    Returns
+    -------
+    list of str
+        One message if the file is missing or its header differs, else none.
+    """
+    path = Path(value).expanduser()
     if not path.is_file():
-        return [f"run_config 'element-groups': {path} not found"]
-    with open(path, encoding="utf-8", newline="") as fh:
+        return [f"run_config '{key}': {path} not found"]
+    with open(path, encoding=encoding, newline="") as fh:
         header = [h.strip() for h in next(csv.reader(fh), [])]
-    if header != ["element", "group"]:
-        return [f"{path}: line 1: {','.join(header)!r}; expected the header 'element,group'"]
+    if header != expected:
+        return [
+            f"{path}: line 1: {','.join(header)!r}; expected the header '{','.join(expected)}'"
+        ]
     return []
 
 
@@ -263,7 +272,7 @@ def data_problems(cfg: Any) -> list[str]:
     """
     found = _relative(cfg)
     if cfg.element_groups:
-        found += _element_groups(cfg)
+        found += _csv_header("element-groups", cfg.element_groups, ["element", "group"], "utf-8")
     if cfg.server_data == "none":
         return found
     check = CHECKS.get(cfg.dataset)
@@ -278,5 +287,5 @@ def data_problems(cfg: Any) -> list[str]:
         except (OSError, ValueError, zipfile.BadZipFile) as err:
             found.append(str(err).splitlines()[0])
     if cfg.item_names and cfg.dataset in ("facility-location-table", "coverage-sets"):
-        found += _item_names(cfg)
+        found += _csv_header("item-names", cfg.item_names, ["item", "name"], "utf-8-sig")
     return found

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from flower_app.datasets.paths import json_object, open_text
+from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
     "CSV_NAME",
@@ -417,19 +418,7 @@ def synthetic_sent140(
     owner = np.repeat(np.arange(n_clients), per_client)
     tokens_per_client = np.bincount(owner, weights=lengths, minlength=n_clients) * 0.8
     # the top token's probability: expected clients containing it = target_dispersion
-    lo, hi = 1e-6, 0.5
-    for _ in range(60):
-        p_top = (lo + hi) / 2
-        covered = float(np.sum(1.0 - (1.0 - p_top) ** tokens_per_client))
-        lo, hi = (p_top, hi) if covered < target_dispersion else (lo, p_top)
-    ranks = np.arange(1, vocab_size + 1, dtype=np.float64)
-    lo_s, hi_s = 0.0, 3.0  # Σ p_top · v^(−s) = 1
-    for _ in range(60):
-        s = (lo_s + hi_s) / 2
-        total = p_top * float(np.sum(ranks**-s))
-        lo_s, hi_s = (s, hi_s) if total > 1.0 else (lo_s, s)
-    probs = ranks**-s
-    probs /= probs.sum()
+    probs = zipf_for_heat(tokens_per_client, target_dispersion, vocab_size, p_top_min=1e-6)
     weighted = rng.random(vocab_size) < weight_share
     weight = np.where(weighted, rng.normal(0, weight_std, vocab_size), 0.0)
     bias = rng.normal(0, 0.5, n_clients)

@@ -40,6 +40,7 @@ __all__ = [
     "ML1M_RATING_DISTRIBUTION",
     "synthetic_dblp",
     "synthetic_facility_location",
+    "zipf_for_heat",
 ]
 
 ML1M_DENSITY = 1_000_209 / (6_040 * 3_706)
@@ -47,6 +48,48 @@ ML1M_DENSITY = 1_000_209 / (6_040 * 3_706)
 
 ML1M_RATING_DISTRIBUTION = np.array([0.05616, 0.10753, 0.26114, 0.34890, 0.22626])
 """Share of ratings 1..5 in MovieLens-1M."""
+
+
+def zipf_for_heat(
+    draws: np.ndarray, target_dispersion: float, n_items: int, p_top_min: float
+) -> np.ndarray:
+    """Return Zipf-like popularities whose top item about ``target_dispersion`` clients draw.
+
+    The feature-heat calibration of the FedSubAvg stand-ins (``synthetic-amazon``,
+    ``synthetic-sent140``): the most popular item's probability p_top is chosen so that
+    Σ_c [1 − (1 − p_top)^{draws_c}], the expected number of clients drawing it at least once,
+    is ``target_dispersion``; then s so that p_top · Σ_v v^(−s) = 1, and p_v ∝ v^(−s). The
+    rarest items are drawn by about one client, so n_max / n_min lands near the target.
+
+    Parameters
+    ----------
+    draws : numpy.ndarray
+        Items each client draws (float, one entry per client).
+    target_dispersion : float
+        Clients that should touch the top item (the paper's feature-heat dispersion).
+    n_items : int
+        Items (tokens, products) v = 1..n_items.
+    p_top_min : float
+        Lower end of p_top's bisection (its upper end is 0.5).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 probabilities of the n_items items, by rank (summing to 1).
+    """
+    lo, hi = p_top_min, 0.5
+    for _ in range(60):
+        p_top = (lo + hi) / 2
+        covered = float(np.sum(1.0 - (1.0 - p_top) ** draws))
+        lo, hi = (p_top, hi) if covered < target_dispersion else (lo, p_top)
+    ranks = np.arange(1, n_items + 1, dtype=np.float64)
+    lo_s, hi_s = 0.0, 3.0  # Σ p_top · v^(−s) = 1
+    for _ in range(60):
+        s = (lo_s + hi_s) / 2
+        lo_s, hi_s = (s, hi_s) if p_top * float(np.sum(ranks**-s)) > 1.0 else (lo_s, s)
+    probs = ranks**-s
+    probs /= probs.sum()
+    return probs
 
 N_GENRES = 18
 _USER_SIGMA = 1.0

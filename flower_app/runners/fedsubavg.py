@@ -28,7 +28,6 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -68,7 +67,7 @@ from flower_app.node_data import (
 )
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
-from flower_app.strategies.base import to_metric_record
+from flower_app.strategies.base import messages_to, to_metric_record
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 
 __all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]
@@ -261,10 +260,7 @@ def _federated_metrics(grid: Grid, node_ids: list[int], x: np.ndarray, timeout: 
         {"arrays": ArrayRecord([np.asarray(x, dtype=np.float64)]),
          "config": ConfigRecord({"kind": "metrics"})}
     )  # fmt: skip
-    messages = [
-        Message(content, dst_node_id=int(n), message_type=MessageType.EVALUATE, group_id="metrics")
-        for n in node_ids
-    ]
+    messages = messages_to(node_ids, content, MessageType.EVALUATE, "metrics")
     keys = ("eval-loss-sum", "eval-n", "test-loss-sum", "test-correct", "test-n")
     sums = dict.fromkeys(keys, 0.0)
     replies = list(grid.send_and_receive(messages, timeout=timeout))

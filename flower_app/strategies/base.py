@@ -58,7 +58,15 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -81,6 +89,7 @@ __all__ = [
     "handler_hint",
     "is_flower_dp_wrapper",
     "int_metric",
+    "messages_to",
     "sample_nodes",
     "to_metric",
     "to_metric_record",
@@ -359,6 +368,33 @@ def check_initial_arrays(
 
 
 # ---------------------------------------------------------------------------- messages
+def messages_to(
+    nodes: Iterable[int], content: RecordDict, message_type: str, group_id: str = ""
+) -> list[Message]:
+    """Return one message per node, all carrying the same ``content``.
+
+    Parameters
+    ----------
+    nodes : iterable of int
+        The destination node ids, in the order the messages are returned.
+    content : RecordDict
+        What every node receives (one object: the messages share it).
+    message_type : str
+        E.g. ``MessageType.EVALUATE`` or ``"evaluate.appeal"``.
+    group_id : str, optional
+        The messages' group id (default none).
+
+    Returns
+    -------
+    list of Message
+        One message per node.
+    """
+    return [
+        Message(content, dst_node_id=int(n), message_type=message_type, group_id=group_id)
+        for n in nodes
+    ]
+
+
 def expire_after(messages: Iterable[Message], timeout: float) -> None:
     """Set each message's TTL so that it expires ``TTL_MARGIN`` s after ``timeout`` from now.
 
@@ -960,6 +996,53 @@ class RoundStrategy(Strategy):
     def merged_config(config: ConfigRecord | None, server_round: int, **extra: Any) -> ConfigRecord:
         """Return the user's config with ``server-round`` and the strategy's entries."""
         return ConfigRecord({**dict(config or {}), **extra, "server-round": int(server_round)})
+
+    def evaluate_like_fedavg(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        rng: random.Random,
+        group: str,
+    ) -> list[Message]:
+        """Return plain mode's ``evaluate`` messages, as Flower's ``FedAvg`` sends them.
+
+        The model and the user's ``evaluate_config`` (plus ``server-round``) go to a sample
+        of the connected nodes (:func:`sample_nodes`): ``fraction_evaluate`` of them, at
+        least ``min_evaluate_nodes``, once ``min_available_nodes`` are connected (three
+        attributes the strategy sets, as ``FedAvg`` does). No message when
+        ``fraction_evaluate`` is 0.
+
+        Parameters
+        ----------
+        server_round : int
+            The round (0: the initial model).
+        arrays : ArrayRecord
+            The model every sampled node evaluates.
+        config : ConfigRecord
+            The user's ``evaluate_config``.
+        grid : Grid
+            The ServerApp's grid.
+        rng : random.Random
+            The strategy's evaluation sampler (its own stream, so that evaluating does not
+            change which nodes train).
+        group : str
+            Prefix of the messages' group id, ``<group>-<server_round>``.
+
+        Returns
+        -------
+        list of Message
+            One ``evaluate`` message per sampled node (none if ``fraction_evaluate`` is 0).
+        """
+        fraction = float(self.fraction_evaluate)  # type: ignore[attr-defined]
+        if fraction <= 0:
+            return []
+        least = int(self.min_evaluate_nodes)  # type: ignore[attr-defined]
+        available = int(self.min_available_nodes)  # type: ignore[attr-defined]
+        nodes = sample_nodes(grid, rng, fraction, least, available, self._timeout)
+        content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
+        return messages_to(nodes, content, MessageType.EVALUATE, f"{group}-{server_round}")
 
     # ------------------------------------------------------------------ Strategy API
     def aggregate_train(

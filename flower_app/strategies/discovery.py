@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.strategies.base import MissingHandlerError, expire_after, handler_hint
+from flower_app.strategies.base import MissingHandlerError, expire_after, handler_hint, messages_to
 
 __all__ = [
     "COHORT_QUERY",
@@ -103,10 +103,7 @@ def _query_nodes(
     grid: Grid, node_ids: list[int], timeout: float, group_id: str = "discovery"
 ) -> list[Message]:
     content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
-    msgs = [
-        Message(content, dst_node_id=int(n), message_type=COHORT_QUERY, group_id=group_id)
-        for n in node_ids
-    ]
+    msgs = messages_to(node_ids, content, COHORT_QUERY, group_id)
     expire_after(msgs, timeout)
     return list(grid.send_and_receive(msgs, timeout=timeout))
 

@@ -98,6 +98,7 @@ from flower_app.strategies.base import (
     InitialArraysError,
     RoundStrategy,
     int_metric,
+    messages_to,
     sample_nodes,
     warn_fixed_length,
 )
@@ -561,11 +562,8 @@ class FedCGStrategy(RoundStrategy):
                 "config": self.merged_config(config, server_round),
             }
         )
-        return [
-            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
-                    group_id=f"evaluate-{server_round}")
-            for n in sorted(int(n) for n in grid.get_node_ids())
-        ]  # fmt: skip
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        return messages_to(nodes, content, MessageType.EVALUATE, f"evaluate-{server_round}")
 
     def probe_messages(
         self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord

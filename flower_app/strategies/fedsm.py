@@ -40,6 +40,7 @@ from flower_app.strategies.base import (
     RoundStrategy,
     check_replies,
     int_metric,
+    messages_to,
     sample_nodes,
     to_metric,
     warn_fixed_length,
@@ -670,10 +671,7 @@ class FedSMStrategy(RoundStrategy):
         content = RecordDict(
             {"arrays": selected_record([]), "config": self.merged_config(config, 0)}
         )
-        return [
-            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE)
-            for n in self.nodes
-        ]
+        return messages_to(self.nodes, content, MessageType.EVALUATE)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -693,7 +691,7 @@ class FedSMStrategy(RoundStrategy):
             {"arrays": selected, "config": self.merged_config(config, server_round)}
         )
         self._expected = set(nodes)
-        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
+        return messages_to(nodes, content, MessageType.EVALUATE)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

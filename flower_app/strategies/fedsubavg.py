@@ -67,6 +67,7 @@ from flower_app.strategies.base import (
     RoundStrategy,
     int_metric,
     is_flower_dp_wrapper,
+    messages_to,
     sample_nodes,
     to_metric,
 )
@@ -594,10 +595,7 @@ class FedSubAvgStrategy(RoundStrategy):
         """Run the counting round as a secure sum of dense per-row counts (all nodes)."""
         assert self.cohorts is not None and self.secure_aggregation is not None
         content = RecordDict({"config": ConfigRecord({"kind": "feature_heat"})})
-        messages = [
-            Message(content, dst_node_id=int(n), message_type=HEAT_TRAIN, group_id="heat")
-            for n in self.cohorts.node_ids
-        ]
+        messages = messages_to(self.cohorts.node_ids, content, HEAT_TRAIN, "heat")
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs), messages, self.secure_aggregation,
             random.Random(f"{self.seed}-secagg-heat"), 0, keys=key_book(grid),
@@ -851,20 +849,11 @@ class FedSubAvgStrategy(RoundStrategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plain mode with ``fraction_evaluate > 0``: the full model to a sample of nodes."""
-        if self.cohorts_mode or self.fraction_evaluate <= 0:
+        if self.cohorts_mode:
             return []
-        nodes = sample_nodes(
-            grid, self.eval_rng, self.fraction_evaluate, self.min_evaluate_nodes,
-            self.min_available_nodes, timeout=self._timeout,
+        return self.evaluate_like_fedavg(
+            server_round, arrays, config, grid, self.eval_rng, "evaluate"
         )
-        content = RecordDict(
-            {"arrays": arrays, "config": self.merged_config(config, server_round)}
-        )
-        return [
-            Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
-                    group_id=f"evaluate-{server_round}")
-            for n in nodes
-        ]
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

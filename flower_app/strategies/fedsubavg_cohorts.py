@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from flower_app.algorithms.fedsubavg.core import FeatureHeat, RoundUpdate
-from flower_app.strategies.base import int_metric
+from flower_app.strategies.base import int_metric, messages_to
 
 __all__ = [
     "HEAT_QUERY",
@@ -44,10 +44,7 @@ class BadReplyError(ValueError):
 def heat_messages(node_ids: Any, config: dict[str, Any]) -> list[Message]:
     """Return one ``query.feature_heat`` message per node with ``config``."""
     content = RecordDict({"config": ConfigRecord(config)})
-    return [
-        Message(content, dst_node_id=int(n), message_type=HEAT_QUERY, group_id="heat")
-        for n in node_ids
-    ]
+    return messages_to(node_ids, content, HEAT_QUERY, "heat")
 
 
 def config_ints(record: Any, key: str) -> np.ndarray:

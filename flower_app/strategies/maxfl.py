@@ -83,6 +83,7 @@ from flower_app.strategies.base import (
     RoundStrategy,
     int_metric,
     is_flower_dp_wrapper,
+    messages_to,
     sample_nodes,
     to_metric_record,
 )
@@ -614,15 +615,7 @@ class AppealStrategy(RoundStrategy):
         cfg = {**dict(config), "server-round": server_round, "tuned": int(tuned)}
         record = ArrayRecord([np.asarray(w) for w in self.server.weights])
         content = RecordDict({"arrays": record, "config": ConfigRecord(cfg)})
-        return [
-            Message(
-                content,
-                dst_node_id=int(n),
-                message_type=METRICS_MESSAGE,
-                group_id=f"eval-{server_round}",
-            )
-            for n in self.cohorts.node_ids
-        ]
+        return messages_to(self.cohorts.node_ids, content, METRICS_MESSAGE, f"eval-{server_round}")
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -987,15 +980,7 @@ class MaxFLStrategy(AppealStrategy):
                 "config": ConfigRecord({"server-round": int(server_round)}),
             }
         )
-        return [
-            Message(
-                content,
-                dst_node_id=int(n),
-                message_type=APPEAL_MESSAGE,
-                group_id=f"appeal-{server_round}",
-            )
-            for n in nodes
-        ]
+        return messages_to(nodes, content, APPEAL_MESSAGE, f"appeal-{server_round}")
 
     def _ask_appeal(self, server_round: int, nodes: list[int], grid: Grid) -> list[int]:
         """Send ``evaluate.appeal`` to ``nodes``; return those with F_k(w) < ρ_k."""
@@ -1022,15 +1007,7 @@ class MaxFLStrategy(AppealStrategy):
         if self.cohort_mode:
             return super().configure_train(server_round, arrays, config, grid)
         content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
-        return [
-            Message(
-                content,
-                dst_node_id=int(n),
-                message_type=MessageType.TRAIN,
-                group_id=str(server_round),
-            )
-            for n in self._nodes
-        ]
+        return messages_to(self._nodes, content, MessageType.TRAIN, str(server_round))
 
     def secure_transform(self) -> dict[str, Any] | None:
         """Plain mode under secure aggregation: nodes sum q_k (w − w_k), not their models."""
@@ -1172,22 +1149,7 @@ class MaxFLStrategy(AppealStrategy):
         """Plain mode: send w to ``fraction_evaluate`` of the nodes, as ``FedAvg`` does."""
         if self.cohort_mode:
             return super().configure_evaluate(server_round, arrays, config, grid)
-        if self.fraction_evaluate == 0.0:
-            return []
-        nodes = sample_nodes(
-            grid, self._eval_rng, self.fraction_evaluate, self.min_evaluate_nodes,
-            self.min_available_nodes, self._timeout,
-        )  # fmt: skip
-        content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
-        return [
-            Message(
-                content,
-                dst_node_id=int(n),
-                message_type=MessageType.EVALUATE,
-                group_id=f"eval-{server_round}",
-            )
-            for n in nodes
-        ]
+        return self.evaluate_like_fedavg(server_round, arrays, config, grid, self._eval_rng, "eval")
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

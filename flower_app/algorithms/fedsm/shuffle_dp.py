@@ -44,6 +44,7 @@ Who the bound holds against
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -157,14 +158,9 @@ def calibrate_flip(n: int, k: int, epsilon: float, delta: float) -> float:
     """
     if query_delta(n, k, 1.0 - 1e-9, epsilon) > delta:
         return 1.0
-    lo, hi = 0.0, 1.0
-    while hi - lo > 1e-4:
-        mid = (lo + hi) / 2.0
-        if query_delta(n, k, mid, epsilon) <= delta:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _bisect_private(
+        lambda p: query_delta(n, k, p, epsilon) <= delta, 0.0, 1.0, abs_tol=1e-4, rel_tol=0.0
+    )
 
 
 def local_epsilon(k: int, flip: float) -> float:
@@ -195,10 +191,39 @@ def query_epsilon(n: int, k: int, flip: float, delta: float) -> float:
         return 0.0
     if not math.isfinite(hi) or query_delta(n, k, flip, hi) > delta:
         return hi
-    lo = 0.0
-    while hi - lo > 1e-3 * hi:
+    return _bisect_private(
+        lambda e: query_delta(n, k, flip, e) <= delta, 0.0, hi, abs_tol=0.0, rel_tol=1e-3
+    )
+
+
+def _bisect_private(
+    private: Callable[[float], bool],
+    lo: float,
+    hi: float,
+    *,
+    abs_tol: float,
+    rel_tol: float,
+) -> float:
+    """Return the smallest value in [lo, hi] at which ``private`` holds, by bisection.
+
+    Parameters
+    ----------
+    private : callable
+        ``private(value) -> bool``: holds at ``hi`` and, once it holds, for every larger
+        value (more flips or a larger ε: more privacy).
+    lo, hi : float
+        The bracket.
+    abs_tol, rel_tol : float
+        Stop when ``hi − lo ≤ abs_tol + rel_tol · hi`` (one of them > 0).
+
+    Returns
+    -------
+    float
+        The upper end of the last bracket: ``private`` holds there.
+    """
+    while hi - lo > abs_tol + rel_tol * hi:
         mid = (lo + hi) / 2.0
-        if query_delta(n, k, flip, mid) <= delta:
+        if private(mid):
             hi = mid
         else:
             lo = mid
