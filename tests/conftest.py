@@ -116,19 +116,31 @@ def flwr_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulati
 #: group name -> the fixtures that put a test in it
 SHARED = {
     "ray": ("ray_head", "flower_cli"),  # the Ray head (one per run instead of one per worker)
-    "rehearsal": ("rehearsal",),  # the edge-device rehearsal (4 namespaced, limited nodes)
+    "rehearsal": ("rehearsal",),  # the edge-device rehearsal (3 namespaced, limited nodes)
 }
 #: where the workers tell the scheduler the group of each test (set by the run's first process)
 GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 
-#: seconds the longest work units (a file, or a group of :data:`SHARED`) took in the
-#: measured runs of docs/testing.md: they are handed out first, longest first, so that both
-#: workers end together (xdist's own order, by number of tests, left the 30-40 s files of one
-#: test for the end); a unit not listed comes after them, in collection order
+#: seconds the longest work units (a file, or a group of :data:`SHARED`) took in CI's pytest
+#: (FLOWER_APP_REALDATA=1, -n 3) of 2026-11-26 21:19, load 10-16 (docs/testing.md): they
+#: are handed out first, longest first, so that the workers end together (xdist's own
+#: order, and a table that listed only the rehearsals and the Ray group, left the 5-7
+#: minute test_reproduction_pins.py for the end, run alone); a unit not listed comes after
+#: them, in collection order
 LONGEST: dict[str, float] = {
-    "rehearsal": 780.0,  # CI (FLOWER_APP_REALDATA=1, -n 3), load 6-10: synthetic + Fashion-MNIST
-    "rehearsal-movielens": 700.0,  # the same runs: the deploy tests on MovieLens-1M files
-    "ray": 125.0,  # default suite, load 6: the tests on the run's Ray head
+    "rehearsal-movielens": 1070.0,  # the deploy tests on the nodes' MovieLens-1M files
+    "rehearsal": 990.0,  # the other deploy tests: synthetic + Fashion-MNIST files
+    "ray": 566.0,  # the tests on the run's Ray head
+    "test_reproduction_pins.py": 415.0,
+    "test_docs_blocks.py": 246.0,
+    "test_cli_preflight.py": 143.0,
+    "test_flower_engine.py": 138.0,
+    "test_cli.py": 133.0,
+    "test_resume.py": 128.0,
+    "test_dp_against_server.py": 103.0,
+    "test_examples_fmnist_maxfl.py": 101.0,
+    "test_deploy_guide.py": 83.0,
+    "test_examples_fedsubavg.py": 78.0,
 }
 
 

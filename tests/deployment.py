@@ -1,7 +1,7 @@
 """Deployment fixtures: real SuperLinks and SuperNodes, started by flower_app.deploy.
 
 * ``rehearsal`` (session): the edge-device rehearsal every ``deploy`` test shares — a TLS +
-  node-authentication SuperLink with a database and 4 SuperNodes, each in its own network
+  node-authentication SuperLink with a database and 3 SuperNodes, each in its own network
   namespace with the memory and CPU limits of :data:`~flower_app.deploy.rehearsal.EDGE_DEVICE`
   (loopback and no limits where the machine has neither, said once on stderr). A test gives
   the nodes their data with ``rehearsal.provision(node_export(...), ext)`` (a no-op when they
@@ -43,8 +43,11 @@ from flower_app.deploy.rehearsal import EDGE_DEVICE, Rehearsal
 from flower_app.export import main as export_main
 from flower_app.simulation import FlwrRun, LocalSimulation
 
-#: SuperNodes of the shared rehearsal
-REHEARSAL_NODES = 4
+#: SuperNodes of the shared rehearsal: 3, the fewest SecAgg+ accepts (a 2-node sum would
+#: reveal each node's update to the other). Every node costs a ClientApp process per
+#: message (Flower's import alone ~2.5 CPU-s, ~6 with torch on this 2-core machine): with
+#: 4 nodes the deploy tests were most of CI's CPU
+REHEARSAL_NODES = 3
 
 
 def data_root() -> Path:
@@ -57,7 +60,7 @@ def data_root() -> Path:
 
 @pytest.fixture(scope="session")
 def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
-    """The shared edge-device rehearsal (4 nodes); nodes start on the first provision."""
+    """The shared edge-device rehearsal (3 nodes); nodes start on the first provision."""
     reh = Rehearsal(tmp_path_factory.mktemp("rehearsal"), REHEARSAL_NODES, EDGE_DEVICE)
     try:
         reh.start(nodes=False)

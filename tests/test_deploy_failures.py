@@ -1,6 +1,6 @@
 """Failures on the edge-device rehearsal: nodes killed and restarted, the SuperLink killed.
 
-The session's rehearsal (``tests/deployment.py``), each of its 4 SuperNodes holding only its
+The session's rehearsal (``tests/deployment.py``), each of its 3 SuperNodes holding only its
 exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr run``:
 
 * SuperNode 1 is SIGKILLed (its process only, as the kernel's OOM killer or ``kill -9`` would)

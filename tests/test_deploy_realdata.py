@@ -1,6 +1,6 @@
 """The edge-device rehearsal with real data: each SuperNode holds only its exported file.
 
-The session's rehearsal (``tests/deployment.py``: TLS, node authentication, a database, 4
+The session's rehearsal (``tests/deployment.py``: TLS, node authentication, a database, 3
 SuperNodes each in its own network namespace with 1 GiB and half a core) is given
 ``python -m flower_app.export``'s files — Fashion-MNIST npz arrays, the MovieLens rating
 task's npz samples — one per node. The server reads no client data for FedSubAvg

@@ -69,9 +69,14 @@ def test_same_set_whatever_the_split_of_users_over_nodes(
     assert max(r["nodes"] for r in rows) <= min(num_supernodes, 10)  # only nodes with sampled users
 
 
+@pytest.mark.long
 def test_invalid_config_fails_the_run_before_any_round(flwr_cli) -> None:
     """The real `flwr run . --stream`: a bad --run-config value must reach the user as a
-    failed run (status from `flwr ls`) with the reason, which only the command shows."""
+    failed run (status from `flwr ls`) with the reason, which only the command shows.
+
+    ``long`` (CI): a real SuperLink, ``flwr-simulation`` and Ray for one refusal, ~30 s of
+    the default suite's 4 minutes; the default suite checks the refusal itself
+    (``test_config.py``) and ``flower-app run``'s preflight (``test_cli_preflight.py``)."""
     run = flwr_cli.run({"k": 999}, num_supernodes=2)
     assert run.status == "finished:failed"
     assert "k=999 exceeds the ground set" in run.output + run.details

@@ -47,6 +47,11 @@ __all__ = ["SecureFederation"]
 GUIDE_PORT, GUIDE_CLIENTAPPIO_PORT = 9092, 9094
 
 
+#: seconds between two ``flwr supernode ls`` while waiting for a node's status: each is a
+#: ``flwr`` process (~2.5 CPU-s of imports on a 2-core machine), and Flower itself only
+#: notices a dead node after a heartbeat period of 30 s
+LS_POLL = 2.0
+
 class SecureFederation:
     """A SuperLink with TLS, SuperNode authentication and ``--database``, plus SuperNodes.
 
@@ -283,7 +288,7 @@ class SecureFederation:
                     )
                     or f"nodes not online: {rows}"
                 )
-            time.sleep(0.5)
+            time.sleep(LS_POLL)
 
     def wait_status(self, index: int, status: str, timeout: float = 180.0) -> None:
         """Wait until the SuperLink lists node ``index`` with ``status`` (e.g. offline)."""
@@ -295,7 +300,7 @@ class SecureFederation:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {index} ({node_id}) is {rows.get(node_id)}, not {status}")
-            time.sleep(0.5)
+            time.sleep(LS_POLL)
 
     def _not_online(self, index: int, why: str) -> str:
         proc = self.nodes.get(index)
