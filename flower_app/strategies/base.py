@@ -1009,7 +1009,7 @@ class RoundStrategy(Strategy):
         """Return plain mode's ``evaluate`` messages, as Flower's ``FedAvg`` sends them.
 
         The model and the user's ``evaluate_config`` (plus ``server-round``) go to a sample
-        of the connected nodes (:func:`sample_nodes`): ``fraction_evaluate`` of them, at
+        of the connected nodes (``sample_nodes``): ``fraction_evaluate`` of them, at
         least ``min_evaluate_nodes``, once ``min_available_nodes`` are connected (three
         attributes the strategy sets, as ``FedAvg`` does). No message when
         ``fraction_evaluate`` is 0.
