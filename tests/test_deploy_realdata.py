@@ -42,7 +42,7 @@ MAXFL = {
     "dataset": "fmnist",
     "clients-per-round": 5,
     "maxfl-rounds": 2,
-    "maxfl-eval-every": 1,
+    "maxfl-eval-every": 2,  # rounds 0 and 2 (each evaluation: a torch ClientApp per node)
     "seed": 1,
     "round-timeout": 600.0,
 }
