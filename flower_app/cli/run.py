@@ -16,6 +16,11 @@ Flower facts this module works around (flwr 1.41/1.42):
   without touching any other SuperLink on the machine.
 - The ServerApp and ClientApps run from Flower's installed copy of the app
   (``$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash>/``), so tracebacks name files there.
+- ``flwr run`` gives the local SuperLink it starts 15 s to answer; on a busy machine it
+  needs more (two ``flower-app run`` at once on a loaded 2-core machine both failed with
+  "Failed to start local SuperLink within 15s"). So :func:`start_local_superlink` starts it
+  first, with Flower's own command, and waits up to 300 s; ``flwr run`` then finds it
+  running and uses it.
 - ``flwr run`` finds its local SuperLink by port, not by ``FLWR_HOME``: whatever answers on
   ``127.0.0.1:39091`` (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, control API
   ``FLWR_LOCAL_CONTROL_API_PORT``, default 39093) is used, whichever home started it.
@@ -36,6 +41,8 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,6 +181,71 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
         tmp.write_text(json.dumps(ports, indent=1) + "\n")
         os.replace(tmp, file)
     return ports, note
+
+
+def start_local_superlink(
+    home: Path, ports: dict[str, int], env: dict[str, str], timeout: float = 300.0
+) -> int | None:
+    """Start ``home``'s local SuperLink as ``flwr run`` would, without its 15 s limit.
+
+    The command is Flower's own for its managed local SuperLink (``flwr/cli/
+    local_superlink.py``: simulation mode, subprocess isolation, the database
+    ``$FLWR_HOME/local-superlink/state.db`` that :func:`local_superlink_pids` finds it by),
+    on this home's ports, detached like Flower's (it outlives the command; ``flower-app
+    stop`` stops it). Nothing is started when this home's SuperLink already runs.
+
+    Parameters
+    ----------
+    home : pathlib.Path
+        The ``FLWR_HOME``.
+    ports : dict
+        :func:`local_ports`' ports.
+    env : dict
+        The environment of ``flwr run``.
+    timeout : float, optional
+        Seconds allowed until its health endpoint answers.
+
+    Returns
+    -------
+    int or None
+        The PID of the SuperLink started, or None if it was already running.
+
+    Raises
+    ------
+    RuntimeError
+        If it exits or does not answer within ``timeout`` (the message names its log).
+    """
+    if local_superlink_pids(home):
+        return None
+    folder = home / "local-superlink"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "superlink.log"
+    cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
+           "--isolation", "subprocess",
+           "--control-api-address", f"127.0.0.1:{ports['control-api-port']}",
+           "--host", "127.0.0.1", "--port", str(ports["http-api-port"]),
+           "--log-file", str(log), "--log-rotation-interval-hours", "24",
+           "--log-rotation-backup-count", "7", "--database", str(folder / "state.db")]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{ports['http-api-port']}/health"
+    deadline = time.monotonic() + timeout
+    while True:
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(url, timeout=5) as response,  # noqa: S310 (loopback)
+        ):
+            if 200 <= response.status < 300:
+                return proc.pid
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+            why = f"exited with code {proc.poll()}" if proc.returncode is not None else (
+                f"did not answer within {timeout:.0f} s")  # fmt: skip
+            raise RuntimeError(f"the local SuperLink {why}; see its log {log}")
+        time.sleep(0.2)
 
 
 def _is_local(superlink: str | None, home: Path) -> bool:
@@ -380,6 +452,12 @@ def run_app(
         if note:
             print(f"flower-app run: {note} ({', '.join(map(str, ports.values()))})")
     env = _env(ports)
+    if ports is not None:  # Flower would give it 15 s, which a busy machine exceeds
+        try:
+            start_local_superlink(home, ports, env)
+        except RuntimeError as err:
+            print(f"flower-app run: {err}", file=sys.stderr)
+            return 1
     cmd = [str(BIN / "flwr"), "run", str(app_dir), *([superlink] if superlink else []), "--stream"]
     for text in run_configs:
         cmd += ["--run-config", text]
