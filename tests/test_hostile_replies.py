@@ -1032,3 +1032,19 @@ def test_discovery_asks_again_after_a_failed_or_lost_cohort_query(ask: Callable)
     )
     with pytest.raises(DiscoveryError, match=rf"failing: node {failing}: Node Unavailable"):
         ask(grid, 0.3, poll_interval=0.01, retry_after=0.01)
+    # a node that refused once (its data file) and then stayed silent until the deadline
+    # is named with that refusal, not only with the last, cut-short query
+    refused: set[int] = set()
+
+    def refuse_then_silence(msg: Message, reply: Message) -> Message | None:
+        dst = msg.metadata.dst_node_id
+        if dst != failing:
+            return reply
+        if dst in refused:
+            return None
+        refused.add(dst)
+        return Message(Error(code=0, reason="NodeDataError: num-partitions=4"), reply_to=msg)
+
+    grid.tamper = refuse_then_silence
+    with pytest.raises(DiscoveryError, match=r"its last error: NodeDataError: num-partitions=4"):
+        ask(grid, 0.5, poll_interval=0.01, query_timeout=0.05, retry_after=0.01)

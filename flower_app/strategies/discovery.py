@@ -145,6 +145,7 @@ class CohortQueries:
         self.answered: set[int] = set()
         self.retry_at: dict[int, float] = {}
         self.reasons: dict[int, str] = {}
+        self.errors: dict[int, str] = {}  # each node's last error reply, kept past timeouts
 
     def expired(self) -> bool:
         """Return whether ``timeout`` has passed."""
@@ -177,10 +178,12 @@ class CohortQueries:
                         "to say which users it serves; a node that is one client needs "
                         "plain mode, the strategies' default)"
                     )
+                self.errors[src] = reason
                 self._retry(src, reason)
                 continue
             self.answered.add(src)
             self.reasons.pop(src, None)
+            self.errors.pop(src, None)
             good.append(reply)
         for src in sorted(silent):
             self._retry(src, f"no reply in {wait:.0f} s")
@@ -193,8 +196,19 @@ class CohortQueries:
         self.retry_at[node] = time.monotonic() + self.retry_after
 
     def failing(self) -> str:
-        """Return the nodes whose last query failed, with the reasons ("" if none)."""
-        return "; ".join(f"node {n}: {r}" for n, r in sorted(self.reasons.items()))
+        """Return the nodes whose last query failed, with the reasons ("" if none).
+
+        A node whose last query went unanswered but that replied with an error before
+        (e.g. its ClientApp refused its data file) is listed with that error too: a
+        query cut short by the deadline must not hide the cause.
+        """
+        parts = []
+        for node, reason in sorted(self.reasons.items()):
+            error = self.errors.get(node)
+            if error is not None and error != reason:
+                reason = f"{reason}; its last error: {error}"
+            parts.append(f"node {node}: {reason}")
+        return "; ".join(parts)
 
 
 def discover_cohorts(
