@@ -14,7 +14,17 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["alive", "argv", "cmdline", "environ", "pids", "stat_fields", "state"]
+__all__ = [
+    "alive",
+    "argv",
+    "cmdline",
+    "cwd",
+    "environ",
+    "open_paths",
+    "pids",
+    "stat_fields",
+    "state",
+]
 
 _PROC = Path("/proc")
 
@@ -45,6 +55,34 @@ def environ(pid: int) -> list[bytes] | None:
         return (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
     except OSError:
         return None
+
+
+def cwd(pid: int) -> str | None:
+    """Return the process's working directory (``/proc/PID/cwd``)."""
+    try:
+        return os.readlink(_PROC / str(pid) / "cwd")
+    except OSError:
+        return None
+
+
+def open_paths(pid: int) -> list[str] | None:
+    """Return what the process's open file descriptors point to (``/proc/PID/fd/*``).
+
+    Files and folders as absolute paths; pipes, sockets and other anonymous objects as the
+    kernel names them (``pipe:[123]``, ``socket:[456]``). A descriptor closed while we read
+    is left out.
+    """
+    try:
+        fds = list(os.scandir(_PROC / str(pid) / "fd"))
+    except OSError:
+        return None
+    out = []
+    for fd in fds:
+        try:
+            out.append(os.readlink(fd.path))
+        except OSError:
+            continue
+    return out
 
 
 def stat_fields(pid: int) -> list[str] | None:

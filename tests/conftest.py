@@ -76,9 +76,11 @@ from tests.deployment import Deployment, deployment, node_export, rehearsal  # n
 
 
 def _ray_prefix() -> str:
-    """Name prefix of this run's scratch folders in /tmp (its Ray heads', the scheduler's
-    groups file): the watchdog deletes them when the run has ended."""
-    return f"fa-ray-{os.environ[process_sweep.TOKEN_VAR][-8:]}"
+    """Name prefix of this run's scratch folders in /tmp (its Ray heads', the Ray temp dir of
+    its ``flwr run`` simulations, the scheduler's groups file): the watchdog stops the
+    processes holding files open in them (:func:`flower_app.process_sweep.run_processes`)
+    and deletes them when the run has ended."""
+    return Path(process_sweep.scratch_prefix(os.environ[process_sweep.TOKEN_VAR])).name[:-1]
 
 
 @pytest.fixture(scope="session")
@@ -217,6 +219,11 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[OWNER_VAR] = str(os.getpid())
         scratch = tempfile.mkdtemp(prefix=f"{_ray_prefix()}-run-", dir="/tmp")
         os.environ[GROUPS_VAR] = str(Path(scratch) / "xdist-groups.json")
+        # the Ray instances that `flwr run` simulations of this run start (Flower calls
+        # ray.init without a temp dir) keep their session folders here, not in the machine's
+        # shared /tmp/ray: the watchdog finds their agents by the files they hold open there
+        # (their environment may not show the token: process_sweep's docstring)
+        os.environ["RAY_TMPDIR"] = scratch
         report = os.environ.get(REPORT_VAR)
         process_sweep.spawn_reaper(
             os.environ[process_sweep.TOKEN_VAR],

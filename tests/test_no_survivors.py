@@ -2,21 +2,27 @@
 a real `flwr run`'s SuperLink and an in-process Flower run going is stopped from outside with
 SIGTERM to its process group (what `timeout` sends), and no process of it is left.
 
-Survivors are looked for by the run's own token (``FLOWER_APP_PROCESS_TOKEN`` in
-``/proc/PID/environ``), never by a program name: other checkouts' SuperLinks and Ray run on
-this machine too.
+Survivors are looked for by the rule the watchdog stops them by
+(:func:`flower_app.process_sweep.run_processes`: the run's token in ``/proc/PID/environ``, a
+working directory or open file under the run's scratch folders, or descent from such a
+process), never by a program name: other checkouts' SuperLinks and Ray run on this machine
+too. The token alone missed Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``):
+``setproctitle`` overwrites part of their environment, and they outlive their raylet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from flower_app import process_sweep
+from flower_app import process_sweep, procfs
 
 TESTS = Path(__file__).resolve().parent
 
@@ -99,15 +105,18 @@ def test_sigterm_to_a_test_run_leaves_no_process_behind(tmp_path: Path) -> None:
             "the inner run's processes up",
         )
         assert inner.poll() is None, (tmp_path / "inner.log").read_text()[-4000:]
-        started = process_sweep.processes_with_token(token)
+        started = process_sweep.run_processes(token)
         commands = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                             for pid in started if Path(f"/proc/{pid}").exists())
-        assert "flower-superlink" in commands and "raylet" in commands, commands
+        # the Ray head's agents are the run's too, whether or not their environment still
+        # shows the token (a SIGTERM'd CI run left them behind when only that was looked at)
+        for what in ("flower-superlink", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+            assert what in commands, (what, commands)
 
         os.killpg(inner.pid, signal.SIGTERM)  # as `timeout` does: the whole process group
         inner.wait(timeout=120)
-        # the watchdog sweeps once pytest has exited; nothing with the token may remain
-        _wait(lambda: not process_sweep.processes_with_token(token), 180, "no survivors")
+        # the watchdog sweeps once pytest has exited; nothing of the run may remain
+        _wait(lambda: not process_sweep.run_processes(token), 180, "no survivors")
         _wait(report.exists, 60, "the watchdog's report")
     finally:
         left = process_sweep.sweep(token, grace=5)
@@ -116,3 +125,70 @@ def test_sigterm_to_a_test_run_leaves_no_process_behind(tmp_path: Path) -> None:
             inner.wait()
         log.close()
     assert left == {}, left
+
+
+def _start(code: str, env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd="/",
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+#: a process that forks, the parent exits (the child is an orphan, as Ray's agents are once
+#: their raylet is gone), and the child holds a file open under argv[1] and writes its PID
+ORPHAN = """
+import os, sys, time
+if os.fork():
+    os._exit(0)
+with open(os.path.join(sys.argv[1], "log"), "w") as log:
+    (open(sys.argv[2] + ".tmp", "w").write(str(os.getpid())), os.replace(sys.argv[2] + ".tmp",
+                                                                          sys.argv[2]))
+    time.sleep(600)
+"""
+#: a process that starts a child with an empty environment (no token) and waits
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={}, cwd="/")
+open(sys.argv[1] + ".tmp", "w").write(str(child.pid))
+import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def test_sweep_finds_the_runs_processes_without_its_token_and_no_others(tmp_path: Path) -> None:
+    """The rules of :func:`process_sweep.run_processes` on real processes: an orphan without
+    the token that holds a file open in the run's scratch folder, and a child started with an
+    empty environment by a process with the token, are the run's and are stopped; the same
+    kinds of process of another token's run are left alone."""
+    ours, theirs = process_sweep.new_token(), process_sweep.new_token()
+    clean = {k: v for k, v in os.environ.items() if k != process_sweep.TOKEN_VAR}
+    procs, pids = [], {}
+    folders = []
+    try:
+        for name, token in (("ours", ours), ("theirs", theirs)):
+            scratch = tempfile.mkdtemp(prefix=Path(process_sweep.scratch_prefix(token)).name,
+                                       dir="/tmp")  # fmt: skip
+            folders.append(scratch)
+            procs.append(_start(ORPHAN, clean, scratch, str(tmp_path / f"{name}-orphan")))
+            procs.append(_start(PARENT, {**clean, process_sweep.TOKEN_VAR: token},
+                                str(tmp_path / f"{name}-child")))  # fmt: skip
+            pids[name] = {procs[-1].pid}
+        for name in ("ours", "theirs"):
+            for kind in ("orphan", "child"):
+                path = tmp_path / f"{name}-{kind}"
+                _wait(path.exists, 120, f"{name} {kind}")
+                pids[name].add(int(path.read_text()))
+        assert process_sweep.processes_with_token(ours) == [procs[1].pid]  # the token alone
+        assert process_sweep.run_processes(ours) == sorted(pids["ours"])
+        assert process_sweep.run_processes(theirs) == sorted(pids["theirs"])
+
+        swept = process_sweep.sweep(ours, grace=30)
+        assert sorted(swept) == sorted(pids["ours"])
+        assert not any(procfs.alive(pid) for pid in pids["ours"])
+        assert all(procfs.alive(pid) for pid in pids["theirs"])
+    finally:
+        for pid in pids.get("ours", set()) | pids.get("theirs", set()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait(timeout=30)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
