@@ -16,6 +16,8 @@ import numpy as np
 
 __all__ = ["user_rng"]
 
+_WORD = 2**32
+
 
 def user_rng(seed: int, server_round: int, user: int, *purpose: int) -> np.random.Generator:
     """Return ``default_rng([seed, server_round, user, *purpose])``: a user's stream.
@@ -38,4 +40,9 @@ def user_rng(seed: int, server_round: int, user: int, *purpose: int) -> np.rando
         A fresh generator; the same keys give the same draws.
     """
     keys = [int(seed), int(server_round), int(user), *(int(p) for p in purpose)]
+    if min(keys) >= 0 and max(keys) < _WORD:
+        # SeedSequence turns each int below 2^32 into one uint32 word: handing it the words
+        # directly gives the same entropy (the same stream) without its per-int coercion
+        words = np.array(keys, dtype=np.uint32)
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
     return np.random.default_rng(keys)
