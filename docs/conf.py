@@ -39,6 +39,7 @@ root_doc = "index"
 exclude_patterns = [
     "_build",
     "benchmarks/fedsm-growth*.md",
+    "benchmarks/pins-hot-paths.md",
     "benchmarks/secure-aggregation-overhead.md",
     "benchmarks/privacy/*.md",
 ]

@@ -39,9 +39,12 @@ __all__ = [
     "GENDERS",
     "OneHotLayout",
     "accuracy",
+    "accuracy_of_logits",
+    "column_logits",
     "local_sgd",
     "log_loss",
     "logits",
+    "loss_of_logits",
     "sigmoid",
 ]
 
@@ -145,11 +148,39 @@ def logits(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         float64 logits, shape (n,). The six weights are added left to right, so the
         result does not depend on how many samples are evaluated together.
     """
-    w = x[rows]
-    z = w[:, 0].copy()
-    for c in range(1, w.shape[1]):
-        z += w[:, c]
+    return column_logits(x, np.asarray(rows).T)
+
+
+def column_logits(x: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """Return :func:`logits` of samples whose rows are given column by column.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Weights.
+    columns : numpy.ndarray
+        (6, n): ``columns[c]`` holds every sample's c-th row (the transpose of ``rows``; a
+        C-contiguous one, kept by an evaluator, gathers fastest).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 logits, shape (n,): the six weights added left to right, as :func:`logits`.
+    """
+    z = x[columns[0]]
+    for c in range(1, len(columns)):
+        z += x[columns[c]]
     return z
+
+
+def loss_of_logits(z: np.ndarray, y: np.ndarray) -> float:
+    """Return :func:`log_loss` from the samples' logits ``z``."""
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def accuracy_of_logits(z: np.ndarray, y: np.ndarray) -> float:
+    """Return :func:`accuracy` from the samples' logits ``z``."""
+    return float(np.mean((z > 0) == (y > 0.5)))
 
 
 def log_loss(x: np.ndarray, rows: np.ndarray, y: np.ndarray) -> float:
@@ -169,8 +200,7 @@ def log_loss(x: np.ndarray, rows: np.ndarray, y: np.ndarray) -> float:
     float
         mean_s [log(1 + e^{z_s}) − y_s z_s].
     """
-    z = logits(x, rows)
-    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+    return loss_of_logits(logits(x, rows), y)
 
 
 def accuracy(x: np.ndarray, rows: np.ndarray, y: np.ndarray) -> float:
@@ -190,7 +220,7 @@ def accuracy(x: np.ndarray, rows: np.ndarray, y: np.ndarray) -> float:
     float
         Accuracy in [0, 1].
     """
-    return float(np.mean((logits(x, rows) > 0) == (y > 0.5)))
+    return accuracy_of_logits(logits(x, rows), y)
 
 
 def local_sgd(

@@ -9,6 +9,10 @@ import numpy as np
 
 __all__ = ["Matroid", "PartitionMatroid", "UniformMatroid"]
 
+#: integer dtypes whose every value is an int64 (the elements' fast conversion)
+_EXACT_INT64 = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
+                                           np.uint8, np.uint16, np.uint32))  # fmt: skip
+
 
 class Matroid(ABC):
     """A matroid M = (E, I) with E = {0, …, n_elements − 1}."""
@@ -35,7 +39,12 @@ class Matroid(ABC):
         """
 
     def _as_array(self, selected: Iterable[int]) -> np.ndarray:
-        arr = np.fromiter((int(e) for e in selected), dtype=np.int64)
+        arr = np.asarray(selected) if isinstance(selected, list | tuple | np.ndarray) else None
+        if arr is not None and arr.ndim == 1 and arr.dtype in _EXACT_INT64:
+            # a flat sequence of integers converts at once, to the values int() gives
+            arr = arr.astype(np.int64, copy=False)
+        else:
+            arr = np.fromiter((int(e) for e in selected), dtype=np.int64)
         if arr.size and (arr.min() < 0 or arr.max() >= self.n_elements):
             raise IndexError(f"element index out of range 0..{self.n_elements - 1}")
         return arr

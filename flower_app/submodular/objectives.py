@@ -69,14 +69,27 @@ class MaxRowObjective:
         return float(self.values.data.max()) if self.values.nnz else 0.0
 
     def _rows(self, users: np.ndarray | None) -> sp.csr_matrix:
-        return self.values if users is None else self.values[np.asarray(users, dtype=np.int64)]
+        """Return the rows of ``users`` (all rows, not a copy, when they are 0..n−1 in order).
 
-    def _column(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        The result is only read: callers never modify it.
+        """
+        if users is None:
+            return self.values
+        users = np.asarray(users, dtype=np.int64)
+        if users.shape == (self.n_users,) and np.array_equal(users, np.arange(self.n_users)):
+            return self.values
+        return self.values[users]
+
+    def _csc_matrix(self) -> sp.csc_matrix:
         if self._csc is None:
             self._csc = self.values.tocsc()
             self._csc.sort_indices()
-        start, stop = self._csc.indptr[e], self._csc.indptr[e + 1]
-        return self._csc.indices[start:stop], self._csc.data[start:stop]
+        return self._csc
+
+    def _column(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        csc = self._csc_matrix()
+        start, stop = csc.indptr[e], csc.indptr[e + 1]
+        return csc.indices[start:stop], csc.data[start:stop]
 
     # ------------------------------------------------------------------ state
     def user_values(self, selected: Sequence[int], users: np.ndarray | None = None) -> np.ndarray:
@@ -94,11 +107,24 @@ class MaxRowObjective:
         numpy.ndarray
             float64 array of length ``len(users)`` (or ``n_users``).
         """
-        rows = self._rows(users)
-        mask = np.zeros(self.n_elements, dtype=bool)
         sel = np.asarray(list(selected), dtype=np.int64)
         if sel.size and (sel.min() < 0 or sel.max() >= self.n_elements):
             raise IndexError(f"{self.name}: element index out of range 0..{self.n_elements - 1}")
+        indptr = self.values.indptr
+        if users is None:
+            row_nnz = self.values.nnz
+        else:
+            users = np.asarray(users, dtype=np.int64)
+            row_nnz = int((indptr[users + 1] - indptr[users]).sum())
+        if sel.size:
+            # S's columns hold fewer entries than the users' rows: take the maxima column by
+            # column (the same maxima: max is exact, whichever order the entries come in)
+            col_ptr = self._csc_matrix().indptr
+            col_nnz = int((col_ptr[sel + 1] - col_ptr[sel]).sum())
+            if col_nnz + self.n_users < row_nnz:
+                return self._user_values_by_column(sel, users)
+        rows = self._rows(users)
+        mask = np.zeros(self.n_elements, dtype=bool)
         mask[sel] = True
         data = np.where(mask[rows.indices], rows.data, 0.0)
         out = np.zeros(rows.shape[0])
@@ -106,6 +132,17 @@ class MaxRowObjective:
         if nnz_rows.size:
             out[nnz_rows] = np.maximum.reduceat(data, rows.indptr[nnz_rows])
         return out
+
+    def _user_values_by_column(self, sel: np.ndarray, users: np.ndarray | None) -> np.ndarray:
+        """:meth:`user_values` from the columns of S (CSC), in O(Σ_{e ∈ S} nnz(e) + n)."""
+        csc = self._csc_matrix()
+        starts, stops = csc.indptr[sel], csc.indptr[sel + 1]
+        lengths = stops - starts
+        offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+        entries = offsets + np.arange(int(lengths.sum()))
+        best = np.zeros(self.n_users)
+        np.maximum.at(best, csc.indices[entries], csc.data[entries])
+        return best if users is None else best[users]
 
     def value(self, selected: Sequence[int], users: np.ndarray | None = None) -> float:
         """Return Σ_i f_i(S) over the given users (all users when None)."""

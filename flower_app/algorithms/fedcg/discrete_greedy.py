@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
-from flower_app.algorithms.common.streams import user_rng
+from flower_app.algorithms.common.streams import first_uniforms, user_rng
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -169,8 +169,8 @@ def discrete_report_sum(
     if ids.shape != (objective.n_users,) or kappa_i.shape != ids.shape:
         raise ValueError("one user id and one κ_i per row are needed")
     coin = np.ones(ids.size, dtype=bool)
-    for j in np.flatnonzero(kappa_i < 1.0):
-        coin[j] = user_rng(seed, server_round, int(ids[j])).random() < kappa_i[j]
+    flip = np.flatnonzero(kappa_i < 1.0)  # each user's coin: its stream's first uniform
+    coin[flip] = first_uniforms(seed, server_round, ids[flip]) < kappa_i[flip]
     users = np.flatnonzero(coin & (kappa_i > 0))
     out = np.zeros(m, dtype=np.int64)
     if users.size == 0:

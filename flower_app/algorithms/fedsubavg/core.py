@@ -44,7 +44,14 @@ import numpy as np
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.streams import user_rng
 from flower_app.datasets.movielens_rating import RatingTask
-from flower_app.models.sparse_logreg import accuracy, local_sgd, log_loss, logits, sigmoid
+from flower_app.models.sparse_logreg import (
+    accuracy_of_logits,
+    column_logits,
+    local_sgd,
+    logits,
+    loss_of_logits,
+    sigmoid,
+)
 
 __all__ = [
     "ALGORITHM_NAMES",
@@ -784,15 +791,23 @@ class Evaluator:
     """
 
     def __init__(self, task: RatingTask) -> None:
-        self.eval_rows = task.train_rows[task.eval_idx].astype(np.int64)
+        # the samples' rows column by column (contiguous gathers), computed once
+        self.eval_columns = np.ascontiguousarray(task.train_rows[task.eval_idx].T, np.int64)
         self.eval_y = task.train_y[task.eval_idx]
-        self.test_rows = task.test_rows.astype(np.int64)
+        self.test_columns = np.ascontiguousarray(task.test_rows.T, np.int64)
         self.test_y = task.test_y
 
     def __call__(self, x: np.ndarray) -> dict[str, float]:
-        """Return ``train-loss``, ``test-loss`` and ``test-accuracy`` of model ``x``."""
-        out = {"train-loss": log_loss(x, self.eval_rows, self.eval_y)}
+        """Return ``train-loss``, ``test-loss`` and ``test-accuracy`` of model ``x``.
+
+        The same numbers as :func:`~flower_app.models.sparse_logreg.log_loss` and
+        :func:`~flower_app.models.sparse_logreg.accuracy`; the test logits are computed once
+        for both.
+        """
+        z = column_logits(x, self.eval_columns)
+        out = {"train-loss": loss_of_logits(z, self.eval_y)}
         if self.test_y.size:
-            out["test-loss"] = log_loss(x, self.test_rows, self.test_y)
-            out["test-accuracy"] = accuracy(x, self.test_rows, self.test_y)
+            z = column_logits(x, self.test_columns)
+            out["test-loss"] = loss_of_logits(z, self.test_y)
+            out["test-accuracy"] = accuracy_of_logits(z, self.test_y)
         return out
