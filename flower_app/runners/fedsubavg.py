@@ -49,7 +49,6 @@ from flower_app.algorithms.fedsubavg.core import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.fedsubavg.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
@@ -65,6 +64,7 @@ from flower_app.node_data import (
     node_partition,
     source_of,
 )
+from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
 from flower_app.strategies.base import messages_to, to_metric_record
