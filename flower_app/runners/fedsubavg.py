@@ -326,6 +326,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     strategy.checkpoint_fn = remote_checkpoint_fn(
         writer, problem, lambda: {"initial-metrics": dict(initial)}
     )
+    strategy.node_return_wait = cfg.node_return_wait
     if writer.checkpoint is not None:
         initial.update(writer.checkpoint.get("initial-metrics", {}))
         strategy.resume_from(writer.checkpoint)
@@ -410,6 +411,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         secure_aggregation=cfg.secure,
         dp=run.spec.dp,
     )
+    strategy.node_return_wait = cfg.node_return_wait
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         # round 0 is the zero model, reported once as initial-train-loss
