@@ -105,7 +105,10 @@ def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
     os.kill(fed.nodes[1].pid, signal.SIGKILL)
     fed.nodes[1].popen.wait(timeout=30)
     _wait_gone(tree)
-    # the SuperLink refuses the same key until it lists the dead session offline
+    # the SuperLink refuses the same key until it lists the dead session offline: the
+    # round that loses the node ends with Flower's "Node Unavailable" for it, sent once it
+    # does (~40-60 s: heartbeats); `flwr supernode ls` confirms it
+    run.wait_for_loss(fed.node_ids[1], timeout=300)
     fed.wait_status(1, "offline", timeout=180)
     fed.start_node(1, **fed.node_configs[1])
     # SIGTERM of the SuperNode process alone: it deactivates itself; back at once
