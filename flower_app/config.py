@@ -114,6 +114,8 @@ class AppConfig:
         Seconds to wait for all nodes to register and announce their users.
     min_reply_fraction : float
         Least fraction of a round's sampled users whose replies must arrive.
+    node_return_wait : float
+        Seconds a round waits for offline nodes that serve users to be back (0: no wait).
     resume : bool
         Continue the interrupted run in the run folder from its checkpoint (FedSM).
     server_data : str
@@ -158,6 +160,7 @@ class AppConfig:
     round_timeout: float
     discovery_timeout: float
     min_reply_fraction: float
+    node_return_wait: float
     resume: bool
     server_data: str
     element_groups: str

@@ -79,6 +79,9 @@ FEDSUBAVG_DATASETS = (
     "amazon",
     "synthetic-amazon",
 )
+#: FedSubAvg's torch tasks (an LSTM, DIN: :mod:`flower_app.runners.fedsubavg_torch`); the
+#: others are numpy tasks, whose ClientApps never import torch
+FEDSUBAVG_TORCH_DATASETS = ("sent140", "synthetic-sent140", "amazon", "synthetic-amazon")
 
 
 @dataclass(frozen=True)

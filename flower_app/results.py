@@ -47,7 +47,9 @@ __all__ = [
 #: the checkpoint file of a run folder
 CHECKPOINT = "checkpoint.pkl"
 #: config keys that may differ between an interrupted run and its resumption
-RESUME_MAY_CHANGE = ("resume", "round-timeout", "discovery-timeout", "min-reply-fraction")
+RESUME_MAY_CHANGE = (
+    "resume", "round-timeout", "discovery-timeout", "min-reply-fraction", "node-return-wait"
+)
 #: checkpoint key of the run's time so far (seconds, all sessions up to that checkpoint)
 _ELAPSED = "run-elapsed"
 #: when the current session started (Unix time), set by :func:`run_session`

@@ -139,6 +139,24 @@ class BackgroundRun:
                 pytest.fail(f"round {server_round} did not end in {timeout} s")
             time.sleep(0.1)
 
+    def wait_for_loss(self, node_id: int, timeout: float = 900) -> int:
+        """Wait until a round records ``node_id`` in its ``failed-nodes``; return that round.
+
+        Read from the run folder in this process: for a SIGKILLed node this is the moment
+        the SuperLink gave up on it (its ``Node Unavailable`` error, once it lists the node
+        offline), without a ``flwr supernode ls`` process (~1.5 CPU-s) every 2 s meanwhile.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in rows(self.folder):
+                if node_id in {f.get("node-id") for f in r.get("failed-nodes", [])}:
+                    return int(r["server-round"])
+            if not self.thread.is_alive():
+                pytest.fail(f"the run ended without losing node {node_id}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no round lost node {node_id} in {timeout} s")
+            time.sleep(0.2)
+
     def result(self, timeout: float = 1800) -> FlwrRun:
         """Wait for the run and return it (fails with the thread's exception)."""
         self.thread.join(timeout)

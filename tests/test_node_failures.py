@@ -80,6 +80,52 @@ def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
     assert summary["users-missing"] == r2["users-missing"]
 
 
+def test_node_return_wait_holds_the_round_until_the_node_is_back() -> None:
+    """``node-return-wait``: the round after a node left waits for it (the same node id, as
+    a SuperNode restarted with its key), so nothing is lost; a node that stays away is
+    skipped once the wait is over, as without it."""
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    victim = grid.node_ids[1]
+    looks = []
+    real_ids = grid.get_node_ids
+
+    def get_node_ids():  # the victim is listed again on the third look after it left
+        ids = real_ids()
+        if victim not in ids:
+            looks.append(1)
+            if len(looks) == 3:
+                grid.node_ids.append(victim)
+                ids = real_ids()
+        return ids
+
+    grid.get_node_ids = get_node_ids
+    strategy = _strategy(k=3)
+    strategy.node_return_wait = 60.0
+
+    def on_round(row: dict) -> None:
+        if row["server-round"] == 1:
+            grid.node_ids.remove(victim)
+
+    rows = _run(grid, strategy, on_round)
+    assert len(looks) == 3  # it was waited for, and came back
+    assert all("failed-nodes" not in r for r in rows), rows
+    assert not strategy.failure_summary()["degraded"]
+    assert len({r["users"] for r in rows}) == 1
+
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    victim = grid.node_ids[1]
+    strategy = _strategy(k=3)
+    strategy.node_return_wait = 0.2  # it never comes back: skipped after the wait
+
+    def leaves(row: dict) -> None:
+        if row["server-round"] == 1:
+            grid.node_ids.remove(victim)
+
+    rows = _run(grid, strategy, leaves)
+    assert [f["node-id"] for f in rows[1]["failed-nodes"]] == [victim]
+    assert "offline" in rows[1]["failed-nodes"][0]["reason"]
+
+
 def test_node_unavailable_error_from_the_superlink_counts_once_for_the_node() -> None:
     grid = SCENARIOS["fedsm-cohort"].grid()
     victim = grid.node_ids[0]

@@ -256,6 +256,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             min_reply_fraction=cfg.min_reply_fraction,
             secure_aggregation=cfg.secure,
         )
+        strategy.node_return_wait = cfg.node_return_wait
         strategy.checkpoint_fn = checkpoint_fn
         if exp.writer.checkpoint is not None:
             strategy.resume_from(exp.writer.checkpoint)
@@ -279,6 +280,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         evaluate_every=10,
         secure_aggregation=cfg.secure,
     )
+    fedcg.node_return_wait = cfg.node_return_wait
     fedcg.checkpoint_fn = checkpoint_fn
     if exp.writer.checkpoint is not None:
         fedcg.resume_from(exp.writer.checkpoint)

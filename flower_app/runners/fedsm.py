@@ -270,6 +270,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=exp.writer.log_round,
         secure_aggregation=cfg.secure,
     )
+    strategy.node_return_wait = cfg.node_return_wait
     strategy.checkpoint_fn = exp.writer.save_checkpoint
     if exp.writer.checkpoint is not None:
         strategy.resume_from(exp.writer.checkpoint)
@@ -297,6 +298,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         on_round=exp.writer.log_round,
         secure_aggregation=cfg.secure,
     )
+    strategy.node_return_wait = cfg.node_return_wait
     # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
     strategy.checkpoint_fn = remote_checkpoint_fn(exp.writer, problem)
     if exp.writer.checkpoint is not None:

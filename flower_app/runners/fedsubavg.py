@@ -49,7 +49,6 @@ from flower_app.algorithms.fedsubavg.core import (
     resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
-from flower_app.algorithms.fedsubavg.torch_tasks import TORCH_DATASETS
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
@@ -65,6 +64,7 @@ from flower_app.node_data import (
     node_partition,
     source_of,
 )
+from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
 from flower_app.strategies.base import messages_to, to_metric_record
@@ -326,6 +326,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     strategy.checkpoint_fn = remote_checkpoint_fn(
         writer, problem, lambda: {"initial-metrics": dict(initial)}
     )
+    strategy.node_return_wait = cfg.node_return_wait
     if writer.checkpoint is not None:
         initial.update(writer.checkpoint.get("initial-metrics", {}))
         strategy.resume_from(writer.checkpoint)
@@ -410,6 +411,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         secure_aggregation=cfg.secure,
         dp=run.spec.dp,
     )
+    strategy.node_return_wait = cfg.node_return_wait
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         # round 0 is the zero model, reported once as initial-train-loss

@@ -451,6 +451,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         secure_aggregation=cfg.secure,
         dp=s.dp,
     )
+    strategy.node_return_wait = cfg.node_return_wait
     strategy.checkpoint_fn = writer.save_checkpoint
     if writer.checkpoint is not None:
         strategy.resume_from(writer.checkpoint)

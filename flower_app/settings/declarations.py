@@ -101,6 +101,12 @@ _DECLARED = (
         ge=0, le=1,
     ),
     Setting(
+        "node-return-wait", "float", 0.0, _COMMON,
+        "seconds a round waits, before it is sent, for nodes that serve users and went "
+        "offline to be online again (e.g. a SuperNode restarted with its key); 0: no wait, "
+        "their users are skipped and recorded as missing", ge=0,
+    ),
+    Setting(
         "resume", "bool", False, _COMMON,
         "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
         "(same run_config; every federated algorithm on flwr run, server-data full or none); "

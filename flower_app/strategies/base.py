@@ -575,6 +575,11 @@ class RoundStrategy(Strategy):
     #: metrics of a train reply sent in the clear under secure aggregation (every node
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
     secure_public_metrics: tuple[str, ...] = ()
+    #: cohort mode: seconds a round waits, before it is sent, for mapped nodes that left the
+    #: grid's node list to be back (run_config ``node-return-wait``; e.g. a SuperNode
+    #: restarted with its key returns under its node id); 0: no wait, their users are
+    #: skipped. After the wait, a node still away is skipped as without it
+    node_return_wait: float = 0.0
 
     def secure_transform(self) -> dict[str, Any] | None:
         """Return the reply transform the nodes apply under secure aggregation, or None.
@@ -783,13 +788,21 @@ class RoundStrategy(Strategy):
 
         Mapped nodes that left the grid are marked offline (their users are skipped and
         recorded as missing); a node that rejoined under a new id and serves an offline
-        node's users takes its place. No-op without a ``cohorts`` map (plain mode samples
-        from the grid's current nodes every round anyway).
+        node's users takes its place. With ``node_return_wait`` > 0, mapped nodes not in
+        the grid's node list are first waited for, up to that many seconds. No-op without a
+        ``cohorts`` map (plain mode samples from the grid's current nodes every round
+        anyway).
         """
-        from flower_app.strategies.discovery import CohortMap, refresh_cohorts
+        from flower_app.strategies.discovery import (
+            CohortMap,
+            refresh_cohorts,
+            wait_for_mapped_nodes,
+        )
 
         cohorts = getattr(self, "cohorts", None)
         if isinstance(cohorts, CohortMap):
+            if self.node_return_wait > 0:
+                wait_for_mapped_nodes(grid, cohorts, self.node_return_wait)
             self.cohorts = refresh_cohorts(grid, cohorts, timeout=min(self._timeout, 60.0))
 
     def group_users(self, users: np.ndarray) -> dict[int, np.ndarray]:

@@ -31,6 +31,7 @@ __all__ = [
     "cohort_of",
     "discover_cohorts",
     "refresh_cohorts",
+    "wait_for_mapped_nodes",
 ]
 
 
@@ -362,6 +363,41 @@ def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> Co
         offline=frozenset(offline),
         asked=cohorts.asked | frozenset(new),
     )
+
+
+def wait_for_mapped_nodes(
+    grid: Grid, cohorts: CohortMap, timeout: float, poll_interval: float = 1.0
+) -> set[int]:
+    """Wait up to ``timeout`` s until every mapped node is in the grid's node list again.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid (``get_node_ids`` lists the online nodes).
+    cohorts : CohortMap
+        The current map (its ``node_ids`` are waited for).
+    timeout : float
+        Seconds to wait at most.
+    poll_interval : float
+        Seconds between looks at the grid.
+
+    Returns
+    -------
+    set of int
+        The mapped nodes still not online (empty when all are back).
+    """
+    mapped = {int(n) for n in cohorts.node_ids}
+    deadline = time.monotonic() + timeout
+    missing = mapped - {int(n) for n in grid.get_node_ids()}
+    if missing:
+        log(INFO, "waiting up to %g s for node(s) %s to be back online", timeout, sorted(missing))
+    while missing and time.monotonic() < deadline:
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+        missing = mapped - {int(n) for n in grid.get_node_ids()}
+    if missing:
+        log(WARNING, "node(s) %s not back after %g s: their users are skipped", sorted(missing),
+            timeout)  # fmt: skip
+    return missing
 
 
 def cohort_of(reply: Message) -> tuple[int, int, int, int]:

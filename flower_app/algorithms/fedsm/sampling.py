@@ -58,7 +58,6 @@ sets R ~ y (``default_rng([seed, t, user, 1])``), which are not draws of D.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln
 
 from flower_app.algorithms.common.streams import user_rng
 
@@ -203,6 +202,10 @@ def hypergeometric(u: np.ndarray, s: np.ndarray, n: int, d: int) -> np.ndarray:
     u = np.asarray(u, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     out = np.empty(s.shape, dtype=np.int64)
+    # imported here, not at the top: every ClientApp process imports this module, and only
+    # the messages whose users draw need scipy.special (~0.15-0.3 CPU-s per process)
+    from scipy.special import gammaln
+
     log_fact = gammaln(np.arange(n + 1, dtype=np.float64) + 1.0)  # log j!, j = 0..N
 
     def log_binom(a: np.ndarray, b: np.ndarray) -> np.ndarray:

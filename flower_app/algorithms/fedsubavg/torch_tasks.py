@@ -45,6 +45,7 @@ from flower_app.datasets.amazon import AmazonCTR
 from flower_app.datasets.sent140 import GLOVE_25D_FILE, Sent140
 from flower_app.models.din import DIN
 from flower_app.models.lstm import SentimentLSTM
+from flower_app.registry import FEDSUBAVG_TORCH_DATASETS
 
 __all__ = [
     "METRIC_KEYS",
@@ -292,7 +293,7 @@ class AmazonTask(TorchSubmodelTask):
 
 
 #: datasets of the torch tasks (the app's ``dataset`` key)
-TORCH_DATASETS = ("sent140", "synthetic-sent140", "amazon", "synthetic-amazon")
+TORCH_DATASETS = FEDSUBAVG_TORCH_DATASETS
 
 
 def sent140_embedding_init(data: Sent140, how: str, data_dir: str = "") -> np.ndarray | None:
