@@ -127,13 +127,14 @@ def test_objects_of_an_exited_process_are_removed_and_a_live_ones_stay(
         assert support.why_not  # the probe said why (root, ip, cgroup controllers)
         assert not remove_stale()  # and nothing is removed where nothing can be made
         return
-    exited = subprocess.Popen(["true"])
-    exited.wait()
-    dead = exited.pid
-    assert not procfs.alive(dead) and procfs.alive(live.pid)
-    old, new = Made(dead, support), None
+    # the objects' owner exits only just before the sweep: until then no other sweeper (a
+    # concurrent test run's watchdog, a rehearsal's Devices) may take them for stale
+    owner = subprocess.Popen(["sleep", "300"])
+    dead = owner.pid
+    old, new = None, None
     inside: subprocess.Popen | None = None
     try:
+        old = Made(dead, support)
         new = Made(live.pid, support)
         if old.namespace and new.namespace:  # a veth link between them, as a rehearsal's
             _ip("link", "add", "eth0", "netns", old.namespace, "type", "veth", "peer", "name",
@@ -147,6 +148,9 @@ def test_objects_of_an_exited_process_are_removed_and_a_live_ones_stay(
         if old.cgroup is not None:
             assert inside.pid in old.cgroup.pids()
 
+        owner.kill()
+        owner.wait()
+        assert not procfs.alive(dead) and procfs.alive(live.pid)
         sweeper(dead)
 
         assert not any(old.present().values()), old.present()
@@ -155,6 +159,9 @@ def test_objects_of_an_exited_process_are_removed_and_a_live_ones_stay(
         if old.namespace and new.namespace:  # the link (and its addresses) went too
             assert "vstale" not in _ip("-n", new.namespace, "link", "show")
     finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
         if inside is not None and inside.poll() is None:
             inside.kill()
             inside.wait()

@@ -502,7 +502,8 @@ def remove_stale(root: Path = CGROUP_ROOT, timeout: float = 10.0) -> Stale:
                 stale.killed += Cgroup(path.name, [path], version, 0, 0.0).remove(timeout)
                 stale.cgroups.append(path)
             except OSError as err:
-                stale.errors.append(f"cgroup {path}: {err}")
+                if path.exists():  # else another sweeper (a test run's watchdog) removed it
+                    stale.errors.append(f"cgroup {path}: {err}")
     for name in _namespace_names():
         pid = owner_pid(name)
         if pid is None or procfs.alive(pid):
