@@ -98,12 +98,14 @@ def test_install_is_what_ci_installs() -> None:
     assert 'python3 -m venv "$(readlink -f .venv)"' in ci_text
     readme = re.fullmatch(r'pip install (--no-compile )?"(torch==[\d.]+)" -e "\.\[([\w,]+)\]"',
                           parts[3])  # fmt: skip
-    ci = re.search(r'pip install .*?(--no-compile )?"(torch==[\d.]+)" -e "\.\[([\w,]+)\]"',
-                   (ROOT / ".ci" / "run").read_text())  # fmt: skip
-    assert readme and ci, (parts[3], ci)
-    assert readme.group(1) == ci.group(1)  # both compile modules on first import, or neither
-    assert readme.group(2) == ci.group(2)  # the same torch pin
-    assert set(readme.group(3).split(",")) <= set(ci.group(3).split(","))  # extras
+    # CI installs the same requirements with uv (same versions, faster: .ci/run's comment)
+    uv = [line for line in ci_text.replace("\\\n", " ").splitlines() if "uv pip install" in line]
+    ci = re.search(r'"(torch==[\d.]+)" -e "\.\[([\w,]+)\]"', uv[0]) if len(uv) == 1 else None
+    assert readme and ci, (parts[3], uv)
+    # both compile modules at install (pip by default, uv when asked), or neither
+    assert (readme.group(1) is None) == ("--compile-bytecode" in uv[0].split())
+    assert readme.group(2) == ci.group(1)  # the same torch pin
+    assert set(readme.group(3).split(",")) <= set(ci.group(2).split(","))  # extras
     assert parts[4].startswith("export ") and parts[5] == "flower-app run ."
 
 
