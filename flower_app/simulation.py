@@ -262,7 +262,9 @@ class LocalSimulation:
         Raises
         ------
         RuntimeError
-            If ``flwr run`` did not even start a run.
+            If ``flwr run`` did not even start a run, or if the local SuperLink this object
+            started exited while the run went (killed, crashed: the run's outcome is unknown,
+            and a ``flwr ls`` would start a fresh SuperLink that lists it as running).
         """
         if connection is None and "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT" in self.env:
             self.start()  # the local SuperLink `flwr run` would start, without its 15 s limit
@@ -287,6 +289,16 @@ class LocalSimulation:
         if not match:
             raise RuntimeError(f"flwr run did not start a run:\n{output[-4000:]}")
         run_id = int(match.group(1))
+        if connection is None and self.superlink is not None and self.superlink.poll() is not None:
+            tail = self.superlink_log.read_text(errors="replace")[-2000:] if (
+                self.superlink_log.exists()
+            ) else ""
+            raise RuntimeError(
+                f"the local SuperLink on port {self.http_port} exited (code "
+                f"{self.superlink.returncode}) during run {run_id}; resume it with "
+                f"resume=true. End of the SuperLink's log:\n{tail}\n"
+                f"End of flwr run's output:\n{output[-2000:]}"
+            )
         status, details = self.status(run_id)
         # the stream can end just before the run's status flips to finished
         deadline = time.monotonic() + 120.0

@@ -72,7 +72,13 @@ FlowerCLI = LocalSimulation
 
 
 # the deployment fixtures (the shared edge-device rehearsal, exports, loopback deployment)
-from tests.deployment import Deployment, deployment, node_export, rehearsal  # noqa: E402, F401
+from tests.deployment import (  # noqa: E402, F401
+    Deployment,
+    deployment,
+    node_export,
+    rehearsal,
+    rehearsal_pair,
+)
 
 
 def _ray_prefix() -> str:
@@ -119,6 +125,9 @@ def flwr_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSimulati
 SHARED = {
     "ray": ("ray_head", "flower_cli"),  # the Ray head (one per run instead of one per worker)
     "rehearsal": ("rehearsal",),  # the edge-device rehearsal (3 namespaced, limited nodes)
+    # its 2-node twin, on another worker: the runs on the nodes' real-data files (one
+    # rehearsal running every deploy test in turn took 20 of the 23 minutes of a CI run)
+    "rehearsal-pair": ("rehearsal_pair",),
 }
 #: where the workers tell the scheduler the group of each test (set by the run's first process)
 GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
@@ -130,8 +139,8 @@ GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 #: minute test_reproduction_pins.py for the end, run alone); a unit not listed comes after
 #: them, in collection order
 LONGEST: dict[str, float] = {
-    "rehearsal-movielens": 1070.0,  # the deploy tests on the nodes' MovieLens-1M files
-    "rehearsal": 990.0,  # the other deploy tests: synthetic + Fashion-MNIST files
+    "rehearsal-pair": 700.0,  # the deploy tests on the nodes' real-data files
+    "rehearsal": 330.0,  # the other deploy tests (synthetic files, SecAgg+, the guide)
     "ray": 566.0,  # the tests on the run's Ray head
     "test_reproduction_pins.py": 415.0,
     "test_docs_blocks.py": 246.0,
@@ -150,14 +159,6 @@ def _group(item: pytest.Item) -> str | None:
     """The :data:`SHARED` group of ``item`` (None: its file is its unit)."""
     for group, fixtures in SHARED.items():
         if any(name in item.fixturenames for name in fixtures):
-            if group == "rehearsal" and (
-                item.path.name == "test_deploy_failures.py" or "movielens" in item.name
-            ):
-                # the deploy runs on the nodes' MovieLens-1M files get a second rehearsal, on
-                # another worker: one rehearsal running every deploy test in turn took 20 of
-                # the 23 minutes of a CI run (-n 3, load 6); split this way the two took
-                # ~12 and ~13 minutes of measured test time (CI, with two CPU-bound loops)
-                return "rehearsal-movielens"
             return group
     return None
 

@@ -1,14 +1,17 @@
 """Deployment fixtures: real SuperLinks and SuperNodes, started by flower_app.deploy.
 
-* ``rehearsal`` (session): the edge-device rehearsal every ``deploy`` test shares — a TLS +
+* ``rehearsal`` (session): the edge-device rehearsal the ``deploy`` tests share — a TLS +
   node-authentication SuperLink with a database and 3 SuperNodes, each in its own network
   namespace with the memory and CPU limits of :data:`~flower_app.deploy.rehearsal.EDGE_DEVICE`
   (loopback and no limits where the machine has neither, said once on stderr). A test gives
   the nodes their data with ``rehearsal.provision(node_export(...), ext)`` (a no-op when they
   already hold it), so tests on the same data share the running nodes.
-* ``node_export`` (session): ``node_export(dataset, **options) -> folder`` of ``python -m
-  flower_app.export`` for the rehearsal's nodes, made once per session.
-* ``deployment`` (module): an insecure SuperLink and 3 SuperNodes on loopback (no TLS, no
+* ``rehearsal_pair`` (session): the same with 2 SuperNodes, for the runs on the nodes'
+  real-data files (none aggregates securely); on another test worker than ``rehearsal``
+  (``tests/conftest.py``, ``SHARED``).
+* ``node_export`` (session): ``node_export(dataset, nodes=3, **options) -> folder`` of
+  ``python -m flower_app.export`` for ``nodes`` nodes, made once per session.
+* ``deployment`` (module): an insecure SuperLink and 2 SuperNodes on loopback (no TLS, no
   authentication), for ``test_flower_engine.py``.
 
 Everything is stopped by process group (and every namespace and cgroup removed) when the
@@ -48,6 +51,11 @@ from flower_app.simulation import FlwrRun, LocalSimulation
 #: message (Flower's import alone ~2.5 CPU-s, ~6 with torch on this 2-core machine): with
 #: 4 nodes the deploy tests were most of CI's CPU
 REHEARSAL_NODES = 3
+#: SuperNodes of the second rehearsal, ``rehearsal_pair``: the runs on the nodes' real-data
+#: files (MovieLens-1M: node failures, the SuperLink killed, FedSubAvg; Fashion-MNIST: MaxFL),
+#: none of which aggregates securely: two nodes are a federation, and a third only adds its
+#: ClientApp processes (a third of these tests' CPU)
+PAIR_NODES = 2
 
 
 def data_root() -> Path:
@@ -58,10 +66,8 @@ def data_root() -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
-    """The shared edge-device rehearsal (3 nodes); nodes start on the first provision."""
-    reh = Rehearsal(tmp_path_factory.mktemp("rehearsal"), REHEARSAL_NODES, EDGE_DEVICE)
+def _rehearsal(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[Rehearsal]:
+    reh = Rehearsal(tmp_path_factory.mktemp(f"rehearsal-{nodes}"), nodes, EDGE_DEVICE)
     try:
         reh.start(nodes=False)
         yield reh
@@ -70,16 +76,29 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
 
 
 @pytest.fixture(scope="session")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    """The shared edge-device rehearsal (3 nodes); nodes start on the first provision."""
+    yield from _rehearsal(tmp_path_factory, REHEARSAL_NODES)
+
+
+@pytest.fixture(scope="session")
+def rehearsal_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    """The second rehearsal (2 nodes, :data:`PAIR_NODES`), for the runs on real-data files."""
+    yield from _rehearsal(tmp_path_factory, PAIR_NODES)
+
+
+@pytest.fixture(scope="session")
 def node_export(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``node_export(dataset, **options)``: the dataset exported for the rehearsal's nodes."""
+    """``node_export(dataset, nodes=3, **options)``: the dataset exported for ``nodes``
+    nodes (a rehearsal's :attr:`~flower_app.deploy.rehearsal.Rehearsal.nodes`)."""
     root = tmp_path_factory.mktemp("exports")
     made: dict[tuple, Path] = {}
 
-    def make(dataset: str, **options: Any) -> Path:
-        key = (dataset, tuple(sorted(options.items())))
+    def make(dataset: str, nodes: int = REHEARSAL_NODES, **options: Any) -> Path:
+        key = (dataset, nodes, tuple(sorted(options.items())))
         if key not in made:
             folder = root / f"{dataset}-{len(made)}"
-            args = ["--dataset", dataset, "--num-partitions", str(REHEARSAL_NODES)]
+            args = ["--dataset", dataset, "--num-partitions", str(nodes)]
             for name, value in options.items():
                 args += [f"--{name}", str(value)]
             assert export_main([*args, "--out", str(folder)]) == 0
@@ -216,8 +235,8 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """An insecure SuperLink and 3 SuperNodes on loopback."""
-    dep = Deployment(tmp_path_factory.mktemp("deployment"), num_nodes=3)
+    """An insecure SuperLink and 2 SuperNodes on loopback."""
+    dep = Deployment(tmp_path_factory.mktemp("deployment"), num_nodes=2)
     try:
         yield dep
     finally:
@@ -225,6 +244,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 __all__ = [
+    "PAIR_NODES",
     "REHEARSAL_NODES",
     "BackgroundRun",
     "rows",
@@ -234,4 +254,5 @@ __all__ = [
     "deployment",
     "node_export",
     "rehearsal",
+    "rehearsal_pair",
 ]

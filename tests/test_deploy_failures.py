@@ -1,16 +1,18 @@
 """Failures on the edge-device rehearsal: nodes killed and restarted, the SuperLink killed.
 
-The session's rehearsal (``tests/deployment.py``), each of its 3 SuperNodes holding only its
-exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr run``:
+The session's 2-node rehearsal (``rehearsal_pair``, ``tests/deployment.py``), each SuperNode
+holding only its exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr
+run``:
 
-* SuperNode 1 is SIGKILLed (its process only, as the kernel's OOM killer or ``kill -9`` would)
-  in round 3 and SuperNode 2 gets SIGTERM in round 5. Each node's superexec and ClientApp
-  follow their parent within seconds (Flower's ``--parent-pid`` watch: nothing is left in
-  the node's cgroup); the run records each lost node once per round with its users, says
-  ``degraded``, and uses both nodes again after they are restarted under the same key (the
-  killed one once the SuperLink lists it offline, the terminated one at once: it
-  deactivated itself). With ``node-return-wait`` the round after a loss waits for the
-  restarted node, so the last round is served by all three whatever the machine's load.
+* SuperNode 0 is SIGKILLed (its process only, as the kernel's OOM killer or ``kill -9``
+  would) in round 3 and, once it is back, SuperNode 1 gets SIGTERM in round 5. Each node's
+  superexec and ClientApp follow their parent within seconds (Flower's ``--parent-pid``
+  watch: nothing is left in the node's cgroup); the run records each lost node once per
+  round with its users, says ``degraded``, and uses both nodes again after they are
+  restarted under the same key (the killed one once the SuperLink lists it offline, the
+  terminated one at once: it deactivated itself). With ``node-return-wait`` the round after
+  a loss waits for the restarted node, so the last round is served by both whatever the
+  machine's load.
 * The SuperLink and the ServerApp it runs are SIGKILLed after round 3, while a node serves a
   message; the SuperLink is started again on its database: it has the same registrations,
   node ids and past runs, the nodes (still running) reconnect by themselves, and
@@ -54,11 +56,12 @@ FEDSM = {
 
 
 @pytest.fixture
-def ml1m(rehearsal, node_export):
-    """The rehearsal's nodes each holding their MovieLens-1M file."""
+def ml1m(rehearsal_pair, node_export):
+    """The 2-node rehearsal's nodes each holding their MovieLens-1M file."""
     root = data_root()
-    rehearsal.provision(node_export("movielens", **{"data-dir": root}), "parquet")
-    return rehearsal
+    export = node_export("movielens", nodes=rehearsal_pair.nodes, **{"data-dir": root})
+    rehearsal_pair.provision(export, "parquet")
+    return rehearsal_pair
 
 
 def _running(pid: int) -> bool:
@@ -101,31 +104,31 @@ def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
     run = BackgroundRun(fed, config)
     # SIGKILL of the SuperNode process alone: its superexec and ClientApp exit by themselves
     run.wait_for_round(2)
-    tree = process_tree(fed.nodes[1].pid)
-    os.kill(fed.nodes[1].pid, signal.SIGKILL)
-    fed.nodes[1].popen.wait(timeout=30)
+    tree = process_tree(fed.nodes[0].pid)
+    os.kill(fed.nodes[0].pid, signal.SIGKILL)
+    fed.nodes[0].popen.wait(timeout=30)
     _wait_gone(tree)
     # the SuperLink refuses the same key until it lists the dead session offline: the
     # round that loses the node ends with Flower's "Node Unavailable" for it, sent once it
     # does (~40-60 s: heartbeats); `flwr supernode ls` confirms it
-    run.wait_for_loss(fed.node_ids[1], timeout=300)
-    fed.wait_status(1, "offline", timeout=180)
-    fed.start_node(1, **fed.node_configs[1])
+    run.wait_for_loss(fed.node_ids[0], timeout=300)
+    fed.wait_status(0, "offline", timeout=180)
+    fed.start_node(0, **fed.node_configs[0])
     # SIGTERM of the SuperNode process alone: it deactivates itself; back at once
     run.wait_for_round(4)
-    tree = process_tree(fed.nodes[2].pid)
-    os.kill(fed.nodes[2].pid, signal.SIGTERM)
-    fed.nodes[2].popen.wait(timeout=60)
+    tree = process_tree(fed.nodes[1].pid)
+    os.kill(fed.nodes[1].pid, signal.SIGTERM)
+    fed.nodes[1].popen.wait(timeout=60)
     _wait_gone(tree)
-    fed.wait_status(2, "offline", timeout=30)
-    fed.start_node(2, **fed.node_configs[2])
+    fed.wait_status(1, "offline", timeout=30)
+    fed.start_node(1, **fed.node_configs[1])
     back = max(r["server-round"] for r in rows(run.folder))
     result = run.result()
     assert result.status == "finished:completed", result.output[-3000:] + result.details
     done = [r for r in rows(run.folder) if r["server-round"] >= 1]
     assert len(done) == config["k"]
     lost = {r["server-round"]: r for r in done if r.get("failed-nodes")}
-    victims = {fed.node_ids[1], fed.node_ids[2]}
+    victims = {fed.node_ids[0], fed.node_ids[1]}  # both nodes, each in its turn
     assert lost and min(lost) >= 3  # nothing lost before the first kill
     for r in lost.values():  # each lost node once per round, with its users
         ids = [f["node-id"] for f in r["failed-nodes"]]

@@ -85,7 +85,7 @@ def test_invalid_config_fails_the_run_before_any_round(flwr_cli) -> None:
 
 @pytest.mark.long
 def test_real_superlink_and_supernodes_on_loopback(deployment, tmp_path) -> None:
-    """Deployment mode: a SuperLink and 3 SuperNode processes; same S as the direct engine."""
+    """Deployment mode: a SuperLink and 2 SuperNode processes; same S as the direct engine."""
     config = {**SMALL, "k": 3}
     run = deployment.run(config)
     assert run.status == "finished:completed", run.output

@@ -20,7 +20,6 @@ with ``server-data = 'none'``); on the deployment rehearsal,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -66,15 +65,20 @@ def _interrupt_and_resume(tmp_path, cfg: dict, rounds: int, after: int = 3):
     runs = tmp_path / "runs"
     folder = runs / cfg["run-name"]
     first = LocalSimulation(tmp_path / "home-1", runs)
-    worker = threading.Thread(target=lambda: _quietly(first.run, cfg), daemon=True)
+    outcome: list[BaseException | object] = []
+    worker = threading.Thread(target=lambda: _quietly(first.run, cfg, outcome), daemon=True)
     worker.start()
     deadline = time.monotonic() + 300
     while max(_rounds(folder), default=0) < after:
         assert time.monotonic() < deadline, f"round {after} never ended"
         time.sleep(0.05)
     _crash(first)  # the SuperLink dies, and the simulation and ServerApp with it
+    # `flwr run --stream` ends with it, and LocalSimulation.run says so at once (it polled
+    # `flwr ls` for 2 minutes, which started a fresh SuperLink listing the run as running)
     worker.join(timeout=120)
-    first.stop()  # the `flwr ls` of the interrupted run's CLI started a fresh SuperLink
+    assert not worker.is_alive() and len(outcome) == 1, "flwr run did not return"
+    assert isinstance(outcome[0], RuntimeError) and "SuperLink" in str(outcome[0]), outcome
+    first.stop()  # what is left of the killed run (its Ray, by this FLWR_HOME)
     done = max(_rounds(folder))
     assert after <= done < rounds, "the run ended before it could be interrupted"
     assert not (folder / "summary.json").exists()
@@ -103,9 +107,12 @@ def test_fedsm_resumed_after_the_superlink_died_ends_as_the_uninterrupted_run(tm
     assert run.summary["objective"] == pytest.approx(direct["objective"])
 
 
-def _quietly(fn, cfg) -> None:
-    with contextlib.suppress(Exception):  # the run is killed on purpose
-        fn(cfg, timeout=300)
+def _quietly(fn, cfg, outcome: list) -> None:
+    """``fn(cfg)``, its result or exception appended to ``outcome`` (killed on purpose)."""
+    try:
+        outcome.append(fn(cfg, timeout=300))
+    except Exception as err:  # noqa: BLE001 - checked by the caller
+        outcome.append(err)
 
 
 def _crash(sim: LocalSimulation) -> None:
