@@ -300,9 +300,15 @@ class LocalSimulation:
                 f"End of flwr run's output:\n{output[-2000:]}"
             )
         status, details = self.status(run_id)
-        # the stream can end just before the run's status flips to finished
+        # the stream can end just before the run's status flips to finished; a stream cut
+        # short (flwr exits non-zero, e.g. the SuperLink went away) is not waited on: a
+        # restarted SuperLink lists the lost run as running
         deadline = time.monotonic() + 120.0
-        while not status.startswith("finished") and time.monotonic() < deadline:
+        while (
+            proc.returncode == 0
+            and not status.startswith("finished")
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
             status, details = self.status(run_id)
         return FlwrRun(output, status, details, Path(cfg["output-dir"]) / name)
@@ -317,7 +323,11 @@ class LocalSimulation:
             text=True,
             timeout=120,
         )
+        if "{" not in proc.stdout:
+            raise RuntimeError(f"flwr ls failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         data = json.loads(proc.stdout[proc.stdout.index("{") :])
+        if data.get("success") is False:  # e.g. the SuperLink is unavailable
+            raise RuntimeError(f"flwr ls failed: {data.get('error-message', proc.stdout)}")
         for run in data.get("runs", []):
             if int(run.get("run-id", -1)) == run_id:
                 return str(run.get("status")), str(run.get("status-details", ""))

@@ -133,11 +133,13 @@ SHARED = {
 GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 
 #: seconds the longest work units (a file, or a group of :data:`SHARED`) took in CI's pytest
-#: (FLOWER_APP_REALDATA=1, -n 3) of 2026-11-26 21:19, load 10-16 (docs/testing.md): they
-#: are handed out first, longest first, so that the workers end together (xdist's own
-#: order, and a table that listed only the rehearsals and the Ray group, left the 5-7
-#: minute test_reproduction_pins.py for the end, run alone); a unit not listed comes after
-#: them, in collection order
+#: (FLOWER_APP_REALDATA=1, -n 3) of 2026-11-26 21:19, load 10-16 (docs/testing.md; the two
+#: rehearsal groups: estimates for their split of 6b0cbde): they are handed out first,
+#: longest first, so that the workers end together (xdist's own order, and a table that
+#: listed only the rehearsals and the Ray group, left the 5-7 minute
+#: test_reproduction_pins.py for the end, run alone); a unit not listed comes after them, in
+#: collection order. This order ended CI's three workers within 22 s of each other
+#: (2026-11-27 04:35, idle: the pair's group 640 s, the pins 316, the Ray group 216)
 LONGEST: dict[str, float] = {
     "rehearsal-pair": 700.0,  # the deploy tests on the nodes' real-data files
     "rehearsal": 330.0,  # the other deploy tests (synthetic files, SecAgg+, the guide)
