@@ -2,15 +2,14 @@
 
 The session's 2-node rehearsal (``rehearsal_pair``, ``tests/deployment.py``: TLS, node
 authentication, a database, SuperNodes each in its own network namespace with 1 GiB and half
-a core) is given ``python -m flower_app.export``'s files —
-Fashion-MNIST npz arrays, the MovieLens rating task's npz samples — one per node. The
-server reads no client data for FedSubAvg (``server-data='none'``; MaxFL's server never
-does). Every run must give what the direct engine gives for the same seed, which the
-simulation tests show equals Flower's simulation (``test_maxfl_engine.py``,
-``test_fedsubavg_flwr.py``): the same model digest for MaxFL on Fashion-MNIST, the same
-losses for FedSubAvg. No node may be killed for memory (cgroup OOM
-kills = 0). FedSM on the nodes' MovieLens-1M files (``server-data='none'``, the direct
-engine's S, no OOM kill) is the resumed run of ``test_deploy_failures.py``. Needs
+a core) is given ``python -m flower_app.export``'s files — Fashion-MNIST npz arrays, the
+MovieLens rating task's npz samples — one per node. The server reads no client data for
+FedSubAvg (``server-data='none'``; MaxFL's server never does). Every run must give what the
+direct engine gives for the same seed, which the simulation tests show equals Flower's
+simulation (``test_maxfl_engine.py``, ``test_fedsubavg_flwr.py``): the same model digest for
+MaxFL on Fashion-MNIST, the same losses for FedSubAvg. No node may be killed for memory
+(cgroup OOM kills = 0). FedSM on the nodes' MovieLens-1M files (``server-data='none'``, the
+direct engine's S, no OOM kill) is the resumed run of ``test_deploy_failures.py``. Needs
 FLOWER_APP_DATA with ml-1m/ and fashion-mnist/ (CI has both); markers ``deploy`` and
 ``realdata``.
 """
