@@ -295,8 +295,9 @@ class LocalSimulation:
             ) else ""
             raise RuntimeError(
                 f"the local SuperLink on port {self.http_port} exited (code "
-                f"{self.superlink.returncode}) during run {run_id}; resume it with "
-                f"resume=true. End of the SuperLink's log:\n{tail}\n"
+                f"{self.superlink.returncode}) during run {run_id}: its outcome is unknown "
+                f"(this app's runs continue with resume=true). End of the SuperLink's log:\n"
+                f"{tail}\n"
                 f"End of flwr run's output:\n{output[-2000:]}"
             )
         status, details = self.status(run_id)
