@@ -293,9 +293,10 @@ def test_fedsm_accounting_charges_the_reports_that_arrived() -> None:
     """Same round, all reports vs half of them: fewer reporters per query give each query
     a larger ε (less blanket), charged only to the users who answered; against the server
     the shuffle bound with secure aggregation, the (larger) local one without."""
-    rows = {}
+    rows, runs = {}, {}
     for name, secure, half in (("all", True, False), ("half", True, True), ("clear", False, False)):
         obj, run = _fedsm(secure=secure)
+        runs[name] = run
         plan = run.plan()
         arrived = plan.users[: plan.users.size // 2] if half else plan.users
         total, _ = cohort_report(obj, arrived, arrived, plan, SEED)
@@ -303,11 +304,17 @@ def test_fedsm_accounting_charges_the_reports_that_arrived() -> None:
         queries = run.dp_queries
         assert queries[arrived].min() == plan.d and queries.sum() == arrived.size * plan.d
     assert rows["all"]["dp-reporters-missing"] == 0 < rows["half"]["dp-reporters-missing"]
-    assert rows["half"]["dp-epsilon"] > rows["all"]["dp-epsilon"]  # same d queries, less blanket
+    honest = {name: row["dp-epsilon-honest-peers"] for name, row in rows.items()}
+    assert honest["half"] > honest["all"]  # same d queries, less blanket
     assert rows["all"]["dp-epsilon-basic"] == pytest.approx(rows["all"]["dp-queries"] * 1.0)
-    assert rows["all"]["dp-epsilon"] == rows["all"]["dp-epsilon-outsider"]
-    assert rows["clear"]["dp-epsilon"] > rows["clear"]["dp-epsilon-outsider"]
+    assert honest["all"] == rows["all"]["dp-epsilon-outsider"]
+    assert honest["clear"] > rows["clear"]["dp-epsilon-outsider"]
     assert rows["clear"]["dp-epsilon-outsider"] == rows["all"]["dp-epsilon-outsider"]
+    # against the server, what a node verifies: its users' local randomiser (δ = 0), which
+    # holds whoever else reported, so it is at least every honest-peers figure
+    for name, row in rows.items():
+        assert row["dp-epsilon"] >= honest[name] and row["dp-delta"] == 0
+        assert row["dp-epsilon"] == runs[name].dp_eps_local.max() > 0  # the worst user's sum
 
 
 # ---------------------------------------------------------------------------- distributions
@@ -368,11 +375,15 @@ def test_the_accountant_reports_the_worst_client_then_the_amplified_figure() -> 
         row = acc.record(k, users)
     worst = int(counts.max())
     assert row["dp-rounds-worst-client"] == worst
-    assert row["dp-epsilon"] == pytest.approx(server_epsilon(worst / 1.0, 1e-5), rel=1e-12)
+    honest = server_epsilon(worst / 1.0, 1e-5)  # σ = 1 over the whole sum, every round
+    assert row["dp-epsilon-honest-peers"] == pytest.approx(honest, rel=1e-12)
+    # against the server: the client's own share only, σ/√K per round
+    assert row["dp-epsilon"] == pytest.approx(server_epsilon(worst * k / 1.0, 1e-5), rel=1e-12)
+    assert row["dp-epsilon"] > honest
     amplified = gaussian_epsilon(1.0, k, n, rounds, 1e-5)
     assert amplified == pytest.approx(7.6, abs=0.05)  # what was reported before
     assert row["dp-epsilon-outsider"] == pytest.approx(amplified, rel=1e-9)
-    assert row["dp-epsilon-outsider"] < row["dp-epsilon"]
+    assert row["dp-epsilon-outsider"] < honest
     assert acc.summary()["accountant"].startswith("Google dp_accounting")
 
 
@@ -384,8 +395,10 @@ def test_dropouts_raise_epsilon_by_the_noise_that_did_not_arrive() -> None:
     row = dropped.record(8, users[:4])  # half the shares arrived: σ·√(4/8)
     assert row["dp-noise-arrived"] == pytest.approx(np.sqrt(0.5))
     assert row["dp-clients-in-sum"] == 4
-    assert row["dp-epsilon"] == pytest.approx(server_epsilon(2.0, 1e-5))
-    assert row["dp-epsilon"] > full.info()["dp-epsilon"]
+    assert row["dp-epsilon-honest-peers"] == pytest.approx(server_epsilon(2.0, 1e-5))
+    assert row["dp-epsilon-honest-peers"] > full.info()["dp-epsilon-honest-peers"]
+    # a client's own share does not depend on who else arrived
+    assert row["dp-epsilon"] == full.info()["dp-epsilon"] == server_epsilon(8.0, 1e-5)
     assert dropped.rounds[4:].sum() == 0  # those whose reply never arrived released nothing
 
 

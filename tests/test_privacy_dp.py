@@ -145,10 +145,16 @@ def test_dp_fedsm_on_flower_nodes_selects_what_the_direct_engine_does(secure) ->
         assert a["dp-bits"] == b["dp-bits"] >= 1 and 0 < a["dp-flip-mean"] < 1
         assert a["dp-epsilon-outsider"] == b["dp-epsilon-outsider"] > 0  # shuffle bound
         assert a["dp-reproducible-noise"] == 1 and a["dp-secure-sum"] == int(secure)
-        # against the server: the shuffle bound only when it sees totals, else the local one
-        local = b["dp-epsilon"]  # the direct run assumes replies in the clear
+        # if the other users are honest: the shuffle bound when the server sees only
+        # totals, else the local one (the direct run assumes replies in the clear)
+        local = b["dp-epsilon-honest-peers"]
         assert local > b["dp-epsilon-outsider"]
-        assert a["dp-epsilon"] == (a["dp-epsilon-outsider"] if secure else local)
+        assert a["dp-epsilon-honest-peers"] == (a["dp-epsilon-outsider"] if secure else local)
+        # against the server, what the nodes verify: the local randomiser summed over each
+        # user's values; the nodes' own ledgers report the same figure
+        assert a["dp-epsilon"] == pytest.approx(b["dp-epsilon"], rel=1e-12)
+        assert a["dp-epsilon-nodes"] == pytest.approx(b["dp-epsilon"], rel=1e-12)
+        assert b["dp-epsilon"] >= local
     assert local_epsilon(got[0]["dp-bits"], got[0]["dp-flip-mean"]) > 0
 
 

@@ -46,7 +46,8 @@ from flower_app.privacy.secagg_client import (
     SECAGG_RECORD,
     SecureAggregationRefusedError,
 )
-from flower_app.privacy.secagg_server import KeyBook, _neighbours
+from flower_app.privacy.secagg_server import KeyBook
+from flower_app.privacy.topology import ring_neighbours
 from flower_app.privacy.shares import combine_seed, seed_commitment
 from tests.local_grid import LocalGrid
 
@@ -89,11 +90,17 @@ class Federation:
         self.setup_replies: dict[int, dict[str, Any]] = {}
         self.session = 100
 
-    def call(self, node: int, stage: dict[str, Any], train: bool = False) -> RecordDict:
-        """Send one stage to a node; return its reply content (a refusal raises)."""
+    def call(
+        self, node: int, stage: dict[str, Any], train: bool = False, question: int = 1
+    ) -> RecordDict:
+        """Send one stage to a node; return its reply content (a refusal raises).
+
+        ``train``: the stage carries a train request, question number ``question`` (the
+        same number is the same question, whatever the round).
+        """
         content = RecordDict({SECAGG_RECORD: ConfigRecord(stage)})
         if train:
-            content["config"] = ConfigRecord({"server-round": 1})
+            content["config"] = ConfigRecord({"server-round": 1, "question": question})
         msg = Message(content, dst_node_id=node, message_type="train")
         return self.app(msg, self.contexts[node]).content
 
@@ -142,14 +149,15 @@ def collect_stage(fed: Federation, s: Session, node: int, **override: Any) -> di
 
 
 def collect(fed: Federation, nodes: list[int], plan: tuple[int, int] | None = None,
-            seed: int = 0, session: int | None = None) -> Session:  # fmt: skip
-    """Run an honest collect for ``nodes``; return what the server holds."""
+            seed: int = 0, session: int | None = None, question: int = 1) -> Session:  # fmt: skip
+    """Run an honest collect of question ``question`` for ``nodes``; return what the server
+    holds (``seed`` is unused: the ring is a function of the nodes)."""
     k, t = plan or SecureAggregation().plan(len(nodes))
     fed.session = fed.session + 1 if session is None else session
-    s = Session(fed.session, list(nodes), _neighbours(nodes, k, random.Random(seed)), t)
+    s = Session(fed.session, list(nodes), ring_neighbours(nodes, k), t)
     s.inbox = {n: [] for n in nodes}
     for node in nodes:
-        reply = fed.call(node, collect_stage(fed, s, node), train=True)
+        reply = fed.call(node, collect_stage(fed, s, node), train=True, question=question)
         rec = reply[SECAGG_RECORD]
         s.vectors[node] = reply["secagg-vector"]["masked"].numpy().copy()
         s.commitments[node] = bytes(rec["commitment"])
@@ -335,7 +343,7 @@ def test_unsafe_thresholds_are_refused(n: int) -> None:
     fed = Federation(n)
     fed.setup()
     k, t = SecureAggregation().plan(n)
-    session = Session(fed.session + 1, fed.nodes, _neighbours(fed.nodes, k, random.Random(0)), t)
+    session = Session(fed.session + 1, fed.nodes, ring_neighbours(fed.nodes, k), t)
     node = fed.nodes[0]
     for bad in sorted({1, k // 2, k + 1}):
         if k // 2 < bad <= k:
@@ -352,7 +360,7 @@ def test_a_two_node_session_is_refused_by_nodes_and_server() -> None:
     s = Session(fed.session + 1, two, {v: two for v in two}, 2)
     refused(fed, two[0], collect_stage(fed, s, two[0]), "at least 3", train=True)
     msgs = [Message(RecordDict(), dst_node_id=v, message_type="train") for v in two]
-    out = secure_sum(lambda m: [], msgs, SecureAggregation(), random.Random(0), 1)
+    out = secure_sum(lambda m: [], msgs, SecureAggregation(), 1)
     assert out.content is None and all("at least 3" in r for r in out.failed.values())
 
 
@@ -412,7 +420,7 @@ def test_inconsistent_sessions_keys_and_replayed_shares_are_refused() -> None:
     fed.setup()
     nodes, target = fed.nodes, fed.nodes[0]
     k, t = SecureAggregation().plan(5)
-    s = Session(fed.session + 1, nodes, _neighbours(nodes, k, random.Random(0)), t)
+    s = Session(fed.session + 1, nodes, ring_neighbours(nodes, k), t)
     fed.session = s.session
     s.inbox = {v: [] for v in nodes}
     for node in nodes:  # the target is told a different frac-bits than everyone else
@@ -430,8 +438,8 @@ def test_inconsistent_sessions_keys_and_replayed_shares_are_refused() -> None:
     stage = collect_stage(fed, s3, target, keys=[swapped[v] for v in nodes])
     refused(fed, target, stage, "pinned on first use", train=True)
     # shares of an old session replayed into a new one
-    s4 = collect(fed, nodes)
-    s5 = collect(fed, nodes)
+    s4 = collect(fed, nodes, question=2)
+    s5 = collect(fed, nodes, question=2)  # a rerun of question 2 (same nodes)
     replay = unmask_stage(s5, target)
     replay["ciphertexts"] = [ct for _, ct in s4.inbox[target]]
     refused(fed, target, replay, "for session")
@@ -460,7 +468,7 @@ def _round(grid: LocalGrid, book: KeyBook, settings: SecureAggregation | None = 
         for v in grid.node_ids
     ]
     return secure_sum(lambda m: grid.send_and_receive(m), msgs, settings or SecureAggregation(),
-                      random.Random(t), t, keys=book)  # fmt: skip
+                      t, keys=book)  # fmt: skip
 
 
 def _expected(nodes: list[int]) -> tuple[np.ndarray, int]:
@@ -650,8 +658,8 @@ def test_secrets_are_fresh_per_session_and_never_travel() -> None:
     fed = Federation(4)
     fed.setup()
     sessions = []
-    for seed in range(3):
-        s = collect(fed, fed.nodes, seed=seed)
+    for question in range(3):  # three rounds: three questions
+        s = collect(fed, fed.nodes, question=question)
         for holder in fed.nodes:
             assert unmask(fed, s, holder)
         sessions.append(s)
@@ -754,7 +762,7 @@ def test_keys_endorsed_by_trusted_identities_refuse_substituted_and_invented_nod
                              endorsements=[ids[v][1] for v in s.ring[node]])  # fmt: skip
 
     k, t = SecureAggregation().plan(n)
-    s = Session(fed.session + 1, fed.nodes, _neighbours(fed.nodes, k, random.Random(0)), t)
+    s = Session(fed.session + 1, fed.nodes, ring_neighbours(fed.nodes, k), t)
     a, b, c = fed.nodes[:3]
     # a request without endorsements
     refused(fed, a, collect_stage(fed, s, a), "trusts only endorsed keys", train=True)
@@ -797,7 +805,7 @@ def test_a_private_metric_announced_as_public_is_refused(tmp_path) -> None:
     fed = Federation(4)
     fed.setup()
     k, t = SecureAggregation().plan(4)
-    s = Session(fed.session + 1, fed.nodes, _neighbours(fed.nodes, k, random.Random(0)), t)
+    s = Session(fed.session + 1, fed.nodes, ring_neighbours(fed.nodes, k), t)
     node = fed.nodes[0]
     refused(fed, node, collect_stage(fed, s, node, public=["count"]), "asked in the clear",
             train=True)  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 from flwr.app import ArrayRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flower_app.clients.adapter import numpy_client_app
@@ -349,15 +349,41 @@ def test_plain_mode_with_a_users_own_clientapp_and_the_mod() -> None:
         missing.start(LocalGrid(12, {}, app=app([]), node_config=node_config), ArrayRecord(), 3)
 
 
-def test_neighbour_rings_are_seeded_and_symmetric() -> None:
-    from flower_app.privacy.secagg_server import _neighbours
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sets(st.integers(1, 2**63 - 1), min_size=3, max_size=40),
+    st.integers(3, 41),
+    st.randoms(use_true_random=False),
+)
+def test_neighbour_rings_are_a_connected_symmetric_function_of_the_nodes(
+    nodes: set[int], size: int, shuffle: random.Random
+) -> None:
+    """Every node recomputes the ring from the announced nodes alone (in any order); each
+    neighbourhood has the announced size, holds the node, is symmetric, and the ring is
+    connected: the only set closed under neighbourhoods is every node."""
+    from flower_app.privacy.topology import ring_neighbours
 
-    nodes = list(range(100, 130))
-    ring = _neighbours(nodes, 7, random.Random("s"))
-    assert ring == _neighbours(nodes, 7, random.Random("s"))
+    order = sorted(nodes)
+    n = len(order)
+    k = n if size >= n else size | 1  # every node, or an odd size below n
+    if k >= n:
+        k = n
+    ring = ring_neighbours(order, k)
+    shuffle.shuffle(order)
+    assert ring == ring_neighbours(order, k)
     for u, around in ring.items():
-        assert u in around and len(around) == 7
+        assert u in around and len(around) == k and around == sorted(around)
         assert all(u in ring[v] for v in around)
+    reached, frontier = {order[0]}, [order[0]]
+    while frontier:
+        for v in ring[frontier.pop()]:
+            if v not in reached:
+                reached.add(v)
+                frontier.append(v)
+    assert reached == nodes
+    for bad in {2, n + 1} | ({k + 1} if k + 1 < n else set()):
+        with pytest.raises(ValueError, match="neighbourhood size|at least 3"):
+            ring_neighbours(order, bad)
 
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
+from flower_app.algorithms.fedsm.dp import dp_local_epsilon
 from flower_app.algorithms.fedsm.modes import RoundPlan
 from flower_app.algorithms.fedsm.user import (
     GainsUtility,
@@ -54,6 +55,7 @@ from flower_app.algorithms.fedsm.user import (
 )
 from flower_app.clients.fedcg import ScoreTable, SetFunction
 from flower_app.clients.submodular import encode_report, plan_kind, round_plan
+from flower_app.privacy.ledger import local_release
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["as_utility", "fedsm_evaluate", "fedsm_reply"]
@@ -211,12 +213,16 @@ def fedsm_reply(
     encoded = encode_report(report, dense=bool(config.get("secure-aggregation", 0)))
     keys = ["ids", "values"] if len(encoded) == 2 else ["values"]
     out = ArrayRecord({key: Array(a) for key, a in zip(keys, encoded, strict=True)})
-    metrics = {
+    metrics: dict[str, Any] = {
         "num-examples": 1,
         "num-elements": m,
         "user-values": int(plan.d),
         "positive-entries": int(hits),
     }
+    if plan.dp_bits:  # the local randomiser's ε, charged to the node's ledger by the mod
+        user = int(config["user-id"])
+        cost = dp_local_epsilon(plan, int(config["seed"]), np.asarray([user]))[0]
+        metrics.update(local_release({user: float(cost)}).metrics())
     return Message(RecordDict({"arrays": out, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 

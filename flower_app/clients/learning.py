@@ -70,6 +70,7 @@ from flower_app.algorithms.maxfl.local_steps import evaluate, make_model
 from flower_app.algorithms.maxfl.server_rules import rule_for
 from flower_app.datasets.federated import Federation
 from flower_app.models.mlp import MLP
+from flower_app.privacy.ledger import gaussian_release
 
 __all__ = ["DictState", "LearningClient", "RecordState", "byzantine_clients"]
 
@@ -337,7 +338,11 @@ class LearningClient(NumPyClient):
             # zeros of the reply's shapes
             sums = [np.zeros(w.shape, np.float64) for w in weights] * self.rule.copies
         if dp is not None:  # Σ (q_k C + noise) / C; no loss: it is not privatised
-            return sums, len(users), {"q-sum": q_terms / dp.clip, "h-sum": 0.0}
+            release = gaussian_release(
+                [int(u) for u in users], dp.noise_multiplier, int(config["dp-clients"])
+            )  # each client's share, charged to the node's ledger by the privacy mod
+            return sums, len(users), {"q-sum": q_terms / dp.clip, "h-sum": 0.0,
+                                      **release.metrics()}  # fmt: skip
         if config.get("secure-aggregation"):  # only sums: the server sees Σ over all nodes
             if self.rule.reports_met:
                 raise ValueError(f"{self.algorithm} needs per-client replies, not sums")

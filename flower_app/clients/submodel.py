@@ -58,6 +58,7 @@ from flower_app.algorithms.fedsubavg.core import (
 from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import accuracy, log_loss
+from flower_app.privacy.ledger import gaussian_release
 
 __all__ = ["SubmodelClient"]
 
@@ -221,7 +222,11 @@ class SubmodelClient(NumPyClient):
                 weighting,
             )
         samples = int(self.task.samples_per_client()[users].sum())
-        metrics = {"weight-sum": float(update.weight), "samples": samples}
+        metrics: dict[str, Any] = {"weight-sum": float(update.weight), "samples": samples}
+        if dp is not None:  # each user's share, charged to the node's ledger by the privacy mod
+            release = gaussian_release([int(u) for u in users], dp.noise_multiplier,
+                                       int(config["dp-clients"]))  # fmt: skip
+            metrics.update(release.metrics())
         if secure:  # dense: only equal-length vectors can be summed, and rows would show S(i)
             dense = np.zeros(self.task.n_params)
             dense[update.rows] = update.sums

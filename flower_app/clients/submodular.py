@@ -28,8 +28,10 @@ from flwr.client import NumPyClient
 
 from flower_app.algorithms.fedsm.amplify import SURROGATES
 from flower_app.algorithms.fedsm.core import ENTRY_BYTES
+from flower_app.algorithms.fedsm.dp import dp_local_epsilon
 from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
 from flower_app.algorithms.fedsm.sampling import check_scheme
+from flower_app.privacy.ledger import local_release
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
@@ -152,10 +154,14 @@ class SubmodularClient(NumPyClient):
             )
         total, hits = cohort_report(self.objective, local, plan.users, plan, int(config["seed"]),
                                     reproducible_noise=self.reproducible_noise)  # fmt: skip
-        metrics = {
+        metrics: dict[str, Any] = {
             "user-values": int(plan.users.size * plan.d),
             "positive-entries": int(hits),
         }
+        if plan.dp_bits:  # each user's local randomiser ε, charged to the node's ledger
+            costs = dp_local_epsilon(plan, int(config["seed"]), plan.users)
+            metrics.update(local_release(dict(zip(plan.users.tolist(), costs.tolist(),
+                                                   strict=True))).metrics())  # fmt: skip
         dense = bool(config.get("secure-aggregation", 0))
         return encode_report(total, dense), int(plan.users.size), metrics
 

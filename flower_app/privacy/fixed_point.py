@@ -13,7 +13,11 @@ vector of it:
 
 The sum is correct as long as every partial sum stays inside ±2^63 in fixed point: each
 client checks ``|v| · 2^f < 2^63 / n`` for its own entries (n = clients in the round) and
-refuses to encode otherwise, naming the entry.
+refuses to encode otherwise, naming the entry (never the value: the refusal goes back to
+the server). A node also refuses parameters that would leave each value a range smaller than
+±2^:data:`MIN_RANGE_BITS`: by choosing the fractional bits a server could otherwise move the
+limit onto a private value and read, from refusing or not, on which side of it the value
+lies.
 
 Masks are streams of uniform ``uint64`` from AES-256 in counter mode (the ``cryptography``
 package Flower depends on), keyed by HKDF-SHA256 of the secret (a node's self-mask seed or a
@@ -39,7 +43,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from flower_app.privacy.refusals import NodeRefusedError
+
 __all__ = [
+    "MIN_RANGE_BITS",
     "Entry",
     "decode_sum",
     "encode_reply",
@@ -48,6 +55,9 @@ __all__ = [
 ]
 
 _MASK_CONTEXT = b"flower_app secure aggregation mask v2|"
+#: a node refuses fractional bits f with n nodes unless every value keeps a range of at
+#: least ±2^MIN_RANGE_BITS: f + ⌈log₂ n⌉ ≤ 63 − MIN_RANGE_BITS
+MIN_RANGE_BITS = 20
 
 
 def mask_stream(secret: bytes, size: int, label: bytes = b"") -> np.ndarray:
@@ -140,16 +150,18 @@ def layout_of(content: RecordDict, public: Iterable[str] = ()) -> list[tuple[Ent
 
     Raises
     ------
-    ValueError
-        If the reply holds a ConfigRecord (which cannot be summed) or a non-numeric array.
+    NodeRefusedError
+        (rule ``encoding``) If the reply holds a ConfigRecord (which cannot be summed) or a
+        non-numeric array.
     """
     # one pass over the records (RecordDict's typed views copy the dict on every access)
     records = dict(content.items())
     configs = sorted(n for n, r in records.items() if isinstance(r, ConfigRecord))
     if configs:
-        raise ValueError(
+        raise NodeRefusedError(
+            "encoding",
             f"secure aggregation sums arrays and metrics; the reply has ConfigRecord(s) "
-            f"{configs}, which cannot be summed"
+            f"{configs}, which cannot be summed",
         )
     public = set(public)
     out: list[tuple[Entry, np.ndarray]] = []
@@ -157,7 +169,9 @@ def layout_of(content: RecordDict, public: Iterable[str] = ()) -> list[tuple[Ent
         for key, array in records[name].items():
             a = array.numpy()
             if a.dtype.kind not in "biuf":
-                raise ValueError(f"array '{name}/{key}' has dtype {a.dtype}: not a number")
+                raise NodeRefusedError(
+                    "encoding", f"array '{name}/{key}' has dtype {a.dtype}: not a number"
+                )
             out.append((Entry("array", name, key, a.dtype.kind == "f", tuple(a.shape)), a))
     for name in sorted(n for n, r in records.items() if isinstance(r, MetricRecord)):
         for key, value in records[name].items():
@@ -183,10 +197,11 @@ def encode_reply(
 
     Raises
     ------
-    ValueError
-        A non-finite value, an integer outside the signed 64-bit range (e.g. a uint64
-        ≥ 2^63), or a value too large to be summed over ``clients`` clients; the message
-        names the entry.
+    NodeRefusedError
+        (rule ``encoding``) A non-finite value, an integer outside the signed 64-bit range
+        (e.g. a uint64 ≥ 2^63), or a value too large to be summed over ``clients``
+        clients. The message names the entry and the limit, never the value: the text goes
+        back to the server.
     """
     limit = float(2**63) / max(int(clients), 1)
     parts = []
@@ -196,13 +211,13 @@ def encode_reply(
         if entry.real:
             x = flat.astype(np.float64)
             if not np.all(np.isfinite(x)):
-                raise ValueError(f"secure aggregation: {where} has a non-finite value")
+                raise NodeRefusedError("encoding", f"{where} has a non-finite value")
             scaled = np.rint(x * float(2**frac_bits))
             if scaled.size and float(np.max(np.abs(scaled))) >= limit:
-                raise ValueError(
-                    f"secure aggregation: {where} has |value| up to {np.max(np.abs(x)):.4g}, "
-                    f"too large to sum {clients} clients at {frac_bits} fractional bits "
-                    f"(lower secagg-frac-bits)"
+                raise NodeRefusedError(
+                    "encoding",
+                    f"{where} has a value too large to sum {clients} clients at {frac_bits} "
+                    "fractional bits (lower secagg-frac-bits)",
                 )
             parts.append(scaled.astype(np.int64).view(np.uint64))
         else:
@@ -223,15 +238,16 @@ def _encode_integers(flat: np.ndarray, where: str, clients: int) -> np.ndarray:
     else:
         lo, hi = int(flat.min()), int(flat.max())
     if lo < -(2**63) or hi >= 2**63:
-        raise ValueError(
-            f"secure aggregation: {where} holds {hi if hi >= 2**63 else lo}, outside the "
-            "signed 64-bit range the sum is decoded in (it would wrap): send it as int64 "
-            "or as a real"
+        raise NodeRefusedError(
+            "encoding",
+            f"{where} holds a value outside the signed 64-bit range the sum is decoded in "
+            "(it would wrap): send it as int64 or as a real",
         )
     if max(hi, -lo) > bound:
-        raise ValueError(
-            f"secure aggregation: {where} holds {hi if hi > bound else lo}, too large to "
-            f"sum {clients} clients in 64 bits (at most {bound} in absolute value)"
+        raise NodeRefusedError(
+            "encoding",
+            f"{where} holds a value too large to sum {clients} clients in 64 bits (at most "
+            f"{bound} in absolute value)",
         )
     return flat.astype(np.int64)
 

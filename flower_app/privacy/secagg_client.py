@@ -87,6 +87,7 @@ server's dropout claims (issue 26).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from typing import Any, cast
@@ -109,12 +110,27 @@ from flwr.supercore.primitives.asymmetric import (
     verify_signature,
 )
 
-from flower_app.privacy.fixed_point import encode_reply, layout_of, mask_stream
+from flower_app.privacy.fixed_point import MIN_RANGE_BITS, encode_reply, layout_of, mask_stream
+from flower_app.privacy.ledger import (
+    NODE_PRIVACY_RECORD,
+    PrivacyLedger,
+    Release,
+    is_private_request,
+)
+from flower_app.privacy.questions import QuestionBook, question_digest
+from flower_app.privacy.refusals import (
+    NodeRefusedError,
+    SecureAggregationRefusedError,
+    private_errors,
+)
 from flower_app.privacy.shares import SEED_BYTES, seed_commitment, split_seed
+from flower_app.privacy.topology import MIN_NODES, ring_neighbours
 from flower_app.privacy.transforms import apply_transform
 
 __all__ = [
+    "MIN_NODES",
     "SECAGG_RECORD",
+    "NodeRefusedError",
     "SecureAggregationRefusedError",
     "minimum_threshold",
     "parameters_digest",
@@ -136,8 +152,6 @@ STORE_RECORD = "secagg-store"
 CACHE_RECORD = "secagg-cache"
 CACHE_META_RECORD = "secagg-cache-meta"
 CACHE_PUBLIC_RECORD = "secagg-cache-public"
-#: fewest nodes in a secure session (a "sum" of two tells each node the other's reply)
-MIN_NODES = 3
 #: the threshold floor (implied by the strict majority of a neighbourhood of >= 3)
 MIN_THRESHOLD = 2
 
@@ -155,10 +169,6 @@ PUBLIC_METRICS = "secagg-public-metrics"
 DEFAULT_PUBLIC_METRICS = frozenset({"num-elements", "n-elements"})
 _UNMASK_KEYS = {"stage", "session", "round", "sources", "ciphertexts"}
 _PLAINTEXT = struct.Struct(">QQq32s")  # source, destination, session, parameters digest
-
-
-class SecureAggregationRefusedError(ValueError):
-    """A node refuses a secure-aggregation request (a lying or broken server)."""
 
 
 def minimum_threshold(shares: int) -> int:
@@ -183,7 +193,7 @@ def parameters_digest(cfg: dict[str, Any]) -> bytes:
 
 
 def _refuse(text: str) -> SecureAggregationRefusedError:
-    return SecureAggregationRefusedError(f"secure aggregation refused: {text}")
+    return SecureAggregationRefusedError(text)
 
 
 def _record(context: Context, name: str) -> dict[str, Any]:
@@ -244,16 +254,26 @@ class _NodeState:
 
 
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Message:
-    """Run this node's part of the secure-sum protocol (see the module docstring).
+    """Run this node's part of the secure-sum protocol and keep its privacy budget.
 
-    Messages without a ``"secagg"`` ConfigRecord go straight to the handler.
+    Messages with a ``"secagg"`` ConfigRecord follow the protocol (see the module
+    docstring). A differentially private request answered in the clear (e.g. FedSM's
+    randomiser without secure aggregation) is answered once per question and charged to the
+    node's ledger (:mod:`flower_app.privacy.ledger`). Every other message goes straight to
+    the handler.
 
     Raises
     ------
-    SecureAggregationRefusedError
-        If the request breaks the protocol (parameters, stage order, consistency).
+    NodeRefusedError
+        If the request breaks the protocol, was asked before, would pass the node's privacy
+        budget, or the node's reply cannot be computed or encoded (the text names the rule
+        and public parameters only: Flower returns it to the server).
     """
-    if msg.has_error() or not isinstance(msg.content.get(SECAGG_RECORD), ConfigRecord):
+    if msg.has_error():
+        return call_next(msg, context)
+    if not isinstance(msg.content.get(SECAGG_RECORD), ConfigRecord):
+        if is_private_request(msg.content):
+            return _answer_in_clear(msg, context, call_next)
         return call_next(msg, context)
     cfg = dict(msg.content[SECAGG_RECORD])
     stage = str(cfg.get("stage"))
@@ -271,11 +291,39 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Any) -> Me
                 state.session["stage"] = "refused"
                 state.save()
             raise
+        book = QuestionBook(context)
+        book.close(bytes(state.session.get("question", b"")))
+        book.save()
         state.save()
         _drop_cache(context)
     else:
         raise _refuse(f"unknown stage {stage!r}")
     return Message(RecordDict({SECAGG_RECORD: ConfigRecord(reply)}), reply_to=msg)
+
+
+def _answer_in_clear(msg: Message, context: Context, call_next: Any) -> Message:
+    """Answer a private request without secure aggregation: once, within the budget."""
+    book = QuestionBook(context)
+    question = question_digest(msg.metadata.message_type, msg.content)
+    book.admit(question, None, b"")
+    book.begin(question, None, b"")  # closed from now on, whatever happens below
+    book.save()
+    with private_errors("the node's reply"):
+        out = call_next(msg, context)
+    if out.has_error():
+        return out
+    ledger = PrivacyLedger(context)
+    _charge(out.content, ledger)
+    out.content[NODE_PRIVACY_RECORD] = ledger.figures()
+    return out
+
+
+def _charge(content: RecordDict, ledger: PrivacyLedger) -> None:
+    """Take the handler's release declaration out of its reply and charge it to the ledger."""
+    with private_errors("reading the reply's dp-release declaration"):
+        release = Release.pop_from(content)
+    if release is not None:
+        ledger.charge(release)
 
 
 def endorsement_message(run_id: int, node: int, key: bytes) -> bytes:
@@ -423,13 +471,33 @@ def _check_collect(nid: int, state: _NodeState, cfg: dict[str, Any]) -> None:
             f"the neighbour list has {len(neighbours)} nodes, the announced neighbourhood "
             f"size is {shares}"
         )
+    if shares < MIN_NODES:
+        raise _refuse(
+            f"a neighbourhood of {shares} nodes; every node masks with at least {MIN_NODES} "
+            "(itself included), so that no sum the server can open has fewer"
+        )
     if not minimum_threshold(shares) <= threshold <= shares:
         raise _refuse(
             f"threshold {threshold} for {shares} neighbours: it must be a strict majority "
             f"({minimum_threshold(shares)}..{shares}), at least {MIN_THRESHOLD}"
         )
-    if not 0 <= _int(cfg, "frac-bits") <= 52:
-        raise _refuse(f"frac-bits {cfg['frac-bits']} outside 0..52")
+    try:
+        ring = ring_neighbours(announced, shares)
+    except ValueError as err:
+        raise _refuse(str(err)) from None
+    if neighbours != ring[nid]:
+        raise _refuse(
+            "the neighbour list is not this node's place in the ring of the announced nodes "
+            "(a ring of the server's making could split the session into small sums)"
+        )
+    frac = _int(cfg, "frac-bits")
+    if not 0 <= frac <= 52:
+        raise _refuse(f"frac-bits {frac} outside 0..52")
+    if frac + math.ceil(math.log2(len(announced))) > 63 - MIN_RANGE_BITS:
+        raise _refuse(
+            f"frac-bits {frac} with {len(announced)} nodes leaves each value less than "
+            f"+-2^{MIN_RANGE_BITS} (a limit a server could move onto a private value)"
+        )
     public = cfg.get("public", [])
     if not isinstance(public, list) or not all(isinstance(k, str) for k in public):
         raise _refuse("'public' must be a list of metric names")
@@ -483,20 +551,6 @@ def _pin_and_pair_keys(
     return out, new
 
 
-def _content_digest(content: RecordDict) -> bytes:
-    """SHA-256 of a request's content (arrays' bytes, metrics, configs), in a fixed order."""
-    h = hashlib.sha256()
-    for name, record in sorted(content.items()):
-        h.update(repr((name, type(record).__name__)).encode())
-        if isinstance(record, ArrayRecord):
-            for key, arr in record.items():
-                h.update(repr((key, arr.dtype, tuple(arr.shape))).encode())
-                h.update(arr.data)
-        else:
-            h.update(repr(sorted(record.items())).encode())
-    return h.digest()
-
-
 def _drop_cache(context: Context) -> None:
     for name in (CACHE_RECORD, CACHE_META_RECORD, CACHE_PUBLIC_RECORD):
         if name in context.state:
@@ -518,42 +572,47 @@ def _collect(
     _check_identities(context, nid, state, cfg, new)
     pair, new_peers = _pin_and_pair_keys(nid, state, neighbours, [bytes(k) for k in cfg["keys"]])
     public_keys = [str(k) for k in cfg.get("public", [])]
-    # the session is spent from here on: a second collect for it is refused even if the
-    # handler fails below
-    state.session = {"session": session, "stage": "collecting"}
-    state.save(peers=new_peers)
+    announced = [int(n) for n in cfg["announced"]]
     content = RecordDict(
         {name: rec for name, rec in msg.content.items() if name != SECAGG_RECORD}
     )
-    digest = _content_digest(content)
-    cached = context.state.get(CACHE_META_RECORD)
-    if isinstance(cached, ConfigRecord) and bytes(cached["request"]) == digest:
-        # a rerun of the request this node already answered (another node dropped out):
-        # the same reply under fresh masks, the handler's side effects not repeated
+    question = question_digest(msg.metadata.message_type, content)
+    encoding = _encoding_digest(cfg)
+    book = QuestionBook(context)
+    # the session is spent from here on: a second collect for it is refused even if the
+    # question is refused or the handler fails below
+    state.session = {"session": session, "stage": "collecting", "question": question}
+    state.save(peers=new_peers)
+    if book.admit(question, announced, encoding):
+        # a rerun of the question this node answered (another node dropped out): the same
+        # answer, noise included, under fresh masks; the handler's side effects not repeated
+        cached = context.state.get(CACHE_META_RECORD)
+        if not isinstance(cached, ConfigRecord) or bytes(cached["request"]) != question:
+            raise SecureAggregationRefusedError(
+                "a rerun of a question whose kept answer this node no longer has",
+                rule="asked-before",
+            )
+        book.save()
         vector = context.state[CACHE_RECORD]["encoded"].numpy().copy()
         layout = [str(t) for t in cached["layout"]]
         public = dict(context.state[CACHE_PUBLIC_RECORD])
     else:
-        msg.content = content
-        out = call_next(msg, context)
-        if out.has_error():
-            return out
-        reply_content = out.content
-        if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL plain mode)
-            params = {k[len("transform-"):]: v for k, v in cfg.items()
-                      if k.startswith("transform-")}  # fmt: skip
-            store = _record(context, STORE_RECORD)
-            reply_content = apply_transform(
-                str(cfg["transform"]), content, out.content, params, store
-            )
-            context.state[STORE_RECORD] = ConfigRecord(store)
-        entries = layout_of(reply_content, public_keys)
-        vector = encode_reply(entries, int(cfg["frac-bits"]), len(cfg["announced"]))
-        layout = [e.text() for e, _ in entries]
-        metrics = reply_content.metric_records.get("metrics")
-        public = {k: metrics[k] for k in public_keys if metrics is not None and k in metrics}
+        _drop_cache(context)
+        book.begin(question, announced, encoding)
+        book.save()
+        try:
+            answer = _answer(msg, context, call_next, content, cfg, public_keys)
+        except NodeRefusedError:
+            book.close(question)  # refused once, refused for good: no fresh draw later
+            book.save()
+            raise
+        if isinstance(answer, Message):  # the handler answered with an error
+            book.close(question)
+            book.save()
+            return answer
+        vector, layout, public = answer
         context.state[CACHE_RECORD] = ArrayRecord({"encoded": Array(vector)})
-        context.state[CACHE_META_RECORD] = ConfigRecord({"request": digest, "layout": layout})
+        context.state[CACHE_META_RECORD] = ConfigRecord({"request": question, "layout": layout})
         context.state[CACHE_PUBLIC_RECORD] = ConfigRecord(public)
     # fresh self-mask seed for this session (OS entropy), shared among the neighbours
     seed = os.urandom(SEED_BYTES)
@@ -591,7 +650,57 @@ def _collect(
             "secagg-vector": ArrayRecord({"masked": Array(np.asarray(masked, np.uint64))}),
         }
     )
+    ledger = PrivacyLedger(context)
+    if ledger.releases or is_private_request(content):
+        reply[NODE_PRIVACY_RECORD] = ledger.figures()
     return Message(reply, reply_to=msg)
+
+
+def _encoding_digest(cfg: dict[str, Any]) -> bytes:
+    """Digest of how a session encodes its answer (a rerun must encode it the same way)."""
+    transform = sorted((k, repr(v)) for k, v in cfg.items() if str(k).startswith("transform"))
+    text = repr((int(cfg["frac-bits"]), list(cfg.get("public", [])), transform))
+    return hashlib.sha256(b"flower_app secagg encoding v1|" + text.encode()).digest()
+
+
+def _answer(
+    msg: Message,
+    context: Context,
+    call_next: Any,
+    content: RecordDict,
+    cfg: dict[str, Any],
+    public_keys: list[str],
+) -> tuple[np.ndarray, list[str], dict[str, Any]] | Message:
+    """Compute, charge and encode the node's answer to a new question.
+
+    Returns the encoded vector, its layout and the public metrics, or the handler's error
+    reply. Every failure is a :class:`NodeRefusedError` whose text holds no private value.
+    """
+    msg.content = content
+    with private_errors("the node's handler"):
+        out = call_next(msg, context)
+    if out.has_error():
+        return out
+    reply_content = out.content
+    _charge(reply_content, PrivacyLedger(context))
+    if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL plain mode)
+        params = {k[len("transform-"):]: v for k, v in cfg.items()
+                  if k.startswith("transform-")}  # fmt: skip
+        store = _record(context, STORE_RECORD)
+        try:
+            with private_errors("the reply transform"):
+                reply_content = apply_transform(
+                    str(cfg["transform"]), content, reply_content, params, store
+                )
+        finally:  # kept also when refused (e.g. the heat's rows are declared once per run)
+            context.state[STORE_RECORD] = ConfigRecord(store)
+    with private_errors("encoding the reply"):
+        entries = layout_of(reply_content, public_keys)
+        vector = encode_reply(entries, int(cfg["frac-bits"]), len(cfg["announced"]))
+    layout = [e.text() for e, _ in entries]
+    metrics = reply_content.metric_records.get("metrics")
+    public = {k: metrics[k] for k in public_keys if metrics is not None and k in metrics}
+    return vector, layout, public
 
 
 def _unmask(nid: int, state: _NodeState, cfg: dict[str, Any]) -> dict[str, Any]:

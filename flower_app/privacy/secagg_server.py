@@ -108,7 +108,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 import threading
 import time
 import weakref
@@ -123,12 +122,11 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from flower_app.privacy.fixed_point import Entry, decode_sum, mask_stream
-from flower_app.privacy.secagg_client import (
-    MIN_NODES,
-    SECAGG_RECORD,
-    minimum_threshold,
-)
+from flower_app.privacy.ledger import NODE_PRIVACY_RECORD
+from flower_app.privacy.refusals import refusal_rule
+from flower_app.privacy.secagg_client import SECAGG_RECORD, minimum_threshold
 from flower_app.privacy.shares import SEED_BYTES, combine_seed, seed_commitment, share_index
+from flower_app.privacy.topology import MIN_NODES, ring_neighbours
 
 __all__ = ["KeyBook", "SecureAggregation", "SecureSum", "key_book", "secure_sum"]
 
@@ -299,6 +297,12 @@ class SecureSum:
         Survivors whose unmask reply was left out (duplicate, wrong-kind or malformed
         shares; shares that fail the seed's commitment), with the reason. Their replies
         are in the sum.
+    refused : dict of int to str
+        Of ``failed``, nodes that refused by a named rule (``privacy-budget``,
+        ``asked-before``, ``encoding``, ...: :data:`flower_app.privacy.refusals.RULES`).
+    node_privacy : dict of int to dict
+        The ``"node-privacy"`` figures of the nodes whose replies are in the sum (each
+        node's own ledger: :mod:`flower_app.privacy.ledger`).
     cost : dict
         ``secagg-messages``, ``secagg-bytes-up``, ``secagg-bytes-down`` (all stages),
         ``secagg-bytes-up-max-node`` (the most one node sent, all stages),
@@ -315,6 +319,8 @@ class SecureSum:
     template: Message | None = None
     unmask_rejected: dict[int, str] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+    node_privacy: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _stage_message(base: Message, node: int, stage: dict[str, Any]) -> Message:
@@ -372,6 +378,9 @@ class _Exchange:
                     hint = (" (if its ClientApp lacks the secure-aggregation mod: add "
                             "flower_app.privacy.secure_aggregation_mod to its mods)")  # fmt: skip
                 reason = str(reply.error.reason)
+                rule = refusal_rule(reason)
+                if rule is not None:
+                    self.out.refused[src] = rule
                 self.errors[src] = reason
                 self.out.failed[src] = f"secure aggregation {stage}: {reason}{hint}"
                 self.out.bad += 1
@@ -390,18 +399,6 @@ class _Exchange:
         for node in sorted(asked - set(got) - set(self.out.failed)):
             self.out.failed[node] = f"secure aggregation {stage}: no reply within the timeout"
         return got
-
-
-def _neighbours(nodes: Sequence[int], shares: int, rng: random.Random) -> dict[int, list[int]]:
-    order = list(nodes)
-    rng.shuffle(order)
-    n, half = len(order), shares // 2
-    if shares >= n:
-        return {u: sorted(order) for u in order}
-    return {
-        u: sorted({order[(i + off) % n] for off in range(-half, half + 1)})
-        for i, u in enumerate(order)
-    }
 
 
 def _setup(
@@ -538,7 +535,6 @@ def secure_sum(
     send: SendFn,
     messages: Sequence[Message],
     settings: SecureAggregation,
-    rng: random.Random,
     server_round: int,
     public: Sequence[str] = (),
     transform: Mapping[str, Any] | None = None,
@@ -555,9 +551,6 @@ def secure_sum(
         ``"config"`` gets ``secure-aggregation = 1`` (clients then reply densely).
     settings : SecureAggregation
         Shares, threshold, fixed point.
-    rng : random.Random
-        Shuffles the neighbour ring (the strategies seed it once per run: the same nodes
-        get the same ring every round).
     server_round : int
         The round (for the nodes' logs; sessions are numbered by the server).
     public : sequence of str
@@ -611,7 +604,7 @@ def secure_sum(
             out.cost = _cost(exchange, t0, t1, time.perf_counter(), sessions, 0)
             return out
         shares, threshold = settings.plan(len(active))
-        ring = _neighbours(active, shares, rng)
+        ring = ring_neighbours(active, shares)
         session = _next_session()
         sessions += 1
         collect_msgs = {
@@ -631,6 +624,10 @@ def secure_sum(
         active = sorted(usable)  # rerun the session without the nodes that did not submit
     t2 = time.perf_counter()
     vectors = {n: c.array_records["secagg-vector"]["masked"].numpy() for n, c in usable.items()}
+    for node, content in usable.items():
+        figures = content.metric_records.get(NODE_PRIVACY_RECORD)
+        if figures is not None:
+            out.node_privacy[node] = dict(figures)
     layout = tuple(usable[active[0]][SECAGG_RECORD]["layout"])
     public_values = dict(usable[active[0]]["secagg-public"])
     seeds, asked = _unmask(exchange, base, usable, ring, threshold, session, out)

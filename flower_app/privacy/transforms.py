@@ -14,7 +14,9 @@ handler produced, before encoding, so the user's ClientApp stays the FedAvg-styl
     reply ``"<key>.rows"`` (the rows the node's data touches, per sparse table of
     ``rows-<key>`` rows) → dense 0/1 counts ``<key>`` and ``<key>.samples`` (× the node's
     ``num-examples``), metrics ``num-examples`` and ``clients`` = 1; the rows are kept on the
-    node (its Context) for the training rounds.
+    node (its Context) for the training rounds. A node declares its rows once per run and
+    checks ``rows-<key>`` against the table it was sent: a refusal for rows that do not fit
+    would otherwise let a server locate the node's largest row by asking with other sizes.
 ``fedsubavg-weighted-delta`` (FedSubAvg's training round, plain mode, full model sent)
     c_i (x_i − x) for every array, the sparse tables restricted to the rows the node declared
     (c_i = 1, or its ``num-examples`` with ``weighting = samples``); metrics
@@ -30,6 +32,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from flower_app.algorithms.maxfl.core import aggregation_weight
+from flower_app.privacy.refusals import NodeRefusedError
 
 __all__ = ["TRANSFORMS", "apply_transform"]
 
@@ -45,7 +48,7 @@ def _maxfl_weighted_delta(
     loss = float(metrics[str(params["loss-key"])])
     rho = float(metrics[str(params["rho-key"])])
     if not (np.isfinite(loss) and np.isfinite(rho)):
-        raise ValueError(f"secure aggregation: non-finite loss {loss} or rho {rho}")
+        raise NodeRefusedError("transform", "the reply's loss or requirement is not finite")
     q = float(aggregation_weight(loss, rho))
     out: dict[str, Array] = {}
     for key in sent:
@@ -53,7 +56,7 @@ def _maxfl_weighted_delta(
         if w.dtype.kind != "f":
             continue
         if key not in got or got[key].numpy().shape != w.shape:
-            raise ValueError(f"secure aggregation: the reply lacks '{key}' of shape {w.shape}")
+            raise NodeRefusedError("transform", f"the reply lacks '{key}' of shape {w.shape}")
         delta = w.astype(np.float64) - got[key].numpy().astype(np.float64)
         out[key] = Array(q * delta)
     n = int(metrics.get(str(params.get("weight-key", "num-examples")), 0))
@@ -75,13 +78,25 @@ def _fedsubavg_heat(
     request: RecordDict, reply: RecordDict, params: Mapping[str, Any], store: dict[str, Any]
 ) -> RecordDict:
     """Turn the counting reply (declared rows) into dense counts and sample-weighted counts."""
+    if store.get("heat"):  # declared rows once per run: a refusal is then one bit per run
+        raise NodeRefusedError(
+            "transform", "this node declared its rows to the heat count of this run already"
+        )
+    store["heat"] = 1
+    sent = request.array_records.get("arrays")
     got = reply.array_records["arrays"]
     n = int(reply.metric_records["metrics"]["num-examples"])
     out: dict[str, Array] = {}
     for key, size in _sparse_keys(params).items():
+        if sent is not None and key in sent and sent[key].numpy().shape[:1] != (size,):
+            raise NodeRefusedError(
+                "transform", f"rows-{key} = {size} is not the row count of the table sent"
+            )
         rows = got[f"{key}.rows"].numpy().astype(np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= size):
-            raise ValueError(f"secure aggregation: rows of '{key}' outside 0..{size - 1}")
+            raise NodeRefusedError(
+                "transform", f"the node's rows of '{key}' do not fit a table of {size} rows"
+            )
         mark = np.zeros(size, dtype=np.int64)
         mark[rows] = 1
         out[key] = Array(mark)
@@ -107,11 +122,11 @@ def _fedsubavg_weighted_delta(
         if key.endswith(".rows"):
             continue
         if key not in got or got[key].numpy().shape != sent[key].numpy().shape:
-            raise ValueError(f"secure aggregation: the reply lacks '{key}' as sent")
+            raise NodeRefusedError("transform", f"the reply lacks '{key}' as sent")
         delta = got[key].numpy().astype(np.float64) - sent[key].numpy().astype(np.float64)
         if key in sparse:  # only the rows the node's data touches (declared at counting)
             if f"rows:{key}" not in store:
-                raise ValueError("secure aggregation: no rows declared for this node")
+                raise NodeRefusedError("transform", "no rows declared for this node")
             keep = np.zeros(delta.shape[0], dtype=bool)
             keep[np.asarray(store[f"rows:{key}"], dtype=np.int64)] = True
             delta[~keep] = 0.0
@@ -137,11 +152,17 @@ def apply_transform(
     params: Mapping[str, Any],
     store: dict[str, Any] | None = None,
 ) -> RecordDict:
-    """Apply the named transform (ValueError for an unknown name).
+    """Apply the named transform.
 
     ``store`` persists on the node between rounds (its Context): the counting round keeps
-    the node's declared rows there for the training rounds.
+    the node's declared rows there for the training rounds (and answers once per run).
+
+    Raises
+    ------
+    NodeRefusedError
+        (rule ``transform``) An unknown name, or a reply the transform cannot use; the text
+        names the rule and the request's parameters, never a value of the reply.
     """
     if name not in TRANSFORMS:
-        raise ValueError(f"secure aggregation: unknown reply transform {name!r}")
+        raise NodeRefusedError("transform", f"unknown reply transform {name!r}")
     return TRANSFORMS[name](request, reply, params, {} if store is None else store)

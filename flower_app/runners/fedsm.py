@@ -225,8 +225,16 @@ def _privacy(run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
         "epsilon-against-server": last.get("dp-epsilon"),
         "delta-against-server": last.get("dp-delta"),
         "epsilon-against-server-means": (
+            "the worst user's local randomiser epsilon summed over the values it reported "
+            "(delta 0): what each node verifies for its own users, whoever else reported (in "
+            "a Flower run, the largest figure the nodes' own ledgers reported)"
+        ),
+        "epsilon-if-peers-honest": last.get("dp-epsilon-honest-peers"),
+        "delta-if-peers-honest": last.get("dp-delta-honest-peers"),
+        "epsilon-if-peers-honest-means": (
             "secure aggregation: the server sees only each element's total, so the shuffle "
-            "bound holds (for the users whose reports arrived)" if secure else
+            "bound holds if the other users are honest (for the users whose reports "
+            "arrived)" if secure else
             "no secure aggregation: the server sees each node's (plain mode: each user's) "
             "report, so only the local randomiser's epsilon holds"
         ),

@@ -72,6 +72,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from flower_app.privacy.ledger import NODE_PRIVACY_RECORD, RELEASE_KEYS
+from flower_app.privacy.refusals import refusal_rule
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 
 __all__ = [
@@ -153,6 +155,9 @@ class CheckedReplies:
     failed : dict of int to str
         Every asked node whose reply was left out or did not come, with the reason (each
         node once; a "node unavailable" error sent by the SuperLink is the node's).
+    node_privacy : dict of int to dict
+        The clear ``"node-privacy"`` figures of the nodes that sent them (each node's own
+        privacy ledger, :mod:`flower_app.privacy.ledger`).
     """
 
     accepted: list[tuple[int, Any]] = field(default_factory=list)
@@ -160,6 +165,7 @@ class CheckedReplies:
     missing: int = 0
     first_error: str | None = None
     failed: dict[int, str] = field(default_factory=dict)
+    node_privacy: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def left_out(self) -> int:
@@ -247,6 +253,16 @@ def check_replies(
                 raise ValueError(f"client error: {reason}")
             if src not in expected:
                 raise ValueError("reply from a node that was not sent anything")
+            metrics = reply.content.metric_records.get("metrics")
+            if metrics is not None and RELEASE_KEYS[0] in metrics:
+                raise ValueError(
+                    "the reply declares a differentially private release that no privacy mod "
+                    "charged: the node's ClientApp lacks flower_app.privacy."
+                    "secure_aggregation_mod, which keeps the node's privacy budget"
+                )
+            figures = reply.content.metric_records.get(NODE_PRIVACY_RECORD)
+            if figures is not None:
+                out.node_privacy[src] = dict(figures)
             value = decode(src, reply)
         except (ValueError, KeyError, TypeError) as err:
             out.bad += 1
@@ -618,6 +634,8 @@ class RoundStrategy(Strategy):
         self._last_checked: CheckedReplies | None = None
         self._skipped: dict[int, tuple[int, str]] = {}
         self._summed_nodes: list[int] = []
+        #: node id -> the privacy figures it last reported (its own ledger)
+        self.node_privacy: dict[int, dict[str, Any]] = {}
         self._own_loop = False  # inside this class's start()
         self._external_setup = False  # setup() run for another loop (Flower's wrappers)
         self._prepared_round = 0
@@ -879,9 +897,14 @@ class RoundStrategy(Strategy):
             ``degraded`` (bool), ``rounds-degraded`` (rounds with a failed node),
             ``nodes-failed`` (distinct node ids), ``users-missing`` (sum over rounds) and
             ``first-failure`` (round, node and Flower's reason), or ``None`` values when
-            nothing failed.
+            nothing failed; ``nodes-refused`` (node id -> the rule it refused by, e.g.
+            ``privacy-budget``: a node whose own privacy budget is spent stops answering).
         """
         nodes = sorted({int(f["node-id"]) for r in self.failures for f in r["failed-nodes"]})
+        refused = {
+            int(f["node-id"]): str(f["refused"])
+            for r in self.failures for f in r["failed-nodes"] if "refused" in f
+        }  # fmt: skip
         first = None
         if self.failures:
             r = self.failures[0]
@@ -892,6 +915,7 @@ class RoundStrategy(Strategy):
             "nodes-failed": nodes,
             "users-missing": int(sum(r["users-missing"] for r in self.failures)),
             "first-failure": first,
+            "nodes-refused": {str(n): rule for n, rule in sorted(refused.items())},
         }
 
     # ------------------------------------------------------------------ helpers
@@ -965,6 +989,7 @@ class RoundStrategy(Strategy):
         """
         expected = self._expected if expected is None else {int(n) for n in expected}
         checked = check_replies(replies, decode, expected, context, self._sent_ids)
+        self.node_privacy.update(checked.node_privacy)
         if all_rejected_fails and expected and not checked.accepted:
             raise AllRepliesRejectedError(
                 f"{context}: all {len(expected)} replies were rejected; first: "
@@ -1102,15 +1127,10 @@ class RoundStrategy(Strategy):
         assert self.secure_aggregation is not None
         context = f"round {server_round}"
         expected = {int(m.metadata.dst_node_id) for m in messages}
-        # the same neighbour ring every round for the same nodes: pairwise keys are derived
-        # once per pair and run (a ring reshuffled each round costs every node an ECDH per
-        # new neighbour per round)
-        rng = random.Random(f"{getattr(self, 'seed', 0)}-secagg")
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs),
             messages,
             self.secure_aggregation,
-            rng,
             server_round,
             self.secure_public_metrics,
             self.secure_transform(),
@@ -1118,6 +1138,7 @@ class RoundStrategy(Strategy):
         )
         checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
         checked.missing = len(outcome.failed) - outcome.bad
+        self.node_privacy.update(outcome.node_privacy)
         for node, reason in sorted(outcome.failed.items()):
             log(WARNING, "%s: node %s left out: %s", context, node, reason)
             if checked.first_error is None:
@@ -1322,6 +1343,16 @@ class RoundStrategy(Strategy):
                 {"node-id": int(n), "users": int(self.sent_users(n)), "reason": reason}
                 for n, reason in sorted(checked.failed.items())
             ]
+        self._record_node_privacy(row)
+        for f in failed:
+            rule = refusal_rule(f["reason"])
+            if rule is not None:
+                f["refused"] = rule
+        stopped = [f["node-id"] for f in failed if f.get("refused") == "privacy-budget"]
+        if stopped:
+            row["dp-budget-stopped"] = stopped
+            log(WARNING, "round %d: nodes %s refused: their privacy budget is spent",
+                server_round, stopped)  # fmt: skip
         if not failed:
             return
         missing = sum(f["users"] for f in failed)
@@ -1330,6 +1361,21 @@ class RoundStrategy(Strategy):
         self.failures.append(
             {"server-round": server_round, "failed-nodes": failed, "users-missing": missing}
         )
+
+    def _record_node_privacy(self, row: dict[str, Any]) -> None:
+        """Put the nodes' own privacy figures into a round's row.
+
+        ``dp-epsilon-nodes`` is the largest ε a node reported for one of its users (its own
+        ledger); ``dp-epsilon``, against the server, becomes the larger of that and the
+        strategy's own figure, so that the run reports what the nodes verified.
+        """
+        if not self.node_privacy:
+            return
+        worst = max(float(v.get("dp-epsilon", 0.0)) for v in self.node_privacy.values())
+        row["dp-epsilon-nodes"] = worst
+        row["dp-delta-nodes"] = max(float(v.get("dp-delta", 0.0))
+                                    for v in self.node_privacy.values())  # fmt: skip
+        row["dp-epsilon"] = max(float(row.get("dp-epsilon", 0.0)), worst)
 
     def _emit(self, row: dict[str, Any], total: int) -> None:
         row["wall-time"] = time.perf_counter() - self._t0

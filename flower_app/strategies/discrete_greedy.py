@@ -263,7 +263,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         assert self.secure_aggregation is not None
         outcome = secure_sum(
             lambda m: self.send(grid, m), msgs, self.secure_aggregation,
-            random.Random(f"{self.seed}-secagg-{action}"), 0, self.secure_public_metrics,
+            0, self.secure_public_metrics,
             keys=key_book(grid),
         )  # fmt: skip
         self.protocol_bytes += int(outcome.cost.get("secagg-bytes-up", 0))

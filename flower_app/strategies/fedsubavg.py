@@ -473,7 +473,7 @@ class FedSubAvgStrategy(RoundStrategy):
         assert self.layout is not None and self.secure_aggregation is not None
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs), heat_messages(nodes, config),
-            self.secure_aggregation, random.Random(f"{self.seed}-secagg-heat"), 0,
+            self.secure_aggregation, 0,
             transform={"name": "fedsubavg-heat", **self._sparse_rows_params()},
             keys=key_book(grid),
         )  # fmt: skip
@@ -598,7 +598,7 @@ class FedSubAvgStrategy(RoundStrategy):
         messages = messages_to(self.cohorts.node_ids, content, HEAT_TRAIN, "heat")
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs), messages, self.secure_aggregation,
-            random.Random(f"{self.seed}-secagg-heat"), 0, keys=key_book(grid),
+            0, keys=key_book(grid),
         )  # fmt: skip
         if outcome.failed or outcome.content is None:
             raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")

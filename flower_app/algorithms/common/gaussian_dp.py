@@ -223,12 +223,15 @@ class GaussianAccountant:
     Notes
     -----
     Call :meth:`record` once per round with the clients whose noisy updates are in the
-    round's sum. Per client it keeps the rounds taken part in and Σ_t 1/σ_t² (σ_t the
-    noise multiplier that arrived, σ·√(K′/K)); ε against the server is
-    :func:`server_epsilon` of the largest such sum (the worst client); ε against
-    outsiders composes one sampled-without-replacement Gaussian event per round (K of n,
-    σ_t) and is reported as the smaller of that and the server's figure, since an outsider
-    sees a subset of what the server sees.
+    round's sum. Per client it keeps the rounds taken part in and two sums of 1/σ_t²:
+    with σ_t the client's own noise share, σ/√K (ε against the server, ``dp-epsilon``: the
+    noise its node can verify, the rule each node's own ledger applies,
+    :mod:`flower_app.privacy.ledger`), and with σ_t the noise multiplier that arrived,
+    σ·√(K′/K) (``dp-epsilon-honest-peers``: what holds if every client in the sum is
+    honest). Both are :func:`server_epsilon` of the worst client's sum. ε against outsiders
+    composes one sampled-without-replacement Gaussian event per round (K of n, σ_t) and is
+    reported as the smaller of that and the honest-peers figure, since an outsider sees a
+    subset of what the server sees.
     """
 
     def __init__(self, dp: GaussianDP, population: int) -> None:
@@ -237,6 +240,7 @@ class GaussianAccountant:
         self.dp = dp
         self.population = int(population)
         self.precision = np.zeros(self.population)
+        self.own_precision = np.zeros(self.population)
         self.rounds = np.zeros(self.population, dtype=np.int64)
         self.events: dict[tuple[int, float], int] = {}
 
@@ -253,8 +257,10 @@ class GaussianAccountant:
         Returns
         -------
         dict
-            ``dp-epsilon`` (against the server: the worst client, no amplification),
-            ``dp-epsilon-outsider`` (amplified by sampling, ≤ ``dp-epsilon``),
+            ``dp-epsilon`` (against the server: the worst client's own noise shares, no
+            amplification), ``dp-epsilon-honest-peers`` (the same with all the noise that
+            arrived), ``dp-epsilon-outsider`` (amplified by sampling, ≤ the honest-peers
+            figure),
             ``dp-noise-arrived`` (σ·√(K′/K) of this round's sum), ``dp-clients-in-sum``
             (K′), ``dp-rounds-worst-client``, ``dp-noise-multiplier``, ``dp-clip``,
             ``dp-delta`` and ``dp-reproducible-noise`` (1 in the research mode).
@@ -266,6 +272,8 @@ class GaussianAccountant:
         sigma = float(self.dp.noise_multiplier) * math.sqrt(ids.size / sampled)
         if ids.size:
             self.precision[ids] += 1.0 / sigma**2
+            # the client's own share alone: σ/√K (what its node can verify)
+            self.own_precision[ids] += sampled / float(self.dp.noise_multiplier) ** 2
             self.rounds[ids] += 1
             key = (sampled, sigma)
             self.events[key] = self.events.get(key, 0) + 1
@@ -276,7 +284,17 @@ class GaussianAccountant:
         }
 
     def epsilon_server(self) -> float:
-        """Return ε against the server so far: the worst client's (no amplification)."""
+        """Return ε against the server so far: the worst client's own noise shares.
+
+        What its node can verify (:mod:`flower_app.privacy.ledger`); no amplification.
+        """
+        return server_epsilon(float(self.own_precision.max()), self.dp.delta)
+
+    def epsilon_honest_peers(self) -> float:
+        """Return ε against the server so far if every client in each sum is honest.
+
+        The worst client's, with all the noise that arrived (no amplification).
+        """
         return server_epsilon(float(self.precision.max()), self.dp.delta)
 
     def epsilon_outsider(self) -> float:
@@ -289,13 +307,14 @@ class GaussianAccountant:
                     for (k, sigma), count in self.events.items())  # fmt: skip
         eps, _ = rdp.compute_epsilon(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, total,
                                      float(self.dp.delta))  # fmt: skip
-        return min(float(eps), self.epsilon_server())
+        return min(float(eps), self.epsilon_honest_peers())
 
     def info(self) -> dict[str, float]:
         """Return the run's privacy entries so far (see :meth:`record`)."""
         worst = int(np.argmax(self.precision))
         return {
             "dp-epsilon": self.epsilon_server(),
+            "dp-epsilon-honest-peers": self.epsilon_honest_peers(),
             "dp-epsilon-outsider": self.epsilon_outsider(),
             "dp-rounds-worst-client": int(self.rounds[worst]),
             "dp-noise-multiplier": float(self.dp.noise_multiplier),
@@ -327,8 +346,14 @@ def privacy_summary(dp: GaussianDP, info: dict[str, float]) -> dict[str, object]
         "epsilon-against-server": info.get("dp-epsilon", 0.0),
         "epsilon-against-server-means": (
             "the worst client's epsilon over the rounds its noisy update reached the sum, "
-            "with the noise that arrived; no amplification by sampling (the server knows "
-            "whom it sampled)"
+            "counting only the client's own noise share (what its node can verify; in a "
+            "Flower run, the largest figure the nodes' own ledgers reported); no "
+            "amplification by sampling (the server knows whom it sampled)"
+        ),
+        "epsilon-if-peers-honest": info.get("dp-epsilon-honest-peers", 0.0),
+        "epsilon-if-peers-honest-means": (
+            "the same with all the noise that arrived in each sum: holds only if every "
+            "other client in the sum is honest"
         ),
         "epsilon-against-outsiders": info.get("dp-epsilon-outsider", 0.0),
         "epsilon-against-outsiders-means": (

@@ -23,12 +23,12 @@ import numpy as np
 
 from flower_app.algorithms.common.dp_noise import DP_STREAM, NoiseSource
 from flower_app.algorithms.fedsm.sampling import user_draw
-from flower_app.algorithms.fedsm.shuffle_dp import randomize_counts
+from flower_app.algorithms.fedsm.shuffle_dp import local_epsilon, randomize_counts
 
 if TYPE_CHECKING:
     from flower_app.algorithms.fedsm.modes import RoundPlan
 
-__all__ = ["DP_STREAM", "dp_entry_counts", "dp_reporters", "dp_user_sums"]
+__all__ = ["DP_STREAM", "dp_entry_counts", "dp_local_epsilon", "dp_reporters", "dp_user_sums"]
 
 _CHUNK = 1024
 
@@ -68,6 +68,20 @@ def dp_user_sums(
         draws = _draws(ids[start : start + _CHUNK], pool.size, plan.d, seed, plan.server_round)
         out[start : start + draws.shape[0]] = values[pool[draws]].sum(axis=1)
     return out
+
+
+def dp_local_epsilon(plan: RoundPlan, seed: int, users: np.ndarray) -> np.ndarray:
+    """Return, for each of ``users``, the local randomiser's ε of its round's reports.
+
+    Σ over the d elements it drew of k·ln((2 − p_e)/p_e) (δ = 0): what a node can verify its
+    own users released, whoever else reported (:mod:`flower_app.privacy.ledger`).
+    """
+    assert plan.dp_flip is not None
+    per_element = np.zeros(plan.n_elements)
+    pool = np.setdiff1d(np.arange(plan.n_elements), plan.selected)
+    for e in pool:
+        per_element[e] = local_epsilon(plan.dp_bits, float(plan.dp_flip[e]))
+    return dp_user_sums(plan, seed, users, per_element)
 
 
 def dp_entry_counts(

@@ -610,8 +610,12 @@ class FedSMRun:
         Returns
         -------
         dict
-            ``dp-epsilon``/``dp-delta`` (against the server: the shuffle bound with secure
-            aggregation, the local one without; the smaller of basic and advanced),
+            ``dp-epsilon``/``dp-delta`` (against the server, as each node verifies it: the
+            worst user's local randomiser ε summed over its values, δ = 0; the rule of
+            :mod:`flower_app.privacy.ledger`), ``dp-epsilon-honest-peers``/
+            ``dp-delta-honest-peers`` (against the server if every other user is honest:
+            the shuffle bound with secure aggregation, the local one without; the smaller
+            of basic and advanced),
             ``dp-epsilon-outsider``/``dp-delta-outsider`` (shuffle bound: anyone who sees
             only totals), ``dp-epsilon-local`` (δ = 0: a server that sees the replies in the
             clear, whatever ``dp_secure`` says), ``dp-epsilon-basic``, ``dp-delta-basic``,
@@ -654,8 +658,12 @@ class FedSMRun:
         outsider = bound("shuffle", delta)
         return {
             "dp-epsilon-local": local["dp-epsilon-advanced"],
-            "dp-epsilon": server["dp-epsilon-advanced"],
-            "dp-delta": server["dp-delta-advanced"],
+            # against the server, what each node can verify: its users' local randomiser,
+            # summed over their values (the rule of the nodes' own ledgers)
+            "dp-epsilon": local["dp-epsilon-basic"],
+            "dp-delta": 0.0,
+            "dp-epsilon-honest-peers": server["dp-epsilon-advanced"],
+            "dp-delta-honest-peers": server["dp-delta-advanced"],
             "dp-epsilon-outsider": outsider["dp-epsilon-advanced"],
             "dp-delta-outsider": outsider["dp-delta-advanced"],
             **server,
