@@ -41,7 +41,6 @@ from tests.test_secagg_malicious_server import (
     recover,
     seeds_of,
     unmask,
-    unmask_stage,
 )
 
 ALL_SIZES = [3, 4, 5, 6, 8, 16]
@@ -187,8 +186,8 @@ class _Leaky(Federation):
                                reply_to=msg)  # fmt: skip
             elif how == "dp":
                 metrics.update(gaussian_release([nid], 0.1, 1000).metrics())
-            return Message(RecordDict({"arrays": ArrayRecord(arrays),
-                                       "metrics": MetricRecord(metrics)}), reply_to=msg)  # fmt: skip
+            content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics)})
+            return Message(content, reply_to=msg)
 
     def ask(self, node: int, stage: dict[str, Any], leak: str, question: int) -> RecordDict:
         content = RecordDict({SECAGG_RECORD: ConfigRecord(stage)})

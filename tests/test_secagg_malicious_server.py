@@ -19,7 +19,6 @@ are fresh; cohort rounds whose users sit on one node finish.
 from __future__ import annotations
 
 import itertools
-import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +46,8 @@ from flower_app.privacy.secagg_client import (
     SecureAggregationRefusedError,
 )
 from flower_app.privacy.secagg_server import KeyBook
-from flower_app.privacy.topology import ring_neighbours
 from flower_app.privacy.shares import combine_seed, seed_commitment
+from flower_app.privacy.topology import ring_neighbours
 from tests.local_grid import LocalGrid
 
 FRAC = 24
