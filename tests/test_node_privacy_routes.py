@@ -614,3 +614,31 @@ def test_a_flower_run_reports_the_nodes_own_epsilon_and_the_node_that_stopped(tm
     assert summary["privacy"]["epsilon-against-server"] == rows[-1]["dp-epsilon"]
     ledger = grid.contexts[stopped].state.get("dp-ledger")
     assert ledger is None or int(ledger["releases"]) == 0  # nothing of its users released
+
+
+def test_a_ledger_file_keeps_one_budget_across_runs_and_refuses_a_changed_file(tmp_path) -> None:
+    """With ``dp-ledger`` in the node_config the ledger lives on the node's disk: a second
+    run (a new Context) starts from the first run's charges, so a server cannot reset a
+    node's budget by starting a new run; a file not as the node wrote it is refused."""
+    from flower_app.algorithms.common.gaussian_dp import server_epsilon
+    from flower_app.privacy.ledger import LEDGER_FILE, PrivacyLedger
+
+    path = tmp_path / "ledger.json"
+    budget = server_epsilon(2.0, 1e-5) * (1 + 1e-9)
+    config = {MAX_EPSILON: budget, LEDGER_FILE: str(path)}
+
+    def context() -> Context:
+        return Context(run_id=1, node_id=7, node_config=dict(config), state=RecordDict(),
+                       run_config={})  # fmt: skip
+
+    release = gaussian_release([3], 2.0, 4)  # noise multiplier 1: precision 1 per release
+    PrivacyLedger(context()).charge(release)  # run 1
+    second = PrivacyLedger(context())  # run 2: a new Context, the same file
+    assert second.releases == 1 and second.worst() == pytest.approx(server_epsilon(1.0, 1e-5))
+    second.charge(release)
+    with pytest.raises(NodeRefusedError, match=r"\[privacy-budget\]"):
+        PrivacyLedger(context()).charge(release)  # run 3: the third release passes the budget
+    assert PrivacyLedger(context()).releases == 2
+    path.write_text(path.read_text().replace('"releases": 2', '"releases": -1'))
+    with pytest.raises(NodeRefusedError, match="ledger file"):
+        PrivacyLedger(context())

@@ -24,10 +24,15 @@ and a user's ε is the Gaussian part's ε at δ plus the local part (basic compo
 figure is what holds if every other participant is the server's; the figure the server
 reports assuming every client in the sum honest is ``dp-epsilon-honest-peers``.
 
+The node's own DP code declares what an answer releases (:class:`Release`, as the
+``dp-release-*`` metrics of its reply, which the privacy mod takes out before anything is
+sent; a server refuses a reply that still carries them: the node's ClientApp lacks the mod).
 A release is charged when the node computes its answer, before anything is sent; an answer
 that would take any of its users past the budget is dropped and the question refused (rule
 ``privacy-budget``). A question is answered once (:mod:`flower_app.privacy.questions`), so
-repeating it costs the node nothing.
+repeating it costs the node nothing. The ledger lives in the node's Context (one per run),
+or, with ``dp-ledger`` in the ``node_config``, in a JSON file on the node's disk that every
+run charges, so that a new run does not start a new budget.
 
 The node's figures travel in every reply to a private request as the clear
 ``"node-privacy"`` record (:data:`NODE_PRIVACY_RECORD`): ``dp-epsilon`` (its worst user's
@@ -37,10 +42,15 @@ only on whom the server sampled and on the parameters it sent, which it knows.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +59,7 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 from flower_app.privacy.refusals import NodeRefusedError
 
 __all__ = [
+    "LEDGER_FILE",
     "LEDGER_RECORD",
     "MAX_EPSILON",
     "NODE_DELTA",
@@ -73,6 +84,8 @@ LEDGER_RECORD = "dp-ledger"
 MAX_EPSILON = "dp-max-epsilon"
 #: node_config: the δ at which the node computes ε (default 1e-5)
 NODE_DELTA = "dp-delta"
+#: node_config: a JSON file on the node's disk that keeps the ledger across runs
+LEDGER_FILE = "dp-ledger"
 DEFAULT_DELTA = 1e-5
 
 
@@ -168,13 +181,18 @@ def _gaussian_epsilon(precision: float, delta: float) -> float:
 
 
 class PrivacyLedger:
-    """The node's account of its users' releases, kept in its Context (see the module).
+    """The node's account of its users' releases (see the module docstring).
+
+    Kept in the node's Context (one ledger per run), or, with ``dp-ledger`` in the
+    ``node_config``, in that JSON file on the node's disk: one ledger for every run the node
+    takes part in, so that a server cannot reset a node's budget by starting a new run. The
+    file is written atomically under an exclusive lock (ClientApps of several runs may charge
+    at once) and read exactly as written, or refused.
 
     Parameters
     ----------
     context : Context
-        The node's context: the ledger lives in its state, the budget and δ in its
-        ``node_config``.
+        The node's context: the budget, δ and the ledger file are in its ``node_config``.
     """
 
     def __init__(self, context: Context) -> None:
@@ -185,14 +203,32 @@ class PrivacyLedger:
         if not 0.0 < self.delta < 1.0:
             raise NodeRefusedError("privacy-budget",
                                    f"node_config '{NODE_DELTA}' must be in (0, 1)")  # fmt: skip
-        rec = context.state.get(LEDGER_RECORD)
-        data: dict[str, Any] = dict(rec) if isinstance(rec, ConfigRecord) else {}
+        path = cfg.get(LEDGER_FILE)
+        self.path = Path(str(path)) if path else None
+        self._load()
+
+    def _load(self) -> None:
+        """Read the ledger (its file, or the Context's state)."""
+        if self.path is None:
+            rec = self.context.state.get(LEDGER_RECORD)
+            data: dict[str, Any] = dict(rec) if isinstance(rec, ConfigRecord) else {}
+        else:
+            data = _read_ledger_file(self.path)
         users = [int(u) for u in data.get("users", [])]
         self.precision = dict(zip(users, (float(v) for v in data.get("precision", [])),
                                   strict=True))  # fmt: skip
         self.local = dict(zip(users, (float(v) for v in data.get("local-epsilon", [])),
                               strict=True))  # fmt: skip
         self.releases = int(data.get("releases", 0))
+
+    def _store(self) -> None:
+        users = sorted(self.precision)
+        data = {"users": users, "precision": [self.precision[u] for u in users],
+                "local-epsilon": [self.local[u] for u in users], "releases": self.releases}
+        if self.path is None:
+            self.context.state[LEDGER_RECORD] = ConfigRecord(data)  # type: ignore[arg-type]
+        else:
+            _write_ledger_file(self.path, data)
 
     def epsilon(self, precision: float, local: float) -> float:
         """Return a user's ε at the node's δ for its accumulated costs."""
@@ -212,29 +248,27 @@ class PrivacyLedger:
             (rule ``privacy-budget``) if the budget is set and some user of the release
             would reach an ε above it; nothing is charged then.
         """
-        after = {
-            u: (self.precision.get(u, 0.0) + p, self.local.get(u, 0.0) + q)
-            for u, p, q in zip(release.users, release.precision, release.local_epsilon,
-                               strict=True)  # fmt: skip
-        }
-        if self.budget > 0:
-            for p, q in set(after.values()):
-                if self.epsilon(p, q) > self.budget:
-                    raise NodeRefusedError(
-                        "privacy-budget",
-                        f"answering would take a user of this node past its privacy budget "
-                        f"(node_config {MAX_EPSILON} = {self.budget:g} at {NODE_DELTA} = "
-                        f"{self.delta:g}); this node answers no further private questions "
-                        "that include that user",
-                    )
-        for u, (p, q) in after.items():
-            self.precision[u], self.local[u] = p, q
-        self.releases += 1
-        users = sorted(self.precision)
-        self.context.state[LEDGER_RECORD] = ConfigRecord(
-            {"users": users, "precision": [self.precision[u] for u in users],
-             "local-epsilon": [self.local[u] for u in users], "releases": self.releases}
-        )  # fmt: skip
+        with _locked(self.path):
+            self._load()  # another run may have charged the file since
+            after = {
+                u: (self.precision.get(u, 0.0) + p, self.local.get(u, 0.0) + q)
+                for u, p, q in zip(release.users, release.precision, release.local_epsilon,
+                                   strict=True)  # fmt: skip
+            }
+            if self.budget > 0:
+                for p, q in set(after.values()):
+                    if self.epsilon(p, q) > self.budget:
+                        raise NodeRefusedError(
+                            "privacy-budget",
+                            f"answering would take a user of this node past its privacy "
+                            f"budget (node_config {MAX_EPSILON} = {self.budget:g} at "
+                            f"{NODE_DELTA} = {self.delta:g}); this node answers no further "
+                            "private questions that include that user",
+                        )
+            for u, (p, q) in after.items():
+                self.precision[u], self.local[u] = p, q
+            self.releases += 1
+            self._store()
 
     def figures(self) -> MetricRecord:
         """Return the node's figures for the clear ``"node-privacy"`` reply record."""
@@ -242,6 +276,59 @@ class PrivacyLedger:
             {"dp-epsilon": float(self.worst()), "dp-delta": float(self.delta),
              "dp-releases": int(self.releases), "dp-max-epsilon": float(self.budget)}
         )  # fmt: skip
+
+
+#: what a ledger file says it is (read exactly, or refused)
+LEDGER_FORMAT, LEDGER_VERSION = "flower_app-node-privacy-ledger", 1
+
+
+def _read_ledger_file(path: Path) -> dict[str, Any]:
+    """Return a ledger file's content ({} if it does not exist yet); refuse anything else."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(data, dict) and data.get("format") == LEDGER_FORMAT
+        assert data.get("version") == LEDGER_VERSION
+        n = len(data["users"])
+        assert len(data["precision"]) == len(data["local-epsilon"]) == n
+        assert all(isinstance(u, int) for u in data["users"])
+        values = [float(v) for v in data["precision"] + data["local-epsilon"]]
+        assert all(math.isfinite(v) and v >= 0 for v in values)
+        assert isinstance(data["releases"], int) and data["releases"] >= 0
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise NodeRefusedError(
+            "privacy-budget",
+            f"the node's ledger file (node_config '{LEDGER_FILE}') is not a {LEDGER_FORMAT} "
+            f"version {LEDGER_VERSION} file as this node writes it: the node answers no "
+            "private question until its operator restores or removes it",
+        ) from None
+    return data
+
+
+def _write_ledger_file(path: Path, data: dict[str, Any]) -> None:
+    """Write the ledger atomically (a temporary file, fsync, rename)."""
+    text = json.dumps({"format": LEDGER_FORMAT, "version": LEDGER_VERSION, **data}, indent=1)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive lock on a ledger file's lock file (nothing for a Context ledger)."""
+    if path is None:
+        yield
+        return
+    with open(path.with_name(f".{path.name}.lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 def _non_negative(value: Any, key: str) -> float:
