@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 
 from flower_app.privacy import SecureAggregation, secure_aggregation_mod
@@ -165,6 +174,8 @@ class _Leaky(Federation):
             self.calls[nid] += 1
             if how == "raise":
                 raise ValueError(f"loss {PRIVATE['loss']} too high for user 17")
+            if how == "error-reply":  # e.g. a mod after the privacy mod answering an error
+                return Message(Error(code=3, reason=f"loss {PRIVATE['loss']}"), reply_to=msg)
             metrics: dict[str, Any] = {"count": 1}
             arrays = {"v": Array(np.zeros(3))}
             if how == "real":
@@ -243,6 +254,17 @@ def test_no_refusal_a_node_makes_carries_a_private_value(tmp_path) -> None:
     with pytest.raises(NodeRefusedError) as info:
         fed.ask(node, collect_stage(fed, s, node), "raise", raised)
     seen["asked-before"].append(_flower_text(info.value))
+    # an error reply (not an exception) of the handler or a later mod: its reason replaced
+    question += 1
+    fed.session += 1
+    s = Session(fed.session, fed.nodes, ring, t)
+    msg = Message(RecordDict({SECAGG_RECORD: ConfigRecord(collect_stage(fed, s, node)),
+                              "config": ConfigRecord({"server-round": 1, "leak": "error-reply",
+                                                      "question": question})}),
+                  dst_node_id=node, message_type="train")  # fmt: skip
+    reply = fed.app(msg, fed.contexts[node])
+    assert reply.has_error() and int(reply.error.code) == 3
+    seen["computation"].append(str(reply.error.reason))
     assert all(seen[rule] for rule in RULES), {r: len(v) for r, v in seen.items()}
     for rule, texts in seen.items():
         for text in texts:

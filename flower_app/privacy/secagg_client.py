@@ -38,13 +38,16 @@ stage        request ``"secagg"``                         reply
                                                           ``seed``: its own seed
 ===========  ===========================================  ===================================
 
-What the node enforces (each refusal is an exception, which Flower returns to the server
-as an error reply naming the reason):
+What the node enforces (each refusal is a :class:`NodeRefusedError`, which Flower returns to
+the server as an error reply: ``node refused [rule]: ...``, public parameters only):
 
-* **parameters** — at least 3 announced nodes; the neighbour list has exactly ``shares``
-  distinct entries, this node among them, all announced; the threshold is a strict majority
+* **parameters** — at least 3 announced nodes and a neighbourhood of at least 3; the
+  neighbour list is exactly this node's place in the ring of the announced nodes
+  (:func:`flower_app.privacy.topology.ring_neighbours`, which the node recomputes: the
+  server opens the whole session's sum or nothing); the threshold is a strict majority
   of the neighbourhood (``threshold > shares / 2``, hence at least 2, the floor: no single
-  neighbour ever holds a seed whole) and at most ``shares``; every neighbour's key is a
+  neighbour ever holds a seed whole) and at most ``shares``; the fractional bits leave
+  every value a range of at least ±2^20; every neighbour's key is a
   P-384 public key, distinct from the others, this node's own is its own, and a node id
   keeps the key first seen for it in this run (trust on first use, see the server module);
   with ``secagg-trusted-keys`` in the node_config (a PEM file of the identities its
@@ -67,9 +70,19 @@ as an error reply naming the reason):
   of its neighbours' (the server rebuilds the seed of a node that fails to answer from t of
   them; revealing its own seed tells the server nothing the shares would not). Private keys
   are never shared, so there is no key share to ask for (a request naming dropped nodes is
-  refused), and no seed of another session.
+  refused), and no seed of another session;
+* **one answer per question** (:mod:`flower_app.privacy.questions`) — a rerun of an open
+  question is answered from the kept answer (a subset of the nodes, the same encoding); a
+  question unmasked, answered in the clear or refused once is refused again
+  (``asked-before``), also under another round number;
+* **its own privacy budget** (:mod:`flower_app.privacy.ledger`) — the releases its DP code
+  declares are charged before anything is sent, and refused past ``dp-max-epsilon``; the
+  node's figures go back in the clear ``"node-privacy"`` record. A DP request without
+  secure aggregation goes through the same question book and ledger;
+* **no private value in a refusal** (:mod:`flower_app.privacy.refusals`) — any error of the
+  handler, a reply transform or the encoding is replaced by a fixed text naming the stage.
 
-In ``collect`` the mod calls the node's own handler, encodes its reply (every array and
+In ``collect`` the mod calls the node's own handler (for a new question), encodes its reply (every array and
 metric except the public ones, see :mod:`flower_app.privacy.fixed_point`), adds its
 self mask and the pairwise masks, and sends only the masked vector and the layout (names,
 shapes, whether real or integer: the same on every node). The encoded reply is kept until
@@ -81,7 +94,8 @@ Why not Flower's ``secaggplus_mod``: it acts only on messages of type exactly ``
 (this package's strategies send named actions and ``query``-style exchanges), sums only a
 legacy ``FitRes`` (parameters weighted by ``num-examples``, no metrics, clipped to a
 symmetric range), its masks come from a 32-bit-seeded ``RandomState``, and it trusts the
-server's dropout claims (issue 26).
+server's dropout claims (a server that tells some neighbours "X is active" and others "X
+dropped out" gets both X's seed and X's private key).
 """
 
 from __future__ import annotations
@@ -90,11 +104,13 @@ import hashlib
 import math
 import os
 import struct
+from logging import WARNING
 from typing import Any, cast
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.logger import log
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
     decrypt,
     encrypt,
@@ -311,11 +327,25 @@ def _answer_in_clear(msg: Message, context: Context, call_next: Any) -> Message:
     with private_errors("the node's reply"):
         out = call_next(msg, context)
     if out.has_error():
-        return out
+        return _quiet_error(out, msg)
     ledger = PrivacyLedger(context)
     _charge(out.content, ledger)
     out.content[NODE_PRIVACY_RECORD] = ledger.figures()
     return out
+
+
+def _quiet_error(out: Message, msg: Message) -> Message:
+    """Replace an error reply of the handler (or a mod after this one) by one without text.
+
+    Its reason could hold a private value; it stays in the node's log.
+    """
+    log(WARNING, "the node's handler answered a private request with an error (kept in "
+        "this log, not sent): %s", out.error.reason)  # fmt: skip
+    reason = (
+        f"node refused [computation]: the node's handler answered with an error (code "
+        f"{int(out.error.code)}); the node's log has the details"
+    )
+    return Message(Error(code=int(out.error.code), reason=reason), reply_to=msg)
 
 
 def _charge(content: RecordDict, ledger: PrivacyLedger) -> None:
@@ -680,7 +710,7 @@ def _answer(
     with private_errors("the node's handler"):
         out = call_next(msg, context)
     if out.has_error():
-        return out
+        return _quiet_error(out, msg)
     reply_content = out.content
     _charge(reply_content, PrivacyLedger(context))
     if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL plain mode)

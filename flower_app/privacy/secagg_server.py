@@ -8,10 +8,11 @@ SecAgg+'s double masking (Bell et al., CCS 2020) in a form that a lying server c
    and sends the public key. Every pair of nodes then has a pairwise key
    (ECDH + HKDF, Flower's ``generate_shared_key``) that the server never learns.
 2. ``collect`` (one *session*): the server announces the session's nodes U, each node's
-   neighbours (a ring of ``shares`` nodes, shuffled by a generator seeded from the
-   strategy's seed: the same ring every round for the same nodes, so each node derives a
-   pairwise key once per neighbour and run) with their public keys, the threshold t and the
-   encoding. Each node runs its handler, encodes its reply in Z/2^64, and adds a **self
+   neighbours (its place in the ring of ``shares`` nodes that
+   :func:`~flower_app.privacy.topology.ring_neighbours` makes of U, which every node
+   recomputes and checks: the same ring every round for the same nodes, so each node
+   derives a pairwise key once per neighbour and run) with their public keys, the threshold
+   t and the encoding. Each node runs its handler, encodes its reply in Z/2^64, and adds a **self
    mask** from a fresh 16-byte seed and, for each neighbour, the **pairwise mask** of the
    session (AES-CTR keyed by HKDF(pair key, "pair|session"); one node adds it, the other
    subtracts it). It Shamir-shares the seed among its neighbours (t of k rebuild it),
@@ -63,11 +64,12 @@ took part, and message sizes.
 alter messages, announce any parameters, tell nodes different things); nodes are honest
 unless said otherwise. Guaranteed, per session, for an honest node X:
 
-* the server learns nothing about X's reply beyond sums that contain it together with the
-  replies of all of X's session neighbours (at least ``shares`` ≥ 3 nodes, each of which
-  submitted in that session): X's vector carries a pairwise mask with every neighbour,
-  made from a key that is never revealed, and each neighbour's vector carries the other
-  half; the seeds that are revealed only remove self masks;
+* the server learns nothing about X's reply beyond the sum over every announced node of
+  the session (at least 3, each of which submitted): X's vector carries a pairwise mask
+  with every ring neighbour, made from a key that is never revealed, and each neighbour's
+  vector carries the other half; a sum is free of pairwise masks only if it holds every
+  node's neighbours, and the ring every node checks is connected; the seeds that are
+  revealed only remove self masks;
 * no seed is revealed for a session in which some announced neighbour did not submit, or
   in which two neighbours were told different parameters or announced sets: each node
   checks an authenticated share from every neighbour first (the consistency check, in the
@@ -89,10 +91,12 @@ Not guaranteed:
 * **Colluding nodes.** A node colluding with the server knows its pairwise keys with its
   neighbours: if all of X's session neighbours collude, X's reply is exposed. Below that,
   X's reply is hidden in a sum with its honest neighbours' replies.
-* **Differences across sessions.** A server that chooses who takes part can ask the same
-  question of U and of U without X in two sessions (a rerun, or a later round) and
-  subtract the sums. No secure aggregation prevents this by itself; differential privacy
-  bounds it.
+* **Different questions.** Each node answers a question once and takes part in at most
+  one unmasked sum per question (:mod:`flower_app.privacy.questions`), so two sums of the
+  same question never differ by one node; but a server can ask *another* question (a later
+  round) of another set of nodes. Differential privacy bounds what such differences tell,
+  each new question being a release the node charges to its own budget
+  (:mod:`flower_app.privacy.ledger`).
 * **Availability.** A lying server can always make a round fail (nodes refuse); it cannot
   make one succeed with less protection.
 
