@@ -125,7 +125,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
-from flower_app.privacy.fixed_point import Entry, decode_sum, mask_stream
+from flower_app.privacy.fixed_point import MIN_RANGE_BITS, Entry, decode_sum, mask_stream
 from flower_app.privacy.ledger import NODE_PRIVACY_RECORD
 from flower_app.privacy.refusals import refusal_rule
 from flower_app.privacy.secagg_client import SECAGG_RECORD, minimum_threshold
@@ -171,8 +171,12 @@ class SecureAggregation:
     min_nodes: int = MIN_NODES
 
     def __post_init__(self) -> None:
-        if not 0 <= int(self.frac_bits) <= 52:
-            raise ValueError(f"frac_bits={self.frac_bits}: expected 0..52")
+        if not 0 <= int(self.frac_bits) <= 63 - MIN_RANGE_BITS - 2:
+            raise ValueError(
+                f"frac_bits={self.frac_bits}: expected 0..{63 - MIN_RANGE_BITS - 2} (nodes "
+                f"refuse more than {63 - MIN_RANGE_BITS} - ceil(log2(nodes)), which leaves "
+                f"every value a range of +-2^{MIN_RANGE_BITS})"
+            )
         for name in ("num_shares", "reconstruction_threshold"):
             value = getattr(self, name)
             if value is None and name == "num_shares":
@@ -586,6 +590,14 @@ def secure_sum(
             out.failed[node] = (
                 f"secure aggregation needs at least {least} nodes in a round; "
                 f"{len(nodes)} sampled (in a sum of two, each node could subtract its own reply)"
+            )
+        return out
+    if int(settings.frac_bits) + math.ceil(math.log2(len(nodes))) > 63 - MIN_RANGE_BITS:
+        for node in nodes:
+            out.failed[node] = (
+                f"secure aggregation: secagg-frac-bits {settings.frac_bits} with {len(nodes)} "
+                f"nodes leaves values less than +-2^{MIN_RANGE_BITS}, which nodes refuse: "
+                "lower secagg-frac-bits"
             )
         return out
     book = KeyBook() if keys is None else keys
