@@ -20,18 +20,17 @@ from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.strategies.base import (
-    TTL_MARGIN,
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
     NotEnoughNodesError,
     RoundStrategy,
     check_initial_arrays,
-    expire_after,
     sample_nodes,
     to_metric_record,
 )
 from flower_app.strategies.discovery import discover_cohorts
+from flower_app.strategies.exchange import TTL_MARGIN, expire_after
 
 
 def rec(**arrays: np.ndarray) -> ArrayRecord:
@@ -271,7 +270,7 @@ def test_send_polls_every_5_ms_at_first_and_backs_off_after_a_second(monkeypatch
     """A reply ready between pulls is read within POLL_FAST during an exchange's first second
     (a growing interval from the start added up to a third of a short simulated round), and
     the interval grows ×1.5 to POLL_SLOW only afterwards (fewer pulls on a long wait)."""
-    import flower_app.strategies.base as base
+    import flower_app.strategies.exchange as base
 
     slept: list[float] = []
     real_sleep = time.sleep

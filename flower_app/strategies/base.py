@@ -47,13 +47,10 @@ messages of rounds that are over before it reaches the current one.
 from __future__ import annotations
 
 import functools
-import math
 import random
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
@@ -68,11 +65,23 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.common import log
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
+from flower_app.strategies.errors import (
+    AllRepliesRejectedError,
+    InitialArraysError,
+    MissingHandlerError,
+    NotEnoughNodesError,
+    TooFewRepliesError,
+)
+from flower_app.strategies.exchange import (
+    expire_after,
+    messages_to,
+    transmit,
+)
+from flower_app.strategies.replies import CheckedReplies, check_replies, handler_hint, int_metric
 
 __all__ = [
     "AllRepliesRejectedError",
@@ -98,210 +107,11 @@ __all__ = [
 #: the sender id of a securely aggregated sum (no node has a negative id)
 SUMMED_SENDER = -1
 
-#: how ``RoundStrategy.send`` polls for replies: every POLL_FAST seconds for the first
-#: POLL_FAST_FOR seconds of an exchange, then an interval growing ×1.5 up to POLL_SLOW
-POLL_FAST, POLL_FAST_FOR, POLL_SLOW = 0.005, 1.0, 0.5
-#: seconds a message outlives its exchange's timeout (its TTL = timeout + this)
-TTL_MARGIN = 10.0
-
 #: Flower's ``evaluate_fn``: ``(server_round, arrays) -> MetricRecord | None``
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 RoundCallback = Callable[[dict[str, Any]], None]
 
-# what a ClientApp answers when it has no handler for a message type / action
-_NO_HANDLER = re.compile(
-    r"No (?P<kind>train|evaluate|query) function registered with name '(?P<action>[^']*)'"
-)
-_INVALID_TYPE = re.compile(r"Invalid message type: '?(?P<type>[a-z]+)")
-
-
-class TooFewRepliesError(RuntimeError):
-    """A round in which too few of the clients asked were answered for (node failures)."""
-
-
-class AllRepliesRejectedError(TooFewRepliesError):
-    """A round in which every node that was asked failed or sent a reply that was left out."""
-
-
-class MissingHandlerError(RuntimeError):
-    """A node's ClientApp has no handler for a message this strategy sends."""
-
-
-class InitialArraysError(ValueError):
-    """``initial_arrays`` does not have the keys, shapes or dtypes the strategy needs."""
-
-
-class NotEnoughNodesError(RuntimeError):
-    """Fewer nodes connected than the strategy needs, after waiting ``timeout`` seconds."""
-
-
-# ---------------------------------------------------------------------------- replies
-@dataclass
-class CheckedReplies:
-    """The replies of one exchange, sorted into accepted and left out.
-
-    Attributes
-    ----------
-    accepted : list of (int, Any)
-        Node id and decoded content of every valid reply, in arrival order.
-    bad : int
-        Replies left out: unexpected sender, error reply, or rejected by the decoder.
-    missing : int
-        Nodes that were asked and did not reply.
-    first_error : str or None
-        The reason of the first reply left out (or of the missing replies).
-    failed : dict of int to str
-        Every asked node whose reply was left out or did not come, with the reason (each
-        node once; a "node unavailable" error sent by the SuperLink is the node's).
-    """
-
-    accepted: list[tuple[int, Any]] = field(default_factory=list)
-    bad: int = 0
-    missing: int = 0
-    first_error: str | None = None
-    failed: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def left_out(self) -> int:
-        """Bad plus missing replies (what a round records as ``bad-replies``)."""
-        return self.bad + self.missing
-
-
-def handler_hint(reason: str, message_type: str) -> str | None:
-    """Return how to fix a 'no handler' client error, or None if it is another error."""
-    m = _NO_HANDLER.search(reason)
-    if m:
-        kind, action = m["kind"], m["action"]
-        deco = f"@app.{kind}()" if action == "default" else f'@app.{kind}("{action}")'
-        return f"its ClientApp has no {deco} handler for '{message_type}' messages: add one"
-    m = _INVALID_TYPE.search(reason)
-    if m:
-        return (
-            f"its ClientApp cannot answer '{message_type}' messages ({reason.strip()}); a legacy "
-            "ClientApp(client_fn=...) answers only Flower's compat messages: wrap the "
-            "NumPyClient with flower_app.clients.numpy_client_app, or use the Message-API "
-            "client helpers of flower_app.clients"
-        )
-    return None
-
-
-def check_replies(
-    replies: Iterable[Message],
-    decode: Callable[[int, Message], Any],
-    expected: Iterable[int],
-    context: str,
-    sent: Mapping[str, int] | None = None,
-) -> CheckedReplies:
-    """Decode the replies of one exchange, leaving out (and counting) the bad ones.
-
-    Parameters
-    ----------
-    replies : iterable of Message
-        What ``grid.send_and_receive`` returned.
-    decode : callable
-        ``decode(src_node_id, reply) -> T``; raises ``ValueError`` (or ``KeyError`` /
-        ``TypeError`` for missing or mistyped records) to reject a reply. Called only on
-        replies without an error from nodes in ``expected``.
-    expected : iterable of int
-        The nodes the messages went to.
-    context : str
-        Prefix of the log lines, e.g. ``"round 3"``.
-    sent : mapping of str to int, optional
-        Message id -> destination node of the messages sent: an error reply that the
-        SuperLink sends for an unreachable node is then counted as that node's failure
-        (once), not as a reply from an unexpected sender plus a missing reply.
-
-    Returns
-    -------
-    CheckedReplies
-        Accepted replies with their decoded content, the counts of the others, and every
-        failed node with its reason.
-
-    Raises
-    ------
-    MissingHandlerError
-        If a node's ClientApp has no handler for the message it was sent.
-    """
-    expected = {int(n) for n in expected}
-    sent = {} if sent is None else sent
-    out = CheckedReplies()
-    answered: set[int] = set()
-    for reply in replies:
-        src = int(reply.metadata.src_node_id)
-        if src not in expected and reply.has_error():
-            # Flower reports an unreachable node with the SuperLink as the sender
-            src = int(sent.get(reply.metadata.reply_to_message_id, src))
-        if src in answered and src in expected:
-            continue  # one verdict per node
-        answered.add(src)
-        try:
-            if reply.has_error():
-                reason = str(reply.error.reason)
-                hint = handler_hint(reason, reply.metadata.message_type)
-                if hint is not None:
-                    raise MissingHandlerError(f"{context}: node {src}: {hint}")
-                if src not in expected:
-                    raise ValueError(f"delivery failed: {reason}")
-                if int(reply.error.code) == ErrorCode.NODE_UNAVAILABLE:
-                    raise ValueError(f"node unavailable: {reason}")
-                raise ValueError(f"client error: {reason}")
-            if src not in expected:
-                raise ValueError("reply from a node that was not sent anything")
-            value = decode(src, reply)
-        except (ValueError, KeyError, TypeError) as err:
-            out.bad += 1
-            if src in expected:
-                out.failed[src] = str(err)
-            if out.first_error is None:
-                out.first_error = f"node {src}: {err}"
-            log(WARNING, "%s: reply of node %s left out: %s", context, src, err)
-            continue
-        out.accepted.append((src, value))
-    missing = sorted(expected - answered)
-    out.missing = len(missing)
-    for node in missing:
-        out.failed[node] = "no reply within the timeout"
-    if out.missing:
-        log(WARNING, "%s: %d nodes did not reply in time", context, out.missing)
-        if out.first_error is None:
-            out.first_error = f"{out.missing} nodes did not reply in time"
-    return out
-
-
 # ---------------------------------------------------------------------------- records
-def int_metric(metrics: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """Return ``metrics[key]`` as an int; reject anything but an integral number.
-
-    Parameters
-    ----------
-    metrics : mapping
-        A reply's MetricRecord (or a dict of it).
-    key : str
-        The metric.
-    default : int, optional
-        Value when the metric is absent (default: it is required).
-
-    Returns
-    -------
-    int
-        The value (a float is accepted only if it is finite and integral, e.g. ``3.0``).
-
-    Raises
-    ------
-    KeyError
-        If the metric is absent and there is no default.
-    ValueError
-        If the value is a list, a bool, non-finite or not integral (``int(inf)`` would
-        raise OverflowError, ``int(2.5)`` would silently give 2).
-    """
-    value = metrics[key] if default is None or key in metrics else default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"metric '{key}' = {value!r}: expected an integer")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise ValueError(f"metric '{key}' = {value!r}: expected an integer")
-    return int(value)
-
-
 def to_metric(value: Any) -> Any:
     """Turn a value into what a MetricRecord accepts (Python int/float or lists of them)."""
     if isinstance(value, bool | np.bool_):
@@ -365,52 +175,6 @@ def check_initial_arrays(
             raise InitialArraysError(
                 f"initial_arrays['{key}'] has dtype {a.dtype}, expected kind {kinds!r}"
             )
-
-
-# ---------------------------------------------------------------------------- messages
-def messages_to(
-    nodes: Iterable[int], content: RecordDict, message_type: str, group_id: str = ""
-) -> list[Message]:
-    """Return one message per node, all carrying the same ``content``.
-
-    Parameters
-    ----------
-    nodes : iterable of int
-        The destination node ids, in the order the messages are returned.
-    content : RecordDict
-        What every node receives (one object: the messages share it).
-    message_type : str
-        E.g. ``MessageType.EVALUATE`` or ``"evaluate.appeal"``.
-    group_id : str, optional
-        The messages' group id (default none).
-
-    Returns
-    -------
-    list of Message
-        One message per node.
-    """
-    return [
-        Message(content, dst_node_id=int(n), message_type=message_type, group_id=group_id)
-        for n in nodes
-    ]
-
-
-def expire_after(messages: Iterable[Message], timeout: float) -> None:
-    """Set each message's TTL so that it expires ``TTL_MARGIN`` s after ``timeout`` from now.
-
-    The SuperLink does not deliver an expired message, so a node that returns after a
-    round's timeout never runs that round's work (with Flower's default 12 h TTL a node
-    that came back worked through every round it had missed and answered each current
-    round too late). Messages whose TTL is already shorter keep it; an infinite
-    ``timeout`` changes nothing.
-    """
-    if not math.isfinite(timeout):
-        return
-    now = time.time()
-    for msg in messages:
-        ttl = (now - msg.metadata.created_at) + max(timeout, 0.0) + TTL_MARGIN
-        if not msg.metadata.ttl or ttl < msg.metadata.ttl:
-            msg.metadata.ttl = ttl
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -898,48 +662,16 @@ class RoundStrategy(Strategy):
     def send(
         self, grid: Grid, messages: Iterable[Message], timeout: float | None = None
     ) -> list[Message]:
-        """Send messages, remember whom they went to, and return the replies.
+        """Send messages through :func:`~flower_app.strategies.exchange.transmit`.
 
-        Pushes the messages and pulls replies every ``POLL_FAST`` (5 ms) for the first
-        ``POLL_FAST_FOR`` (1 s), then with an interval growing ×1.5 up to 0.5 s, until
-        every message is answered or ``timeout`` (default: ``start``'s) has passed; the
-        messages expire ``TTL_MARGIN`` s after that (``expire_after``).
-        Flower's gRPC grid sleeps a fixed 3 s between pulls (every deployment round was a
-        multiple of 3 s); a growing interval from the start added up to a third of a
-        short round's time in simulation, where a pull is a lookup in memory. Replies are
-        returned in the order the messages were sent, so that sums over them do not depend
-        on arrival order.
+        Remembers whom they went to (the expected senders that :meth:`check` holds the
+        replies against) and returns the replies in send order; ``timeout`` defaults to
+        ``start``'s.
         """
-        messages = list(messages)
-        self._expected = {int(m.metadata.dst_node_id) for m in messages}
-        self._sent_ids = {}
-        if not messages:
-            return []
-        wait = self._timeout if timeout is None else timeout
-        expire_after(messages, wait)
-        pushed = [str(i) for i in grid.push_messages(messages) if i]
-        # push_messages sets each message's id: keep id -> destination for error replies
-        self._sent_ids = {str(m.metadata.message_id): int(m.metadata.dst_node_id) for m in messages}
-        order = {mid: pos for pos, mid in enumerate(pushed)}
-        pending = set(pushed)
-        replies: list[Message] = []
-        start = time.monotonic()
-        deadline = start + wait
-        interval = POLL_FAST
-        while pending:
-            got = list(grid.pull_messages(sorted(pending, key=order.__getitem__)))
-            replies.extend(got)
-            pending.difference_update(r.metadata.reply_to_message_id for r in got)
-            now = time.monotonic()
-            if not pending or now >= deadline:
-                break
-            time.sleep(min(interval, deadline - now))
-            if now - start >= POLL_FAST_FOR:
-                interval = min(interval * 1.5, POLL_SLOW)
-        # in the order the messages were sent, whatever the arrival order: aggregates sum
-        # in the same order on every run
-        replies.sort(key=lambda r: order.get(r.metadata.reply_to_message_id, len(order)))
-        return replies
+        delivery = transmit(grid, messages, self._timeout if timeout is None else timeout)
+        self._expected = delivery.expected
+        self._sent_ids = delivery.destinations
+        return delivery.replies
 
     def check(
         self,
