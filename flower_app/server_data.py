@@ -28,6 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.config import AppConfig, ConfigError
+from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.discovery import CohortQueries, DiscoveryError, cohort_of
 from flower_app.strategies.exchange import exchange
 from flower_app.strategies.replies import float_metric, int_metric
@@ -238,12 +239,12 @@ def federated_objective(
 
 
 def evaluator(
-    grid: Grid, strategy: object, n_users: int, timeout: float
+    grid: Grid, strategy: RoundStrategy, n_users: int, timeout: float
 ) -> Callable[[Sequence[int]], float | None]:
     """Return ``S -> F(S)`` by federated evaluation over the nodes the strategy discovered."""
 
     def evaluate(selected: Sequence[int]) -> float | None:
-        cohorts = getattr(strategy, "cohorts", None)
+        cohorts = strategy.cohorts
         if cohorts is None:
             return None
         return federated_objective(grid, cohorts.node_ids, selected, n_users, timeout)

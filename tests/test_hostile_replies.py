@@ -67,9 +67,10 @@ from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.server_data import probe_instance
-from flower_app.strategies.base import AllRepliesRejectedError, RoundStrategy
+from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy

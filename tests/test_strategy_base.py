@@ -19,18 +19,17 @@ from flwr.serverapp import Grid
 from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
-from flower_app.strategies.base import (
+from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.discovery import discover_cohorts
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
     NotEnoughNodesError,
-    RoundStrategy,
-    check_initial_arrays,
-    sample_nodes,
-    to_metric_record,
 )
-from flower_app.strategies.discovery import discover_cohorts
 from flower_app.strategies.exchange import TTL_MARGIN, expire_after
+from flower_app.strategies.records import check_initial_arrays, to_metric_record
+from flower_app.strategies.sampling import sample_nodes
 
 
 def rec(**arrays: np.ndarray) -> ArrayRecord:
@@ -49,7 +48,7 @@ class ToyStrategy(RoundStrategy):
     def expected_initial_arrays(self):
         return {"w": ((3,), "f")}
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def train_messages(self, server_round, arrays, config, grid):
         nodes = sample_nodes(grid, self.rng, self.fraction_train, 1, 1, timeout=1)
         cfg = self.merged_config(config, server_round)
         return [

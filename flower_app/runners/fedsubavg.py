@@ -68,9 +68,9 @@ from flower_app.node_data import (
 from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
-from flower_app.strategies.base import to_metric_record
 from flower_app.strategies.exchange import exchange, messages_to
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+from flower_app.strategies.records import to_metric_record
 from flower_app.strategies.replies import float_metric, int_metric
 
 __all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]

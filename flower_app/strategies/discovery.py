@@ -34,6 +34,7 @@ __all__ = [
     "DiscoveryError",
     "cohort_of",
     "discover_cohorts",
+    "group_for_round",
     "refresh_cohorts",
     "wait_for_mapped_nodes",
 ]
@@ -434,3 +435,42 @@ def _coverage(known: dict[int, tuple[int, int]], n_users: int) -> int:
                 "every SuperNode needs a distinct partition-id"
             )
     return sum(c for _, c in ranges if c > 0)
+
+
+def group_for_round(
+    cohorts: CohortMap, users: np.ndarray, least_nodes: int | None = None
+) -> tuple[dict[int, np.ndarray], dict[int, tuple[int, str]]]:
+    """Split a round's sorted users by the node serving them, skipping offline nodes.
+
+    Parameters
+    ----------
+    cohorts : CohortMap
+        The current map.
+    users : numpy.ndarray
+        The round's sampled users, sorted.
+    least_nodes : int, optional
+        Under secure aggregation, the least number of nodes a sum needs: when the users sit
+        on fewer, other online nodes are added with no users (they reply zeros; the server
+        learns the same sum over the sampled users, e.g. K = 2 users on one node).
+
+    Returns
+    -------
+    groups : dict of int to numpy.ndarray
+        Node id -> its users (in node order).
+    skipped : dict of int to (int, str)
+        Offline nodes that served sampled users: their user count and the reason.
+    """
+    groups = cohorts.group(users)
+    offline = "node offline (left the SuperLink's node list; not sent)"
+    skipped = {
+        node: (int(groups.pop(node).size), offline)
+        for node in [n for n in groups if n in cohorts.offline]
+    }
+    if least_nodes is not None:
+        idle = [int(n) for n in cohorts.node_ids
+                if int(n) not in groups and int(n) not in cohorts.offline]  # fmt: skip
+        for node in idle[: max(0, least_nodes - len(groups))]:
+            groups[node] = np.zeros(0, dtype=np.asarray(users).dtype)
+        order = {int(n): i for i, n in enumerate(cohorts.node_ids)}
+        groups = dict(sorted(groups.items(), key=lambda item: order[item[0]]))
+    return groups, skipped

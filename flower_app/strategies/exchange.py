@@ -121,7 +121,7 @@ class Delivery:
     expected: set[int] = field(default_factory=set)
 
     def check(self, decode: Callable[[int, Message], Any], context: str) -> CheckedReplies:
-        """Return the replies checked and decoded (see :func:`check_replies`)."""
+        """Return the replies checked and decoded (see :func:`.replies.check_replies`)."""
         return check_replies(self.replies, decode, self.expected, context, self.destinations)
 
 
