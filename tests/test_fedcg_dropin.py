@@ -35,12 +35,12 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.experiment import run_direct
 from flower_app.runners.fedcg import server_run
-from flower_app.strategies.base import (
+from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
 )
-from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation

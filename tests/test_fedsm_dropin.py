@@ -24,7 +24,7 @@ from flower_app.clients.fedcg import Coverage, ScoreTable
 from flower_app.clients.fedsm import fedsm_evaluate, fedsm_reply
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.datasets.synthetic import synthetic_facility_location
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,

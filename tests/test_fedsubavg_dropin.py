@@ -22,7 +22,7 @@ from flower_app.clients.fedsubavg import (
     load_submodel,
     submodel_reply,
 )
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,

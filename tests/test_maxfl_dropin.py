@@ -24,7 +24,7 @@ from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, st
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
@@ -414,7 +414,7 @@ def test_flowers_dp_wrappers_drive_maxfl_like_fedavg() -> None:
 
     _, plain, _ = run(user_app(), flexible=False)
     clean, inner = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.0)
-    assert inner._external_setup  # setup and sampling ran for Flower's loop
+    assert inner.external.setup_done  # setup and sampling ran for Flower's loop
     for key, value in as_dict(plain.arrays).items():
         np.testing.assert_allclose(clean[key], value, rtol=1e-6, atol=1e-7)
     noisy, _ = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.05)

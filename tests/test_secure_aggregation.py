@@ -32,7 +32,7 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
-from flower_app.strategies.base import AllRepliesRejectedError
+from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.local_grid import LocalGrid
