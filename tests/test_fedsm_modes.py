@@ -25,7 +25,8 @@ from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_dblp, synthetic_facility_location
 from flower_app.experiment import run_direct
-from flower_app.strategies.fedsm import decode_report, plan_arrays
+from flower_app.strategies.cohort.fedsm import plan_arrays
+from flower_app.strategies.fedsm import decode_report
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
@@ -362,21 +363,14 @@ def test_strategy_alg2_round_over_messages_counts_communication_and_bad_replies(
     from flwr.supercore.task_identity import TaskIdentity
 
     from flower_app.clients.adapter import handle_train
+    from flower_app.strategies.cohort.fedsm import FedSMCohorts
     from flower_app.strategies.discovery import CohortMap
-    from flower_app.strategies.fedsm import FedSMStrategy
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     obj = _fl(90, 40, seed=2)
     clients = {100 + c.partition_id: c for c in _clients(obj, 3)}
     params = FedSMParams("alg2", 1.0, 50, epsilon=0.3, tau=0.01)
-    strategy = FedSMStrategy(
-        k=6,
-        cohorts=True,
-        n_users=obj.n_users,
-        matroid=UniformMatroid(40, 6),
-        params=params,
-        lam=5.0,
-    )
+    strategy = FedSMCohorts(obj.n_users, UniformMatroid(40, 6), 6, params, lam=5.0)
     strategy.cohorts = CohortMap(
         np.array([100, 101, 102], dtype=object), np.array([0, 30, 60]), np.array([30, 30, 30])
     )

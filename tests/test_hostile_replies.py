@@ -53,6 +53,7 @@ from local_grid import LocalGrid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.client_app import app as default_client_app
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
@@ -68,6 +69,7 @@ from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.server_data import probe_instance
 from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.errors import AllRepliesRejectedError
@@ -379,14 +381,12 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "fedsm-cohort",
-            lambda: FedSMStrategy(
-                k=2,
-                clients_per_round=0.5,
-                elements_per_client=0.5,
+            lambda: FedSMCohorts(
+                N_COHORT,
+                UniformMatroid(M, 2),
+                2,
+                FedSMParams("alg1", 0.5, 0.5),
                 seed=3,
-                cohorts=True,
-                n_users=N_COHORT,
-                matroid=UniformMatroid(M, 2),
                 discovery_timeout=0.5,  # a left-out cohort reply: discovery ends at once
             ),  # fmt: skip
             lambda: numpy_client_app(_cohort_factory(_facility(N_COHORT), False)),

@@ -21,31 +21,28 @@ from flwr.common.constant import ErrorCode
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import load_task
 from flower_app.strategies import (
     FedCGStrategy,
     FedDiscreteGreedyStrategy,
-    FedSMStrategy,
     FedSubAvgStrategy,
 )
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
 from tests.local_grid import LocalGrid
 from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M
 
 
-def _strategy(k: int = 4, **kwargs) -> FedSMStrategy:
-    return FedSMStrategy(
-        k=k, clients_per_round=0.75, elements_per_client=0.5, seed=3, cohorts=True,
-        n_users=N_COHORT, matroid=UniformMatroid(M, k), **kwargs,
-    )  # fmt: skip
+def _strategy(k: int = 4, **kwargs) -> FedSMCohorts:
+    params = FedSMParams("alg1", 0.75, 0.5)
+    return FedSMCohorts(N_COHORT, UniformMatroid(M, k), k, params, seed=3, **kwargs)
 
 
-def _run(grid, strategy: FedSMStrategy, on_round=None) -> list[dict]:
-    if on_round is not None:
-        strategy.on_round = on_round
+def _run(grid, strategy: FedSMCohorts) -> list[dict]:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.k, timeout=5)
     return [r for r in strategy.history if r["server-round"] >= 1]
 
@@ -53,7 +50,6 @@ def _run(grid, strategy: FedSMStrategy, on_round=None) -> list[dict]:
 def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
     grid = SCENARIOS["fedsm-cohort"].grid()
     victim, newcomer = grid.node_ids[1], 7777
-    strategy = _strategy()
 
     def on_round(row: dict) -> None:
         if row["server-round"] == 1:  # the victim goes offline
@@ -62,7 +58,8 @@ def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
             grid.contexts[newcomer] = grid.contexts[victim]
             grid.node_ids.append(newcomer)
 
-    rows = _run(grid, strategy, on_round)
+    strategy = _strategy(on_round=on_round)
+    rows = _run(grid, strategy)
     r1, r2, r3, r4 = rows
     assert "failed-nodes" not in r1
     assert [f["node-id"] for f in r2["failed-nodes"]] == [victim]
@@ -99,14 +96,13 @@ def test_node_return_wait_holds_the_round_until_the_node_is_back() -> None:
         return ids
 
     grid.get_node_ids = get_node_ids
-    strategy = _strategy(k=3)
-    strategy.node_return_wait = 60.0
 
     def on_round(row: dict) -> None:
         if row["server-round"] == 1:
             grid.node_ids.remove(victim)
 
-    rows = _run(grid, strategy, on_round)
+    strategy = _strategy(k=3, on_round=on_round, node_return_wait=60.0)
+    rows = _run(grid, strategy)
     assert len(looks) == 3  # it was waited for, and came back
     assert all("failed-nodes" not in r for r in rows), rows
     assert not strategy.failure_summary()["degraded"]
@@ -114,14 +110,14 @@ def test_node_return_wait_holds_the_round_until_the_node_is_back() -> None:
 
     grid = SCENARIOS["fedsm-cohort"].grid()
     victim = grid.node_ids[1]
-    strategy = _strategy(k=3)
-    strategy.node_return_wait = 0.2  # it never comes back: skipped after the wait
 
     def leaves(row: dict) -> None:
         if row["server-round"] == 1:
             grid.node_ids.remove(victim)
 
-    rows = _run(grid, strategy, leaves)
+    # it never comes back: skipped after the wait
+    strategy = _strategy(k=3, on_round=leaves, node_return_wait=0.2)
+    rows = _run(grid, strategy)
     assert [f["node-id"] for f in rows[1]["failed-nodes"]] == [victim]
     assert "offline" in rows[1]["failed-nodes"][0]["reason"]
 
@@ -166,8 +162,7 @@ def test_fedsm_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run() -> None
     """Resume after round 2 (checkpoint pickled as the run folder stores it): same S, same
     rows, and rounds 1-2 are not sent again."""
     saved: list[bytes] = []
-    whole = _strategy(k=5)
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole = _strategy(k=5, checkpoint_fn=lambda payload: saved.append(pickle.dumps(payload)))
     rows = _run(SCENARIOS["fedsm-cohort"].grid(), whole)
     assert len(saved) == 5
 

@@ -33,7 +33,8 @@ from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.privacy import SecureAggregation
-from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
+from flower_app.strategies import FedSubAvgStrategy
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.local_grid import LocalGrid
@@ -131,9 +132,8 @@ def _reproducible_cohort_app(ratings: np.ndarray):
 def test_dp_fedsm_on_flower_nodes_selects_what_the_direct_engine_does(secure) -> None:
     ratings = _ratings()
     direct, rows = _direct(2.0, ratings)
-    strategy = FedSMStrategy(
-        k=K_SET, seed=11, cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K_SET),
-        params=_params(2.0, True), lam=5.0,
+    strategy = FedSMCohorts(
+        N_USERS, UniformMatroid(M, K_SET), K_SET, _params(2.0, True), seed=11, lam=5.0,
         secure_aggregation=SecureAggregation() if secure else None,
     )  # fmt: skip
     app = _reproducible_cohort_app(ratings)

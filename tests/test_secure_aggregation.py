@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.fedsm import fedsm_reply
@@ -32,6 +33,7 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -136,12 +138,12 @@ def _cohort_app(ratings: np.ndarray) -> ClientApp:
     return numpy_client_app(factory)
 
 
-class Recorder(FedSMStrategy):
+class Recorder(FedSMCohorts):
     """FedSM that keeps what it decoded (per node in the clear, the sum under SecAgg)."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(k=K, clients_per_round=0.6, elements_per_client=0.6, seed=11,
-                         **kwargs)  # fmt: skip
+        super().__init__(N_USERS, UniformMatroid(M, K), K, FedSMParams("alg1", 0.6, 0.6),
+                         seed=11, **kwargs)  # fmt: skip
         self.decoded: list[dict[int, np.ndarray]] = []
 
     def decode_train_reply(self, src, reply):
@@ -159,7 +161,7 @@ class Recorder(FedSMStrategy):
 
 
 def _cohort_strategy(**kwargs) -> Recorder:
-    return Recorder(cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K), **kwargs)
+    return Recorder(**kwargs)
 
 
 class Wiretap(LocalGrid):
@@ -191,7 +193,7 @@ class Wiretap(LocalGrid):
         return got
 
 
-def _run(strategy: FedSMStrategy, grid: LocalGrid) -> list[int]:
+def _run(strategy: FedSMCohorts, grid: LocalGrid) -> list[int]:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=K, timeout=0.5)
     return list(strategy.run.selected)
 

@@ -111,6 +111,9 @@ class RoundStrategy(Strategy, ABC):
         :func:`~flower_app.privacy.secure_aggregation_mod`. Default None (replies in the
         clear). Strategies whose
         aggregate is not a sum of replies refuse it (``supports_secure_aggregation``).
+    checkpoint_fn : callable, optional
+        Resumable strategies (``resumable``): called as ``checkpoint_fn(payload)`` after
+        every round; ``resume_from(payload)`` before ``start`` continues after that round.
     """
 
     # ------------------------------------------------------------------ declared attributes
@@ -121,7 +124,8 @@ class RoundStrategy(Strategy, ABC):
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
     #: the round's aggregate is a function of the sum of the train replies (see
-    #: :meth:`merge_senders`), so secure aggregation can replace the replies by their sum
+    #: :meth:`~flower_app.strategies.RoundStrategy.merge_senders`), so secure aggregation can
+    #: replace the replies by their sum
     supports_secure_aggregation: bool = False
     #: metrics of a train reply sent in the clear under secure aggregation (every node
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
@@ -146,6 +150,8 @@ class RoundStrategy(Strategy, ABC):
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
+        *,
+        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not 0.0 <= float(min_reply_fraction) <= 1.0:
             raise ValueError(f"min_reply_fraction={min_reply_fraction}: expected a value in [0, 1]")
@@ -165,8 +171,7 @@ class RoundStrategy(Strategy, ABC):
         self.min_reply_fraction = float(min_reply_fraction)
         self.history: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
-        #: called as ``checkpoint_fn(payload)`` after every round (resumable strategies)
-        self.checkpoint_fn: Callable[[dict[str, Any]], None] | None = None
+        self.checkpoint_fn = checkpoint_fn
         #: seconds an exchange waits for its replies (``start``'s ``timeout``)
         self.exchange_timeout = 3600.0
         #: the nodes whose replies a secure sum stands for (its survivors)
