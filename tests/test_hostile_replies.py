@@ -69,6 +69,8 @@ from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.server_data import probe_instance
 from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
@@ -350,9 +352,9 @@ def _fsa_cohort() -> FedSubAvgStrategy:
                              clients_per_round=cfg.clients_per_round, seed=cfg.seed)  # fmt: skip
 
 
-def _fedcg_cohort() -> FedCGStrategy:
+def _fedcg_cohort() -> FedCGCohorts:
     server = FedCGServer(N_COHORT, UniformMatroid(M, 2), 2, 0.0, LocalSteps(), 0.5, seed=0)
-    return FedCGStrategy(cohorts=True, server=server)
+    return FedCGCohorts(server)
 
 
 def _cohort_nodes(i: int) -> dict:
@@ -434,8 +436,8 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "discrete-cohort",
-            lambda: FedDiscreteGreedyStrategy(
-                cohorts=True, server=DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 2), 2, 5.0)
+            lambda: DiscreteGreedyCohorts(
+                DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 2), 2, 5.0)
             ),
             lambda: numpy_client_app(_cohort_factory(_facility(N_COHORT), True)),
             3,

@@ -26,10 +26,10 @@ from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import load_task
 from flower_app.strategies import (
-    FedCGStrategy,
-    FedDiscreteGreedyStrategy,
     FedSubAvgStrategy,
 )
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
@@ -203,13 +203,13 @@ def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None
     """FedCG (cohort mode): resume after round 2 of 5 on fresh nodes gives the same x and set."""
     sc = SCENARIOS["fedcg-cohort"]
 
-    def make() -> FedCGStrategy:
-        server = FedCGServer(N_COHORT, UniformMatroid(M, 2), 5, 0.0, LocalSteps(), 0.5, seed=0)
-        return FedCGStrategy(cohorts=True, server=server)
+    def make(rounds: int = 5, **options) -> FedCGCohorts:
+        matroid = UniformMatroid(M, 2)
+        server = FedCGServer(N_COHORT, matroid, rounds, 0.0, LocalSteps(), 0.5, seed=0)
+        return FedCGCohorts(server, **options)
 
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(pickle.dumps(payload)))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
     assert len(saved) == 5
     resumed = make()
@@ -218,8 +218,7 @@ def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4, 5]
     assert np.array_equal(resumed.server.x, whole.server.x)
     assert resumed.selected == whole.selected and whole.selected is not None
-    other = FedCGStrategy(cohorts=True, server=FedCGServer(
-        N_COHORT, UniformMatroid(M, 2), 7, 0.0, LocalSteps(), 0.5, seed=0))  # fmt: skip
+    other = make(rounds=7)
     other.resume_from(pickle.loads(saved[1]))
     with pytest.raises(ValueError, match="does not match"):
         other.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=7, timeout=5)
@@ -229,13 +228,12 @@ def test_discrete_greedy_resumed_from_a_checkpoint_ends_with_the_uninterrupted_s
     """Discrete greedy (cohort mode): fresh nodes redo Algs. 4/5, then S continues."""
     sc = SCENARIOS["discrete-cohort"]
 
-    def make() -> FedDiscreteGreedyStrategy:
+    def make(**options) -> DiscreteGreedyCohorts:
         server = DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 4), 4, 5.0, seed=1)
-        return FedDiscreteGreedyStrategy(cohorts=True, server=server)
+        return DiscreteGreedyCohorts(server, **options)
 
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(pickle.dumps(payload)))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=4, timeout=5)
     assert len(saved) == 4 and len(whole.server.selected) == 4
     resumed = make()

@@ -33,6 +33,8 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
@@ -511,11 +513,11 @@ def test_fedcg_under_secure_aggregation_reaches_the_plain_x(mode) -> None:
     )  # fmt: skip
     from tests.test_hostile_replies import M as HM
 
-    def strategy(**kw) -> FedCGStrategy:
+    def strategy(**kw) -> FedCGStrategy | FedCGCohorts:
         if mode == "cohort":
             server = FedCGServer(N_COHORT, UniformMatroid(HM, 2), 2, 0.0, LocalSteps(), 0.5,
                                  seed=0)  # fmt: skip
-            return FedCGStrategy(cohorts=True, server=server, **kw)
+            return FedCGCohorts(server, **kw)
         return FedCGStrategy(k=2, seed=7, fraction_train=0.7, min_train_nodes=3, **kw)
 
     def grid(mods: bool) -> Wiretap:
@@ -603,10 +605,10 @@ def test_discrete_greedy_under_secure_aggregation_selects_the_plain_set(mode) ->
     )
     from tests.test_hostile_replies import M as HM
 
-    def strategy(**kw) -> FedDiscreteGreedyStrategy:
+    def strategy(**kw) -> FedDiscreteGreedyStrategy | DiscreteGreedyCohorts:
         if mode == "cohort":
             server = DiscreteGreedyServer(N_COHORT, UniformMatroid(HM, 3), 3, 5.0)
-            return FedDiscreteGreedyStrategy(cohorts=True, server=server, **kw)
+            return DiscreteGreedyCohorts(server, **kw)
         return FedDiscreteGreedyStrategy(k=3, kappa=3.0, seed=4, min_available_nodes=N_PLAIN, **kw)
 
     def grid(mods: bool) -> Wiretap:

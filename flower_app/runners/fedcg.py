@@ -75,8 +75,8 @@ from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, evaluator, probe_instance
 from flower_app.settings import SETTINGS
-from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
-from flower_app.strategies.fedcg import FedCGStrategy
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 
@@ -247,17 +247,16 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     )
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
-        strategy = FedDiscreteGreedyStrategy(
-            cohorts=True,
-            server=server,
+        strategy = DiscreteGreedyCohorts(
+            server,
             objective_fn=None if remote else exp.problem.objective.mean_value,
             on_round=exp.writer.log_round,
-            discovery_timeout=cfg.discovery_timeout,
             min_reply_fraction=cfg.min_reply_fraction,
             secure_aggregation=cfg.secure,
+            checkpoint_fn=checkpoint_fn,
+            discovery_timeout=cfg.discovery_timeout,
+            node_return_wait=cfg.node_return_wait,
         )
-        strategy.node_return_wait = cfg.node_return_wait
-        strategy.checkpoint_fn = checkpoint_fn
         if exp.writer.checkpoint is not None:
             strategy.resume_from(exp.writer.checkpoint)
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
@@ -270,18 +269,17 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             evaluate = evaluator(grid, strategy, server.n_users, cfg.round_timeout)
             objective = evaluate(selected)
         return _finish(exp, selected, strategy.history, extra, objective)
-    fedcg = FedCGStrategy(
-        cohorts=True,
-        server=server,
+    fedcg = FedCGCohorts(
+        server,
         objective_fn=None if remote else _multilinear(exp),
-        on_round=exp.writer.log_round,
-        discovery_timeout=cfg.discovery_timeout,
-        min_reply_fraction=cfg.min_reply_fraction,
         evaluate_every=10,
+        on_round=exp.writer.log_round,
+        min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        checkpoint_fn=checkpoint_fn,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    fedcg.node_return_wait = cfg.node_return_wait
-    fedcg.checkpoint_fn = checkpoint_fn
     if exp.writer.checkpoint is not None:
         fedcg.resume_from(exp.writer.checkpoint)
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)

@@ -10,7 +10,7 @@ strategy                        paper / what it does
 ``FedSMStrategy``               Rafiey, Namani & Charalambides 2025: submodular selection by
                                 sampled marginal gains (Alg. 1, Alg. 2, amplification)
 ``FedCGStrategy``               Rafiey 2024 (ICML): federated continuous greedy (FedCG,
-                                FedCG+ with ``local_steps`` > 1) and rounding
+                                FedCG+ with τ > 1 local steps) and rounding
 ``FedDiscreteGreedyStrategy``   the same paper's discrete greedy with importance factors
 ``MaxFLStrategy``               Cho et al. (TMLR): maximise global-model appeal
 ``AppealStrategy``              MaxFL's baselines on the same protocol (FedAvg, FedProx,

@@ -13,6 +13,9 @@ class                       family (module)
 ``CohortStrategy``          their base: discovery, re-discovery before every round, the
                             sampled users grouped by node (:mod:`.base`)
 ``FedSMCohorts``            FedSM, Algorithms 1-3 (:mod:`.fedsm`)
+``FedCGCohorts``            FedCG / FedCG+ from a server state (:mod:`.fedcg`)
+``DiscreteGreedyCohorts``   the discrete greedy with importance factors
+                            (:mod:`.discrete_greedy`)
 ==========================  ===========================================================
 
 They share the maths (:mod:`flower_app.algorithms`) and the round loop
