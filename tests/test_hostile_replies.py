@@ -54,6 +54,8 @@ from local_grid import LocalGrid
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm.modes import FedSMParams
+from flower_app.algorithms.maxfl.appeal import AppealServer
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.client_app import app as default_client_app
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
@@ -72,6 +74,7 @@ from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.errors import AllRepliesRejectedError
@@ -280,13 +283,11 @@ MAXFL_SMALL = {
 }
 
 
-def _maxfl_cohort() -> MaxFLStrategy:
+def _maxfl_cohort(**options) -> MaxFLCohorts:
     s = maxfl_runner.settings(AppConfig.from_run_config(MAXFL_SMALL))
-    return MaxFLStrategy(
-        cohorts=True, n_seen=s.n_seen, n_clients=s.n_clients,
-        clients_per_round=s.clients_per_round, server_lr=s.server_lr, eps=s.eps,
-        mandatory_rounds=s.mandatory_rounds, seed=s.seed, eval_every=s.eval_every,
-    )  # fmt: skip
+    server = AppealServer("maxfl", [], s.n_seen, server_lr=s.server_lr, eps=s.eps)
+    sampler = ParticipationSampler(s.n_seen, s.clients_per_round, True, s.mandatory_rounds, s.seed)
+    return MaxFLCohorts(server, sampler, s.n_clients, eval_every=s.eval_every, **options)
 
 
 def _maxfl_cohort_start() -> dict:

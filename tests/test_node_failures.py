@@ -34,7 +34,7 @@ from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
 from tests.local_grid import LocalGrid
-from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M
+from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M, _maxfl_cohort
 
 
 def _strategy(k: int = 4, **kwargs) -> FedSMCohorts:
@@ -185,8 +185,7 @@ def test_maxfl_resumed_from_a_checkpoint_ends_with_the_uninterrupted_model() -> 
     """MaxFL (cohort mode): resume after round 2 of 4 gives the same weights, bit for bit."""
     sc = SCENARIOS["maxfl-cohort"]
     saved: list[bytes] = []
-    whole = sc.make_strategy()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole = _maxfl_cohort(checkpoint_fn=lambda payload: saved.append(pickle.dumps(payload)))
     whole.start(grid=sc.grid(), **{**sc.start(), "num_rounds": 4})
     # restarted nodes: fresh contexts (no client state survives), the same ClientApp
     fresh = LocalGrid(sc.num_nodes, sc.run_config, app=sc.app() or default_client_app,

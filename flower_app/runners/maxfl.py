@@ -1,6 +1,6 @@
 """Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed, perfedavg, pfedme).
 
-``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` (cohort mode) over
+``server_run`` runs :class:`~flower_app.strategies.cohort.maxfl.MaxFLCohorts` over
 the grid, ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls
 one :class:`~flower_app.clients.learning.LearningClient` that serves every client), and
 ``make_client`` builds a node's client. Datasets (:data:`DATASETS`): images (an MLP with
@@ -58,7 +58,7 @@ from flower_app.datasets.sent140_features import DIM
 from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
-from flower_app.strategies.maxfl import AppealStrategy
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 
 __all__ = [
     "DATASETS",
@@ -440,19 +440,19 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         warn_no_privacy()
     log(INFO, "run folder: %s", writer.folder)
     server, sampler = _server(s)
-    strategy = AppealStrategy(
+    strategy = MaxFLCohorts(
         server,
         sampler,
         s.n_clients,
         eval_every=s.eval_every,
+        dp=s.dp,
         on_round=writer.log_round,
-        discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
-        dp=s.dp,
+        checkpoint_fn=writer.save_checkpoint,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    strategy.node_return_wait = cfg.node_return_wait
-    strategy.checkpoint_fn = writer.save_checkpoint
     if writer.checkpoint is not None:
         strategy.resume_from(writer.checkpoint)
     strategy.start(

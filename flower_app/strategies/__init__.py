@@ -13,8 +13,9 @@ strategy                        paper / what it does
                                 FedCG+ with τ > 1 local steps) and rounding
 ``FedDiscreteGreedyStrategy``   the same paper's discrete greedy with importance factors
 ``MaxFLStrategy``               Cho et al. (TMLR): maximise global-model appeal
-``AppealStrategy``              MaxFL's baselines on the same protocol (FedAvg, FedProx,
-                                q-FFL, SCAFFOLD, MW-Fed, Per-FedAvg, pFedMe)
+``AppealStrategy``              MaxFL and its baselines (FedAvg, FedProx, q-FFL, SCAFFOLD,
+                                MW-Fed, Per-FedAvg, pFedMe) over cohorts: the runners'
+                                ``MaxFLCohorts`` under its earlier name
 ``FedSubAvgStrategy``           Ding et al. 2022 (NeurIPS): submodels with feature-heat
                                 correction; baselines ``FedAvgSubStrategy``,
                                 ``FedProxSubStrategy``, ``FedAdamSubStrategy``,
@@ -65,7 +66,7 @@ _HOME = {
     "FedSMStrategy": "fedsm",
     "FedCGStrategy": "fedcg",
     "FedDiscreteGreedyStrategy": "discrete_greedy",
-    "AppealStrategy": "maxfl",
+    "AppealStrategy": "cohort.maxfl",
     "MaxFLStrategy": "maxfl",
     "FedSubAvgStrategy": "fedsubavg",
     "FedAvgSubStrategy": "fedsubavg",
@@ -76,6 +77,7 @@ _HOME = {
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
     from flower_app.strategies.base import RoundStrategy
+    from flower_app.strategies.cohort.maxfl import AppealStrategy
     from flower_app.strategies.discovery import DiscoveryError
     from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
     from flower_app.strategies.errors import (
@@ -94,7 +96,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
         FedSubAvgStrategy,
         ScaffoldSubStrategy,
     )
-    from flower_app.strategies.maxfl import AppealStrategy, MaxFLStrategy
+    from flower_app.strategies.maxfl import MaxFLStrategy
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME, __all__)

@@ -16,6 +16,8 @@ class                       family (module)
 ``FedCGCohorts``            FedCG / FedCG+ from a server state (:mod:`.fedcg`)
 ``DiscreteGreedyCohorts``   the discrete greedy with importance factors
                             (:mod:`.discrete_greedy`)
+``MaxFLCohorts``            MaxFL and its baselines, seen and unseen clients (:mod:`.maxfl`;
+                            exported as ``flower_app.strategies.AppealStrategy`` too)
 ==========================  ===========================================================
 
 They share the maths (:mod:`flower_app.algorithms`) and the round loop
