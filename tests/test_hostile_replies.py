@@ -74,6 +74,7 @@ from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
@@ -346,11 +347,11 @@ FSA_SMALL = {
 }
 
 
-def _fsa_cohort() -> FedSubAvgStrategy:
+def _fsa_cohort() -> FedSubAvgCohorts:
     cfg = AppConfig.from_run_config(FSA_SMALL)
     task = load_task(cfg)
-    return FedSubAvgStrategy(cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-                             clients_per_round=cfg.clients_per_round, seed=cfg.seed)  # fmt: skip
+    return FedSubAvgCohorts("fedsubavg", task.n_clients, task.n_params, cfg.clients_per_round,
+                            seed=cfg.seed)  # fmt: skip
 
 
 def _fedcg_cohort() -> FedCGCohorts:

@@ -25,12 +25,10 @@ from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import load_task
-from flower_app.strategies import (
-    FedSubAvgStrategy,
-)
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
 from tests.local_grid import LocalGrid
@@ -250,17 +248,14 @@ def test_fedsubavg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x(algor
     cfg = AppConfig.from_run_config({**FSA_SMALL, "algorithm": algorithm})
     task = load_task(cfg)
 
-    def make() -> FedSubAvgStrategy:
-        return FedSubAvgStrategy(
-            cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-            clients_per_round=cfg.clients_per_round, seed=cfg.seed, algorithm=algorithm,
-        )  # fmt: skip
+    def make(**options) -> FedSubAvgCohorts:
+        return FedSubAvgCohorts(algorithm, task.n_clients, task.n_params,
+                                cfg.clients_per_round, seed=cfg.seed, **options)  # fmt: skip
 
     run_config = {**FSA_SMALL, "algorithm": algorithm}
     grid = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(pickle.dumps(payload)))
     whole.start(grid=grid, num_rounds=4, timeout=5)
     assert len(saved) == 4
     fresh = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)

@@ -33,8 +33,8 @@ from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.privacy import SecureAggregation
-from flower_app.strategies import FedSubAvgStrategy
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.local_grid import LocalGrid
@@ -273,9 +273,9 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     cfg = AppConfig.from_run_config(run_config)
     task, spec = load_task(cfg), run_spec(cfg)
     x, history, heat = run_direct_rounds(task, spec)
-    strategy = FedSubAvgStrategy(
-        cohorts=True, n_clients=task.n_clients, n_params=task.n_params, clients_per_round=8,
-        seed=5, secure_aggregation=SecureAggregation(), dp=spec.dp,
+    strategy = FedSubAvgCohorts(
+        "fedsubavg", task.n_clients, task.n_params, 8, seed=5, dp=spec.dp,
+        secure_aggregation=SecureAggregation(),
     )  # fmt: skip
     strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=4)
     np.testing.assert_allclose(strategy.x, x, rtol=0, atol=1e-5)

@@ -36,6 +36,7 @@ from flower_app.strategies import (
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -391,8 +392,10 @@ def test_neighbour_rings_are_a_connected_symmetric_function_of_the_nodes(
 
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
-    with pytest.raises(ValueError, match="cohorts=True and secure_aggregation"):
-        FedSubAvgStrategy(dp=object())  # client-level DP: cohort mode with SecAgg only
+    with pytest.raises(ValueError, match="needs secure_aggregation"):
+        FedSubAvgCohorts("fedsubavg", 10, 5, 2, dp=object())  # client-level DP: SecAgg only
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        FedSubAvgStrategy(dp=object())  # the public strategy: no client-level DP
     with pytest.raises(TypeError, match="SecureAggregation"):
         FedSMStrategy(secure_aggregation=True)
 
@@ -554,20 +557,13 @@ def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algor
     from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task
-    from flower_app.strategies.fedsubavg import (
-        FedAdamSubStrategy,
-        ScaffoldSubStrategy,
-    )
-
-    cls = {"fedsubavg": FedSubAvgStrategy, "fedadam-sub": FedAdamSubStrategy,
-           "scaffold-sub": ScaffoldSubStrategy}[algorithm]  # fmt: skip
     run_config = {"algorithm": algorithm, "dataset": "synthetic-movielens-rating",
                   "num-users": 45, "num-elements": 40, "clients-per-round": 8,
                   "fsa-rounds": 4, "seed": 5}  # fmt: skip
     cfg = AppConfig.from_run_config(run_config)
     task = load_task(cfg)
-    strategy = cls(cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-                   clients_per_round=8, seed=5, secure_aggregation=SecureAggregation())  # fmt: skip
+    strategy = FedSubAvgCohorts(algorithm, task.n_clients, task.n_params, 8, seed=5,
+                                secure_aggregation=SecureAggregation())  # fmt: skip
     grid = Wiretap(3, cfg.to_dict())
     strategy.start(grid, num_rounds=4)
     x, history, heat = run_direct_rounds(task, RunSpec(algorithm, 4, 8, seed=5,

@@ -1,11 +1,13 @@
 """FedSubAvg on the torch tasks (Sent140, Amazon) over Flower: the app's runner for them.
 
-:func:`run_torch_strategy` runs :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`
-in plain mode (named arrays, one client per node) with the same settings the direct engine
-(:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`) takes, and evaluates the
-full model centrally after each round (``evaluate_fn``) with the same task method, so both
-return the same rows for the same seed. The nodes run the app's ClientApp, which routes the
-messages to :class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
+:func:`run_torch_strategy` runs the public
+:class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy` or a baseline (named arrays, one
+client per node; the rows go to ``on_round`` once the run is over) with the same settings
+the direct engine (:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`)
+takes, and evaluates the full model centrally after each round (``evaluate_fn``) with the
+same task method, so both return the same rows for the same seed. The nodes run the app's
+ClientApp, which routes the messages to
+:class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
 ``partition-id`` = client, ``num-partitions`` = N). :mod:`flower_app.runners.fedsubavg`
 hands the ``sent140``/``amazon`` datasets (and their stand-ins) to :func:`server_run`,
 :func:`direct_run` and :func:`make_client` here.
@@ -41,7 +43,7 @@ from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
-from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+from flower_app.strategies.fedsubavg import STRATEGIES
 
 __all__ = [
     "direct_run",
@@ -73,7 +75,11 @@ def run_torch_strategy(
     if spec.algorithm == "fedprox-sub" and spec.local.proximal_mu == 0:
         raise ValueError("fedprox-sub needs local.proximal_mu > 0 (the paper's 0.01)")
     k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    strategy = FedSubAvgStrategy(
+    own: dict[str, Any] = {
+        "fedprox-sub": {"proximal_mu": spec.local.proximal_mu},
+        "fedadam-sub": {"adam": spec.adam},
+    }.get(spec.algorithm, {})
+    strategy = STRATEGIES[spec.algorithm](
         task.sparse_keys,
         fraction_train=k / task.n_clients,
         min_train_nodes=k,
@@ -81,10 +87,7 @@ def run_torch_strategy(
         fraction_evaluate=0.0,  # the task is evaluated on the server (evaluate_fn below)
         weighting=spec.weighting,
         seed=spec.seed,
-        algorithm=spec.algorithm,
-        adam=spec.adam,
-        proximal_mu=spec.local.proximal_mu,
-        on_round=None if on_round is None else lambda row: on_round(_kept(row)),
+        **own,
     )
     model = task.make_model()
 
@@ -104,7 +107,11 @@ def run_torch_strategy(
         timeout=timeout,
         evaluate_fn=evaluate,
     )
-    return [_kept(row) for row in strategy.history]
+    rows = [_kept(row) for row in strategy.history]
+    if on_round is not None:  # the public strategies take no row callback: after the run
+        for row in rows:
+            on_round(row)
+    return rows
 
 
 _KEEP = ("server-round", "local-train-loss", "clients", "bytes-down", "bytes-up", "round-time",

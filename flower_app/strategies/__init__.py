@@ -23,9 +23,13 @@ strategy                        paper / what it does
 ``RoundStrategy``               their base: Flower's ``start()`` loop, written once
 ==============================  ==========================================================
 
-Each strategy's docstring has its message contract (one table) and its client helpers live
-in :mod:`flower_app.clients`. Names are imported on first use, so importing one strategy
-does not import the others' dependencies (torch for the learning strategies).
+Each strategy is plain, like Flower's ``FedAvg``: one node is one client, and its
+constructor takes the paper's hyperparameters, ``FedAvg``'s own arguments where they apply
+and ``secure_aggregation``. Its docstring has its message contract (one table) and its
+client helpers live in :mod:`flower_app.clients`. This app's runners, where a node serves
+many users, use the cohort classes of :mod:`flower_app.strategies.cohort`. Names are
+imported on first use, so importing one strategy does not import the others' dependencies
+(torch for the learning strategies).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ class                       family (module)
                             (:mod:`.discrete_greedy`)
 ``MaxFLCohorts``            MaxFL and its baselines, seen and unseen clients (:mod:`.maxfl`;
                             exported as ``flower_app.strategies.AppealStrategy`` too)
+``FedSubAvgCohorts``        FedSubAvg and its baselines (:mod:`.fedsubavg`; the exchanges'
+                            messages: :mod:`.fedsubavg_exchanges`)
 ==========================  ===========================================================
 
 They share the maths (:mod:`flower_app.algorithms`) and the round loop

@@ -19,8 +19,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
-from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import SUMMED_SENDER, RoundCallback
+from flower_app.strategies.base import SUMMED_SENDER
 from flower_app.strategies.cohort.base import CohortStrategy
 from flower_app.strategies.discrete_greedy import DiscreteGreedyRounds, initial_selected
 from flower_app.strategies.submodular_records import (
@@ -68,22 +67,9 @@ class DiscreteGreedyCohorts(DiscreteGreedyRounds, CohortStrategy):
         self,
         server: DiscreteGreedyServer,
         objective_fn: Callable[[list[int]], float] | None = None,
-        *,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
-        secure_aggregation: SecureAggregation | None = None,
-        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
-        discovery_timeout: float = 300.0,
-        node_return_wait: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-            checkpoint_fn=checkpoint_fn,
-            discovery_timeout=discovery_timeout,
-            node_return_wait=node_return_wait,
-        )
+        super().__init__(**options)
         self.server: DiscreteGreedyServer | None = server
         self.k, self.kappa, self.seed = int(server.k), float(server.kappa), int(server.seed)
         self.objective_fn = objective_fn

@@ -18,8 +18,6 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer
 from flower_app.algorithms.fedsm.core import decode_report
-from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import RoundCallback
 from flower_app.strategies.cohort.base import CohortStrategy
 from flower_app.strategies.fedcg import TOL, FedCGRounds, initial_x, start_at
 from flower_app.strategies.replies import int_metric
@@ -78,22 +76,9 @@ class FedCGCohorts(FedCGRounds, CohortStrategy):
         server: FedCGServer,
         objective_fn: Callable[[np.ndarray], float] | None = None,
         evaluate_every: int = 1,
-        *,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
-        secure_aggregation: SecureAggregation | None = None,
-        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
-        discovery_timeout: float = 300.0,
-        node_return_wait: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-            checkpoint_fn=checkpoint_fn,
-            discovery_timeout=discovery_timeout,
-            node_return_wait=node_return_wait,
-        )
+        super().__init__(**options)
         self.server: FedCGServer | None = server
         self.local, self.seed, self.rounding = server.local, int(server.seed), server.rounding
         self.objective_fn = objective_fn

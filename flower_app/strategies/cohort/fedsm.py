@@ -18,8 +18,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, RoundPlan
-from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import RoundCallback
 from flower_app.strategies.cohort.base import CohortStrategy
 from flower_app.strategies.exchange import messages_to
 from flower_app.strategies.fedsm import FedSMRounds, checked_params, initial_set
@@ -129,23 +127,10 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
         lam: float = 0.0,
         progress_fn: Callable[[FedSMRun], float] | None = None,
         federated_evaluation: bool = False,
-        *,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
-        secure_aggregation: SecureAggregation | None = None,
-        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
-        discovery_timeout: float = 300.0,
-        node_return_wait: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-            checkpoint_fn=checkpoint_fn,
-            discovery_timeout=discovery_timeout,
-            node_return_wait=node_return_wait,
-        )
-        self.params = checked_params(params, k, seed, secure_aggregation)
+        super().__init__(**options)
+        self.params = checked_params(params, k, seed, self.secure_aggregation)
         self.k, self.seed = k, seed
         self.n_users, self.matroid = int(n_users), matroid
         self.n_elements = matroid.n_elements

@@ -17,7 +17,7 @@ evaluation. Their server math is re-implemented without Flower in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
@@ -52,8 +52,7 @@ from flower_app.algorithms.maxfl.appeal import (
 from flower_app.algorithms.maxfl.core import Q_MAX
 from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.algorithms.maxfl.server_rules import RULES, MWFedRule, rule_for
-from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import SUMMED_SENDER, RoundCallback
+from flower_app.strategies.base import SUMMED_SENDER
 from flower_app.strategies.cohort.base import CohortStrategy
 from flower_app.strategies.errors import InitialArraysError
 from flower_app.strategies.exchange import messages_to
@@ -297,23 +296,10 @@ class MaxFLCohorts(CohortStrategy):
         eval_every: int = 10,
         tuned_final: bool = True,
         dp: GaussianDP | None = None,
-        *,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
-        secure_aggregation: SecureAggregation | None = None,
-        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
-        discovery_timeout: float = 300.0,
-        node_return_wait: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-            checkpoint_fn=checkpoint_fn,
-            discovery_timeout=discovery_timeout,
-            node_return_wait=node_return_wait,
-        )
-        if dp is not None and secure_aggregation is None:
+        super().__init__(**options)
+        if dp is not None and self.secure_aggregation is None:
             raise ValueError(
                 "client-level DP (dp=) needs secure_aggregation: the clients add the noise, "
                 "so only a securely aggregated sum is private"
@@ -323,7 +309,7 @@ class MaxFLCohorts(CohortStrategy):
         self.dp = dp
         self.accountant = None if dp is None else GaussianAccountant(dp, sampler.n_seen)
         self._dp_sampled = 0
-        if secure_aggregation is not None and server.rule.reports_met:
+        if self.secure_aggregation is not None and server.rule.reports_met:
             raise ValueError(
                 f"{server.algorithm} does not support secure aggregation: its step needs "
                 "each client's 'met' (MW-Fed's multiplicative weights are per client)"
