@@ -282,7 +282,7 @@ class RoundStrategy(Strategy, ABC):
     def sent_users(self, node_id: int) -> int:
         """Return how many clients (users) the round's message to ``node_id`` stands for.
 
-        1 in plain mode; a cohort strategy returns the users it sampled on the node, so that
+        1 for a plain node; a cohort strategy returns the users it sampled on the node, so that
         ``users-missing`` and ``min_reply_fraction`` count users, not nodes.
         """
         return 1
