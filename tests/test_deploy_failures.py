@@ -37,7 +37,7 @@ import pytest
 from flower_app.config import AppConfig
 from flower_app.deploy.processes import process_tree
 from flower_app.experiment import run_direct
-from tests.deployment import BackgroundRun, data_root, rows
+from tests.support.deployment import BackgroundRun, data_root, rows
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]
 

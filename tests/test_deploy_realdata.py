@@ -20,7 +20,7 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from tests.deployment import data_root
+from tests.support.deployment import data_root
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]
 

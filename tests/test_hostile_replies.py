@@ -49,7 +49,6 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
@@ -76,6 +75,7 @@ from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 from flower_app.strategies.maxfl import MaxFLStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 # ---------------------------------------------------------------------------- the grid
 TIMING_KEYS = {"round-time", "wall-time"}

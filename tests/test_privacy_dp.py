@@ -36,7 +36,7 @@ from flower_app.privacy import SecureAggregation
 from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 from tests.test_secure_aggregation import N_USERS, M, _ratings
 
 

@@ -48,7 +48,7 @@ from flower_app.privacy.secagg_client import (
 )
 from flower_app.privacy.secagg_server import KeyBook, _neighbours
 from flower_app.privacy.shares import combine_seed, seed_commitment
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 
 FRAC = 24
 SIZES = [4, 5, 6, 8, 16]

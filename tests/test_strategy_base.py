@@ -16,7 +16,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
-from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.strategies.base import (
@@ -32,6 +31,7 @@ from flower_app.strategies.base import (
     to_metric_record,
 )
 from flower_app.strategies.discovery import discover_cohorts
+from tests.support.local_grid import LocalGrid
 
 
 def rec(**arrays: np.ndarray) -> ArrayRecord:

@@ -72,7 +72,7 @@ class InProcessSimulation:
         Where run folders go (``output-dir`` of every run).
     ray_address : str
         GCS address (``host:port``) of the Ray cluster the ClientApps run on (e.g.
-        :class:`flower_app.ray_cluster.LoopbackRayCluster`); its CPUs decide how many
+        :class:`tests.support.ray_cluster.LoopbackRayCluster`); its CPUs decide how many
         actors a run uses (one per ``client-resources-num-cpus``).
     project : pathlib.Path, optional
         The Flower app (default: this project); its ``pyproject.toml`` gives the
