@@ -112,7 +112,7 @@ def check_against_real_runs() -> None:
 
 def rewrite(folder: Path, name: str, spec: dict[str, Any]) -> None:
     """Rewrite ``<name>.csv`` / ``.md`` with the ε's of :func:`replay` (utility unchanged)."""
-    from flower_app.sweeps.privacy import GAUSSIAN_SWEEPS, _metric_table
+    from reproductions.privacy import GAUSSIAN_SWEEPS, _metric_table
 
     path = folder / f"{name}.csv"
     rows = list(csv.DictReader(path.read_text().splitlines()))

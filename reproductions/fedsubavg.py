@@ -31,10 +31,10 @@ sweep can be extended seed by seed (``--rerun`` runs everything again).
 
 Example::
 
-    python -m flower_app.sweeps.fedsubavg --dataset movielens-rating --data-dir /work/data \\
+    python -m reproductions.fedsubavg --dataset movielens-rating --data-dir /work/data \\
         --clients 50 10 30 --seeds 0 1 2 --rounds 200 --weightings clients samples \\
         --out benchmarks/results/fedsubavg
-    python -m flower_app.sweeps.fedsubavg --dataset synthetic-amazon --seeds 0 \\
+    python -m reproductions.fedsubavg --dataset synthetic-amazon --seeds 0 \\
         --eval-every 5 --out benchmarks/results/fedsubavg/amazon-standin
 """
 
@@ -56,7 +56,7 @@ from flower_app.algorithms.fedsubavg.core import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg import direct_run
 from flower_app.settings import SETTINGS, help_text
-from flower_app.sweeps import runnable_datasets
+from reproductions import runnable_datasets
 
 __all__ = [
     "DATASETS_RUN",

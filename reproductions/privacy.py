@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.sweeps import runnable_datasets
+from reproductions import runnable_datasets
 
 __all__ = ["DATASETS_RUN", "build_parser", "main"]
 

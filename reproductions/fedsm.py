@@ -1,6 +1,6 @@
 """FedSM Algorithm 1 sweeps over K, d and seeds, with tables and paper-style figures.
 
-The ``fedsm-sweep`` and ``plot`` commands of ``run_sim.py`` (:mod:`flower_app.sweeps.cli`).
+The ``fedsm-sweep`` and ``plot`` commands of ``run_sim.py`` (:mod:`reproductions.cli`).
 
 ``fedsm-sweep``
     Runs FedSM Algorithm 1 (Rafiey, Namani & Charalambides, 2025) for every (K, d, seed) of a
@@ -54,7 +54,7 @@ import pandas as pd
 from flower_app.config import MATROIDS, AppConfig, ConfigError
 from flower_app.settings import help_text
 from flower_app.simulation import LocalSimulation
-from flower_app.sweeps import runnable_datasets
+from reproductions import runnable_datasets
 
 __all__ = [
     "DATASETS_RUN",
@@ -737,7 +737,7 @@ def add_parsers(sub: Any) -> None:
     Parameters
     ----------
     sub : argparse._SubParsersAction
-        The subcommands of :func:`flower_app.sweeps.cli.build_parser`.
+        The subcommands of :func:`reproductions.cli.build_parser`.
     """
     sweep = sub.add_parser(
         "fedsm-sweep",

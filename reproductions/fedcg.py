@@ -2,9 +2,9 @@
 
 Two subcommands::
 
-    python -m flower_app.sweeps.fedcg run --preset movielens --data-dir /work/data \\
+    python -m reproductions.fedcg run --preset movielens --data-dir /work/data \\
         --out benchmarks/results/fedcg --jobs 2
-    python -m flower_app.sweeps.fedcg report --out benchmarks/results/fedcg
+    python -m reproductions.fedcg report --out benchmarks/results/fedcg
 
 ``run`` executes every (variant, k, seed) of a preset on the direct engine (the same code
 the Flower strategy calls; a test checks both engines agree) and appends one row per run to
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
-from flower_app.sweeps import data_overrides
+from reproductions import data_overrides
 
 __all__ = ["PRESETS", "Variant", "build_parser", "main"]
 

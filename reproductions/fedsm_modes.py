@@ -2,12 +2,12 @@
 
 Subcommands::
 
-    python -m flower_app.sweeps.fedsm_modes alg2-curve --dataset movielens --data-dir /work/data \\
+    python -m reproductions.fedsm_modes alg2-curve --dataset movielens --data-dir /work/data \\
         --k 200 --settings 1.0:200 --seeds 0 1 2 --out benchmarks/results/fedsm-alg2
-    python -m flower_app.sweeps.fedsm_modes amplification --dataset movielens \\
+    python -m reproductions.fedsm_modes amplification --dataset movielens \\
         --data-dir /work/data --k 20 --clients 0.01 --elements 0.1 --eta 0.1 --seeds 0 1 2 \\
         --out benchmarks/results/fedsm-amplification/movielens
-    python -m flower_app.sweeps.fedsm_modes report --out benchmarks/results/fedsm-alg2
+    python -m reproductions.fedsm_modes report --out benchmarks/results/fedsm-alg2
 
 ``alg2-curve`` runs Algorithm 2 (``fedsm-mode = alg2``) for every K:d setting, variant and
 seed, and writes ``curve.csv`` (one row per communication round: |S|, F(S), centralized
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
-from flower_app.sweeps import data_overrides, runnable_datasets
+from reproductions import data_overrides, runnable_datasets
 
 __all__ = ["ALG2_VARIANTS", "DATASETS_RUN", "build_parser", "main"]
 

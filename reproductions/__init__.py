@@ -1,6 +1,6 @@
 """Sweeps: many runs of one family, their CSV tables and plots (``run_sim.py``'s commands).
 
-:mod:`flower_app.sweeps.cli` is the command line; each family's module holds its sweep, its
+:mod:`reproductions.cli` is the command line; each family's module holds its sweep, its
 report and its options. A command offers, in ``--dataset``, exactly the datasets it can run:
 :func:`runnable_datasets` of its algorithm.
 """

@@ -21,7 +21,7 @@ command resumes an interrupted sweep.
 ``--out`` without running anything, e.g. while a sweep is still running or after it was
 interrupted. Examples::
 
-    python -m flower_app.sweeps.maxfl --setting table1 --algorithms maxfl fedavg mwfed \\
+    python -m reproductions.maxfl --setting table1 --algorithms maxfl fedavg mwfed \\
         --seeds 0 1 2 --grid maxfl-requirement=train,heldout --out benchmarks/results/maxfl/t1
     python run_sim.py maxfl report --out benchmarks/results/maxfl/t1
 """
