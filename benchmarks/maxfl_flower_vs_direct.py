@@ -25,6 +25,7 @@ from pathlib import Path
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
+from flower_app.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -77,7 +78,7 @@ def main() -> None:
             flower_wall = time.perf_counter() - t0
         finally:
             flower.stop()
-        rows_f = [json.loads(x) for x in (run.folder / "metrics.jsonl").read_text().splitlines()]
+        rows_f = read_rows(run.folder)
         summary_f = json.loads((run.folder / "summary.json").read_text())
         t0 = time.perf_counter()
         cfg = AppConfig.from_run_config(
@@ -85,10 +86,7 @@ def main() -> None:
         )
         summary_d = run_direct(cfg)
         direct_wall = time.perf_counter() - t0
-        rows_d = [
-            json.loads(x)
-            for x in (tmp / "runs" / f"direct-K{k}" / "metrics.jsonl").read_text().splitlines()
-        ]
+        rows_d = read_rows(tmp / "runs" / f"direct-K{k}")
         # the same direct run with the request's clients trained together (stacked MLPs)
         t0 = time.perf_counter()
         cfg_b = AppConfig.from_run_config(
@@ -97,12 +95,7 @@ def main() -> None:
         )  # fmt: skip
         summary_b = run_direct(cfg_b)
         batched_wall = time.perf_counter() - t0
-        rows_b = [
-            json.loads(x)
-            for x in (tmp / "runs" / f"direct-batched-K{k}" / "metrics.jsonl")
-            .read_text()
-            .splitlines()
-        ]
+        rows_b = read_rows(tmp / "runs" / f"direct-batched-K{k}")
         tf, td = statistics.mean(_round_times(rows_f)), statistics.mean(_round_times(rows_d))
         tb = statistics.mean(_round_times(rows_b))
         results.append(

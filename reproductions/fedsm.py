@@ -38,7 +38,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -52,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from flower_app.config import MATROIDS, AppConfig, ConfigError
+from flower_app.results import read_run
 from flower_app.settings import help_text
 from flower_app.simulation import LocalSimulation
 from reproductions import runnable_datasets
@@ -163,10 +163,10 @@ def rows_from_run_folder(
         Rows with the :data:`SWEEP_COLUMNS` except ``random-objective`` (filled in by the
         sweep). ``user-values``, ``bytes-up`` and ``wall-time`` are cumulative up to round k.
     """
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-    lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    metrics = [json.loads(line) for line in lines if line.strip()]
+    run = read_run(folder)
+    if run.summary is None:
+        raise ValueError(f"{folder}: no summary.json (the run did not finish)")
+    config, summary, metrics = run.config, run.summary, run.rows
     objective_by_k = summary["objective-by-k"]
     greedy_by_k = summary["greedy-by-k"]
     try:

@@ -86,9 +86,9 @@ def _run(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows(folder: str) -> list[dict[str, Any]]:
-    from flower_app.results import read_metrics
+    from flower_app.results import read_rows
 
-    return read_metrics(Path(folder))
+    return read_rows(folder)
 
 
 def _append(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:

@@ -54,6 +54,7 @@ import numpy as np
 
 from flower_app.algorithms.fedsubavg.core import ALGORITHM_NAMES, WEIGHTINGS
 from flower_app.config import AppConfig
+from flower_app.results import read_rows
 from flower_app.runners.fedsubavg import direct_run
 from flower_app.settings import SETTINGS, help_text
 from reproductions import runnable_datasets
@@ -405,9 +406,7 @@ def _write_curves(out: Path, runs: list[dict[str, Any]]) -> None:
         w = csv.writer(f)
         w.writerow(["algorithm", "weighting", "k", "seed", "round", *metrics])
         for r in runs:
-            lines = (Path(r["summary"]["run-folder"]) / "metrics.jsonl").read_text()
-            for line in lines.splitlines():
-                m = json.loads(line)
+            for m in read_rows(r["summary"]["run-folder"]):
                 if "train-loss" not in m:  # a round without an evaluation
                     continue
                 w.writerow([r["algorithm"], r["weighting"], r["k"], r["seed"],

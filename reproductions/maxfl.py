@@ -44,6 +44,7 @@ import numpy as np
 
 from flower_app.config import AppConfig, ConfigError
 from flower_app.registry import algorithms_of
+from flower_app.results import read_run
 from flower_app.settings import help_text
 
 __all__ = [
@@ -299,18 +300,6 @@ class RunRecord:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by an interruption
-    return rows
-
-
 def collect_runs(out: Path) -> tuple[list[RunRecord], list[str]]:
     """Read the run folders of the sweep in ``out`` and find its grid keys.
 
@@ -347,16 +336,15 @@ def collect_runs(out: Path) -> tuple[list[RunRecord], list[str]]:
         folder = runs_dir / name
         if not (folder / "config.json").is_file():
             continue  # not started yet
-        config = json.loads((folder / "config.json").read_text())
-        summary_path = folder / "summary.json"
+        run = read_run(folder)
         runs.append(
             RunRecord(
                 name=name,
-                algorithm=str(config["algorithm"]),
-                seed=int(config["seed"]),
-                config=config,
-                rows=_read_rows(folder / "metrics.jsonl"),
-                summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None,
+                algorithm=str(run.config["algorithm"]),
+                seed=int(run.config["seed"]),
+                config=run.config,
+                rows=run.rows,
+                summary=run.summary,
             )
         )
     if not runs:

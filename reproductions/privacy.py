@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_app.results import read_rows
 from reproductions import runnable_datasets
 
 __all__ = ["DATASETS_RUN", "build_parser", "main"]
@@ -62,8 +62,7 @@ def _run(config: dict[str, Any]) -> dict[str, Any]:
 
     summary = run_direct(AppConfig.from_run_config(config))
     folder = Path(summary["run-folder"])
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r.get("server-round", 0) >= 1]
+    rows = [r for r in read_rows(folder) if r.get("server-round", 0) >= 1]
     last = rows[-1] if rows else {}
     eps = float(config.get("fedsm-dp-epsilon", 0.0))
     return {
@@ -230,7 +229,7 @@ def gaussian_dp(args: argparse.Namespace, family: str) -> int:
                                f"{prefix}-dp-clip": args.clip, f"{prefix}-dp-delta": args.delta})
             summary = run_direct(AppConfig.from_run_config(config))
             folder = Path(summary["run-folder"])
-            last = json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
+            last = read_rows(folder)[-1]
             final = summary.get(spec["nested"], {}) if spec["nested"] else summary
             row = {
                 "dataset": args.dataset, "algorithm": args.algorithm,

@@ -25,7 +25,7 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from flower_app.results import read_metrics
+from flower_app.results import read_rows
 from flower_app.runners.fedsubavg import direct_run as fedsubavg_direct_run
 from reproductions.fedcg import PRESETS as FEDCG_PRESETS
 from reproductions.fedsm_modes import ALG2_VARIANTS
@@ -201,7 +201,7 @@ def _alg2_runs(tmp_path: Path, variant: str, clients: float, pairs: int) -> list
             },
             f"alg2-{len(runs)}-s{seed}",
         )
-        runs.append((summary, read_metrics(Path(summary["run-folder"]))))
+        runs.append((summary, read_rows(Path(summary["run-folder"]))))
     return runs
 
 
