@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 
 from reproductions import fedsm
+from reproductions.sweep import run_command
 
 __all__ = ["FAMILY_SWEEPS", "build_parser", "main"]
 
@@ -101,6 +102,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in FAMILY_SWEEPS:
         module = importlib.import_module(FAMILY_SWEEPS[argv[0]][0])
         return int(module.main(argv[1:]) or 0)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return fedsm.run_command(args, parser)
+    return run_command(build_parser(), fedsm.run_command, argv)
