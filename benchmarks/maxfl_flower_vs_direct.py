@@ -8,8 +8,7 @@ process, and records the mean time of rounds 2..T−1 (round 1 carries Ray's sta
 the evaluation), the ratio, and whether both engines ended with the same model. Results go to
 ``results.json`` / ``results.md`` in ``--out``. Run it niced on a shared machine::
 
-    nice -n 10 /work/venv/bin/python benchmarks/maxfl_flower_vs_direct.py \\
-        --data-dir /work/shared/data
+    nice -n 10 python benchmarks/maxfl_flower_vs_direct.py --data-dir /work/data
 """
 
 from __future__ import annotations

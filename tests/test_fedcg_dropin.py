@@ -1,4 +1,4 @@
-"""FedCG / FedCG+ / federated discrete greedy as drop-in strategies (issue 11).
+"""FedCG / FedCG+ / federated discrete greedy as drop-in strategies in a user's ServerApp.
 
 Plain mode (one node = one client, a user-style ClientApp with the helpers of
 ``flower_app.clients.fedcg``) over the in-process grid: the same x and S as the direct

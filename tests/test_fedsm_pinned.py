@@ -1,4 +1,4 @@
-"""Seeded FedSM results recorded BEFORE the strategy moved onto RoundStrategy (issue 11).
+"""Seeded FedSM results recorded BEFORE the strategy moved onto the shared RoundStrategy loop.
 
 The recorded reproductions (docs/reproductions/fedsm-*.md) need MovieLens-1M and minutes;
 these small runs were computed with the old hand-written ``start()`` loop and must not

@@ -1,4 +1,4 @@
-"""Hostile replies (issue 12, item 6): every strategy's train-reply decoder, fuzzed.
+"""Hostile replies: every strategy's train-reply decoder, fuzzed.
 
 For each strategy and mode a real run goes over the in-process grid; in round 1 or 2 the
 train reply of ONE node (the first one sent a train message that round) is replaced by a

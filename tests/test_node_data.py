@@ -1,5 +1,5 @@
 """Node-local data: export per-node files + manifest; nodes read only their file; a server
-with ``server-data = "none"`` reads no client data and picks the same S (issue 12, item 1)."""
+with ``server-data = "none"`` reads no client data and picks the same S."""
 
 from __future__ import annotations
 

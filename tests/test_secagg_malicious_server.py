@@ -276,10 +276,10 @@ def test_an_honest_session_sums_exactly_and_the_recovery_needs_the_pair_keys() -
 @pytest.mark.parametrize("claim", ["missing-share", "dead-list"])
 @pytest.mark.parametrize("neighbourhood", ["default", "everyone"])
 def test_inconsistent_dropout_claims_are_refused(n: int, claim: str, neighbourhood: str) -> None:
-    """Issue 26's attack: tell X and threshold - 1 neighbours "X is active" and the other
-    neighbours "X dropped out", with the default plan's neighbourhoods and with every node
-    as neighbour (announced as such: an unannounced oversized list is refused earlier, see
-    below). The lied-to neighbours refuse; no reply is recoverable."""
+    """The inconsistent-dropout attack: tell X and threshold - 1 neighbours "X is active" and
+    the other neighbours "X dropped out", with the default plan's neighbourhoods and with
+    every node as neighbour (announced as such: an unannounced oversized list is refused
+    earlier, see below). The lied-to neighbours refuse; no reply is recoverable."""
     fed = Federation(n)
     fed.setup()
     plan = (n, n // 2 + 1) if neighbourhood == "everyone" else None
