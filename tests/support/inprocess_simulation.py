@@ -15,8 +15,8 @@ Flower's in-memory link state and grid as in ``flwr-simulation``.
 
 What this does not exercise is the ``flwr run`` command itself (FAB build, SuperLink,
 status): :class:`flower_app.simulation.LocalSimulation` does, and the tests that check it
-use that. ``_run_simulation`` is Flower's internal API (flwr 1.41-1.42); a Flower upgrade
-that changes it makes every test using this fail at once, not silently.
+use that. ``_run_simulation`` is Flower's internal API (flwr 1.42, the pinned version); a
+Flower upgrade that changes it makes every test using this fail at once, not silently.
 """
 
 from __future__ import annotations
