@@ -82,6 +82,7 @@ def replay(family: str, n: int, k: int, rounds: int, seed: int, sigma: float) ->
 def check_against_real_runs() -> None:
     """The replay gives the ε that small direct-engine runs record themselves."""
     from flower_app.experiment import run_direct
+    from flower_app.results import read_rows
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
@@ -99,10 +100,10 @@ def check_against_real_runs() -> None:
                                              f"{prefix}-dp-clip": CLIP, f"{prefix}-dp-delta": DELTA,
                                              "output-dir": tmp, "run-name": family})  # fmt: skip
             run_direct(cfg)
-            lines = (Path(tmp) / family / "metrics.jsonl").read_text().splitlines()
-            last = [r for r in map(json.loads, lines) if "dp-epsilon" in r][-1]
+            rows = [r for r in read_rows(Path(tmp) / family) if "dp-epsilon" in r]
+            last = rows[-1]
             n = config["num-users"]
-            k, rounds = config["clients-per-round"], len([ln for ln in lines if "dp-epsilon" in ln])
+            k, rounds = config["clients-per-round"], len(rows)
             got = replay(family, n, k, rounds, 3, 0.7)
             for key in ("dp-epsilon", "dp-epsilon-outsider", "dp-rounds-worst-client"):
                 if got[key] != last[key]:
@@ -112,7 +113,7 @@ def check_against_real_runs() -> None:
 
 def rewrite(folder: Path, name: str, spec: dict[str, Any]) -> None:
     """Rewrite ``<name>.csv`` / ``.md`` with the ε's of :func:`replay` (utility unchanged)."""
-    from flower_app.sweeps.privacy import GAUSSIAN_SWEEPS, _metric_table
+    from reproductions.privacy import GAUSSIAN_SWEEPS, _metric_table
 
     path = folder / f"{name}.csv"
     rows = list(csv.DictReader(path.read_text().splitlines()))

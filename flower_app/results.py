@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ import numpy as np
 __all__ = [
     "CHECKPOINT",
     "ResumeError",
+    "RunFolder",
     "RunWriter",
-    "read_metrics",
+    "read_rows",
+    "read_run",
     "run_session",
     "to_jsonable",
 ]
@@ -293,18 +296,146 @@ class RunWriter:
 
 
 def _complete_rows(folder: Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl`` without a last line cut short by a crash."""
+    """Return the rows a resumed run keeps: :func:`read_rows` (a cut last line left out)."""
+    return read_rows(folder)
+
+
+def _row(line: bytes) -> dict[str, Any] | str:
+    """Return the JSON object of one line of ``metrics.jsonl``, or why it is not one."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 ({err.reason})"
+    except json.JSONDecodeError as err:
+        return f"not JSON ({err.msg})"
+    return row if isinstance(row, dict) else "not a JSON object"
+
+
+def read_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Return the rows of a run folder's ``metrics.jsonl``, one dict per logged round.
+
+    The one rule for a file an interrupted run left: the writer appends each round as one
+    JSON object and its newline in a single write, so only the *last* line can be cut,
+    and a cut line has no newline. Hence
+
+    * a last line without a newline that is not a whole JSON object is a row cut mid-write:
+      it is left out (the run logged the rounds before it); a last line without a newline
+      that is a whole object is kept (only its newline was lost);
+    * any other line that is not a JSON object (in the middle of the file, or a last line
+      that ends with its newline) means the file is corrupt: :class:`ValueError` names the
+      file and the line;
+    * blank lines are skipped, and a folder without ``metrics.jsonl`` has no rows.
+
+    Parameters
+    ----------
+    folder : str or pathlib.Path
+        The run folder.
+
+    Returns
+    -------
+    list of dict
+        The rows, in the file's order.
+
+    Raises
+    ------
+    ValueError
+        If a line other than an unterminated last one is not a JSON object.
+    """
     path = Path(folder) / "metrics.jsonl"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    cut = lines.pop()  # the text after the last newline: b"" unless the last line was cut
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = _row(line)
+        if isinstance(row, str):
+            raise ValueError(
+                f"{path}: line {number}: {row}: the file is corrupt (only a last line "
+                "without its newline is a row cut by an interruption)"
+            )
+        rows.append(row)
+    if cut.strip() and isinstance(row := _row(cut), dict):
+        rows.append(row)
     return rows
 
 
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    """Read ``metrics.jsonl`` of a run folder (one dict per round)."""
-    lines = (Path(folder) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def _read_object(path: Path) -> dict[str, Any]:
+    """Return the JSON object in ``path`` (``config.json``, ``summary.json``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (is {path.parent} a run folder?)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What a run folder holds, as :func:`read_run` reads it.
+
+    Attributes
+    ----------
+    folder : pathlib.Path
+        The run folder.
+    config : dict
+        ``config.json``.
+    rows : list of dict
+        ``metrics.jsonl``, one dict per logged round (:func:`read_rows`).
+    summary : dict or None
+        ``summary.json``; None while the run has not finished (or was interrupted).
+    """
+
+    folder: Path
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        """The folder's name (the run's ``run-name``)."""
+        return self.folder.name
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run wrote its ``summary.json``."""
+        return self.summary is not None
+
+
+def read_run(folder: str | Path) -> RunFolder:
+    """Read a run folder: ``config.json``, the rows of ``metrics.jsonl``, ``summary.json``.
+
+    Parameters
+    ----------
+    folder : str or pathlib.Path
+        The run folder, finished or not.
+
+    Returns
+    -------
+    RunFolder
+        Its configuration, rows (:func:`read_rows`: the rule for a cut last line) and
+        summary (None without ``summary.json``).
+
+    Raises
+    ------
+    ValueError
+        If ``config.json`` is missing, a file is not JSON, or ``metrics.jsonl`` has a
+        corrupt line (the file and line named).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder")
+    summary = folder / "summary.json"
+    return RunFolder(
+        folder=folder,
+        config=_read_object(folder / "config.json"),
+        rows=read_rows(folder),
+        summary=_read_object(summary) if summary.exists() else None,
+    )

@@ -1,6 +1,6 @@
 """The edge-device rehearsal: TLS, SuperNode authentication and a database, nodes as devices.
 
-The session's rehearsal (``tests/deployment.py``): ``flower-superlink --ssl-*
+The session's rehearsal (``tests/support/deployment.py``): ``flower-superlink --ssl-*
 --enable-supernode-auth --database``, keys registered with ``flwr supernode register``, 3
 ``flower-supernode --root-certificates --auth-supernode-private-key`` processes, each in its
 own network namespace with its own address, its own folder holding only its exported file,

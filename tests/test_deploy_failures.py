@@ -1,6 +1,6 @@
 """Failures on the edge-device rehearsal: nodes killed and restarted, the SuperLink killed.
 
-The session's 2-node rehearsal (``rehearsal_pair``, ``tests/deployment.py``), each SuperNode
+The session's 2-node rehearsal (``rehearsal_pair``, ``tests/support/deployment.py``), each SuperNode
 holding only its exported MovieLens-1M file, FedSM with ``server-data='none'`` through ``flwr
 run``:
 
@@ -37,7 +37,7 @@ import pytest
 from flower_app.config import AppConfig
 from flower_app.deploy.processes import process_tree
 from flower_app.experiment import run_direct
-from tests.deployment import BackgroundRun, data_root, rows
+from tests.support.deployment import BackgroundRun, data_root, rows
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]
 

@@ -15,7 +15,6 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
 from flower_app.algorithms.maxfl.core import aggregation_weight, maxfl_update
@@ -30,6 +29,7 @@ from flower_app.strategies.errors import (
     MissingHandlerError,
 )
 from flower_app.strategies.maxfl import MaxFLStrategy
+from tests.support.local_grid import LocalGrid
 
 DIM = 4
 

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from flower_app import process_sweep, procfs
+from flower_app import procfs
+from tests.support import process_sweep
 
 TESTS = Path(__file__).resolve().parent
 

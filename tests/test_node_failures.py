@@ -32,7 +32,7 @@ from flower_app.strategies import (
 )
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M
 
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from flower_app import process_sweep, procfs
+from flower_app import procfs
 from flower_app.deploy.isolation import Cgroup, Devices, Host, Support, probe, remove_stale
+from tests.support import process_sweep
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +100,8 @@ def _by_new_devices(dead: int) -> None:
 
 def _by_watchdog(dead: int) -> None:
     """The test run's watchdog, its owner being the exited process (returns at once)."""
-    cmd = [sys.executable, "-m", "flower_app.process_sweep", "--token",
-           process_sweep.new_token(), "--after", str(dead)]  # fmt: skip
+    cmd = [sys.executable, process_sweep.__file__, "--token", process_sweep.new_token(),
+           "--after", str(dead)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
