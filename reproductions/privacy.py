@@ -250,20 +250,24 @@ def gaussian_dp(args: argparse.Namespace, family: str) -> None:
 def _metric_table(rows: list[dict[str, Any]], args: argparse.Namespace, keys: list[str]) -> str:
     """Return a Markdown table of ``keys`` (mean ± sd over seeds) per σ, with the ε's.
 
-    ε against the server (the worst client over the rounds it took part in, no
-    amplification; with the worst client's rounds) first, then against outsiders
-    (amplified by sampling).
+    ε against the server as the nodes verify it (the worst client's own noise shares, no
+    amplification), then the figure if every other client is honest (with the worst
+    client's rounds), then against outsiders (amplified by sampling).
     """
     header = [f"σ (clip C = {args.clip:g})", "seeds",
-              f"ε vs server at δ = {args.delta:g} (worst client's rounds)", "ε vs outsiders",
+              f"ε vs server at δ = {args.delta:g} (each client's own share)",
+              "ε if the other clients are honest (worst client's rounds)", "ε vs outsiders",
               *keys]  # fmt: skip
     body = []
     for noise, group in group_by(rows, "noise").items():
-        server, outsider = "∞ (no DP)", "∞"
+        server, honest, outsider = "∞ (no DP)", "∞", "∞"
         if noise != "none":
             eps = statistics.mean(float(r["dp-epsilon"]) for r in group)
-            worst = statistics.mean(float(r["dp-rounds-worst-client"]) for r in group)
-            server = f"{eps:,.1f} ({worst:.1f})"
+            server = f"{eps:,.1f}"
+            if all(r.get("dp-epsilon-honest-peers") not in (None, "") for r in group):
+                peers = statistics.mean(float(r["dp-epsilon-honest-peers"]) for r in group)
+                worst = statistics.mean(float(r["dp-rounds-worst-client"]) for r in group)
+                honest = f"{peers:,.1f} ({worst:.1f})"
             outsider = f"{statistics.mean(float(r['dp-epsilon-outsider']) for r in group):,.1f}"
         cells = []
         for key in keys:
@@ -271,7 +275,7 @@ def _metric_table(rows: list[dict[str, Any]], args: argparse.Namespace, keys: li
             sd = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.4f} ± {sd:.4f}")
         name = "no DP" if noise == "none" else f"{noise:g}"
-        body.append([name, len(group), server, outsider, *cells])
+        body.append([name, len(group), server, honest, outsider, *cells])
     lines = markdown_table(header, body)
     if args.reproducible_noise:
         lines += ["", NOTE_REPRODUCIBLE]
