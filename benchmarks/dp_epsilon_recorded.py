@@ -19,8 +19,9 @@ draws it).
 With ``--rewrite DIR`` it also rewrites the sweeps' ``<name>.csv`` and ``<name>.md`` in DIR:
 ``dp-epsilon`` becomes the figure against the server, ``dp-epsilon-honest-peers``,
 ``dp-epsilon-outsider`` and ``dp-rounds-worst-client`` are added, the figure recorded
-before is kept as ``dp-epsilon-amplified-uncapped``, and every DP row is marked ``reproducible-noise`` (the
-sweeps ran with noise keyed by the seed, now the research mode ``dp-reproducible-noise``).
+before is kept as ``dp-epsilon-amplified-uncapped``, and every DP row is marked
+``reproducible-noise`` (the sweeps ran with noise keyed by the seed, now the research mode
+``dp-reproducible-noise``).
 
 Usage::
 
