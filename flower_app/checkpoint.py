@@ -37,11 +37,14 @@ a restored value shares what the saved one shared (e.g. a FedSM run's generator 
 inner server's). A cycle is refused when writing.
 
 Objects that are not plain data are stored only if their exact type is registered: a name
-(not a module path) with a ``to_plain``/``from_plain`` pair. Reading never imports a module
-named by the file, never evaluates anything from it and never unpickles: an unknown tag or
-type name, an object array, a file of another format or of a newer version, a truncated or
-corrupt archive, all raise :class:`CheckpointError` naming the file and what is wrong. The
-types of flower_app's own server states are listed in :mod:`flower_app.checkpoint_types`.
+(not a module path) with a ``to_plain``/``from_plain`` pair. The types of flower_app's own
+server states are listed in :mod:`flower_app.checkpoint_types`, by family (``fedsm.*``,
+``maxfl.*``, ...): a name of a known family loads that family's entries (imports of
+flower_app's own modules, written in that list), any other name is unknown. Reading never
+imports a module the file names, never evaluates anything from it and never unpickles: an
+unknown tag or type name, an object array, a compressed member, a file of another format or
+of a newer version, a truncated or corrupt archive, all raise :class:`CheckpointError`
+naming the file and what is wrong.
 
 Writing (:func:`write_checkpoint`) encodes the whole value first (an unstorable value leaves
 the previous checkpoint as it was), writes a temporary file beside the target, optionally
@@ -104,6 +107,8 @@ _BIT_GENERATORS: dict[str, type[np.random.BitGenerator]] = {
 _ARRAY_NAME = re.compile(r"a[0-9]+")
 #: how a zip archive (an npz) starts
 _ZIP_MAGIC = b"PK\x03\x04"
+#: how members are stored (as they are, as ``numpy.savez`` does)
+_STORED = zipfile.ZIP_STORED
 #: a fixed member time: the same value gives the same bytes
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -737,7 +742,7 @@ def _check_header(document: Any, source: str) -> None:
 # ----------------------------------------------------------------------------- files
 def _write_archive(fh: IO[bytes], document: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     text = json.dumps(document, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with zipfile.ZipFile(fh, "w", compression=_STORED, allowZip64=True) as zf:
         zf.writestr(zipfile.ZipInfo(DOCUMENT, _ZIP_TIME), text.encode("utf-8"))
         for name, arr in arrays.items():
             with zf.open(zipfile.ZipInfo(name + ".npy", _ZIP_TIME), "w", force_zip64=True) as out:
@@ -771,6 +776,13 @@ def _read_archive(fh: IO[bytes], source: str) -> Any:
             if DOCUMENT not in names:
                 raise CheckpointError(
                     f"{source} is not a flower_app checkpoint (no {DOCUMENT} in it)", "foreign"
+                )
+            packed = sorted(i.filename for i in zf.infolist() if i.compress_type != _STORED)
+            if packed:  # this module stores members as they are: nothing to inflate
+                raise CheckpointError(
+                    f"{source}: compressed members {packed[:3]} (flower_app stores them "
+                    "uncompressed)",
+                    "invalid",
                 )
             text = zf.read(DOCUMENT).decode("utf-8")
             document = json.loads(text, parse_constant=_reject_constant)

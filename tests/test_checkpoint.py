@@ -355,9 +355,10 @@ class _Mkdir:
         return os.mkdir, (self.path,)
 
 
-def _archive(document: Any, members: dict[str, bytes] | None = None) -> bytes:
+def _archive(document: Any, members: dict[str, bytes] | None = None, compress=False) -> bytes:
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as zf:
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buffer, "w", method) as zf:
         zf.writestr(checkpoint.DOCUMENT, json.dumps(document))
         for name, data in (members or {}).items():
             zf.writestr(name, data)
@@ -422,6 +423,7 @@ def test_an_unknown_tag_or_content_that_does_not_fit_is_refused(tmp_path, root, 
         (b"", "unreadable", "is unreadable"),
         (b"{}", "foreign", r"starts with b'\{\}', not as a zip archive does"),
         (b"PK", "unreadable", "cut short"),
+        (_archive(_document(1), compress=True), "invalid", r"compressed members \['checkpoint"),
         (b"PK\x03\x04" + b"\0" * 40, "unreadable", "is unreadable"),
     ],
 )
