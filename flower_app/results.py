@@ -222,7 +222,8 @@ class RunWriter:
                 "reached the disk: start the run again without 'resume'",
                 "newer": "finish it with the newer version, or start the run again without "
                 "'resume'",
-            }.get(ex.kind, "start the run again without 'resume'")
+            }.get(ex.kind, "finish the run with the flower_app version that wrote it, or "
+                  "start it again without 'resume'")
             raise ResumeError(f"resume: {ex}; {advice}") from ex
         if not isinstance(payload, dict) or "server-round" not in payload:
             raise ResumeError(

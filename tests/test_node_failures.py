@@ -371,8 +371,8 @@ class _CrashAfterRound(LocalGrid):
     def push_messages(self, messages):
         messages = list(messages)
         train = any(m.metadata.message_type.split(".")[0] == "train" for m in messages)
-        done = self.checkpoint.exists() and checkpoint.read_checkpoint(self.checkpoint)
-        if train and done and done["server-round"] >= self.round:
+        saved = train and self.checkpoint.exists() and checkpoint.read_checkpoint(self.checkpoint)
+        if saved and saved["server-round"] >= self.round:
             raise _Crash
         return super().push_messages(messages)
 
