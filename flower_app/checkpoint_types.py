@@ -7,10 +7,12 @@ class to another module changes nothing in the files; renaming or removing one o
 dataclass fields makes older checkpoints fail to load with a message naming the fields.
 
 Small value types convert through their constructor, so reading checks them as creating
-them does: the DP settings and the accountant (:mod:`flower_app.algorithms.common.gaussian_dp`)
-and the matroids. The server states (many attributes, generators among them) are stored as
-their attributes (:func:`flower_app.checkpoint.attribute_type`): the object read back is the
-one saved, with no constructor re-run (it would reseed the generators).
+them does: the DP settings (:class:`~flower_app.algorithms.common.gaussian_dp.GaussianDP`,
+all its fields) and the matroids. The server states and the DP accountant (many attributes,
+generators among them, and new ones as the algorithms grow) are stored as their attributes
+(:func:`flower_app.checkpoint.attribute_type`): the object read back is the one saved, with
+no constructor re-run (it would reseed the generators), and an attribute added to a class is
+stored without a change here.
 
 A class missing here cannot be checkpointed: writing names it and its place in the state.
 The types are grouped by family (:data:`FAMILIES`), and a family's modules are imported only
@@ -19,47 +21,25 @@ when a state to write or a file to read holds one of its types.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from flower_app.checkpoint import CheckpointType, attribute_type
 
 __all__ = ["FAMILIES"]
 
 
-def _gaussian_dp() -> CheckpointType:
-    from flower_app.algorithms.common.gaussian_dp import GaussianDP
+def _dp() -> list[CheckpointType]:
+    from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP
 
-    def to_plain(dp: GaussianDP) -> dict[str, Any]:
-        return {"noise_multiplier": dp.noise_multiplier, "clip": dp.clip, "delta": dp.delta,
-                "reproducible": dp.reproducible}  # fmt: skip
+    def dp_to_plain(dp: GaussianDP) -> dict[str, Any]:
+        return {f.name: getattr(dp, f.name) for f in dataclasses.fields(dp)}
 
-    return CheckpointType("dp.GaussianDP", GaussianDP, to_plain, lambda p: GaussianDP(**p))
-
-
-def _gaussian_accountant() -> CheckpointType:
-    from flower_app.algorithms.common.gaussian_dp import GaussianAccountant
-
-    def to_plain(acc: GaussianAccountant) -> dict[str, Any]:
-        return {
-            "dp": acc.dp, "population": acc.population, "precision": acc.precision,
-            "rounds": acc.rounds,
-            "events": [[int(k), float(sigma), int(n)] for (k, sigma), n in acc.events.items()],
-        }  # fmt: skip
-
-    def from_plain(plain: dict[str, Any]) -> GaussianAccountant:
-        acc = GaussianAccountant(plain["dp"], plain["population"])
-        precision = np.asarray(plain["precision"], dtype=np.float64)
-        rounds = np.asarray(plain["rounds"], dtype=np.int64)
-        if precision.shape != acc.precision.shape or rounds.shape != acc.rounds.shape:
-            raise ValueError(f"per-client arrays do not have the population {acc.population}")
-        acc.precision, acc.rounds = precision, rounds
-        acc.events = {(int(k), float(sigma)): int(n) for k, sigma, n in plain["events"]}
-        return acc
-
-    return CheckpointType("dp.GaussianAccountant", GaussianAccountant, to_plain, from_plain)
+    # the settings through their constructor (it checks them); the accountant as its
+    # attributes (per-client sums and the events so far: whatever it keeps)
+    return [CheckpointType("dp.GaussianDP", GaussianDP, dp_to_plain, lambda p: GaussianDP(**p)),
+            attribute_type("dp.GaussianAccountant", GaussianAccountant)]  # fmt: skip
 
 
 def _matroids() -> list[CheckpointType]:
@@ -125,10 +105,6 @@ def _fedsubavg() -> list[CheckpointType]:
 
     return _attributes("fedsubavg", ClientSampler, SubmodelAveraging, ServerAdam,
                        ScaffoldApprox, AdamConfig)  # fmt: skip
-
-
-def _dp() -> list[CheckpointType]:
-    return [_gaussian_dp(), _gaussian_accountant()]
 
 
 def _attributes(family: str, *classes: type) -> list[CheckpointType]:
