@@ -113,6 +113,7 @@ def test_nodes_are_separate_limited_devices_and_secure_aggregation_matches_direc
     assert len(metrics) == FEDSM["k"]
     for t, row in enumerate(metrics):
         assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 3
+        assert row["secagg-nodes-endorsed"] == row["secagg-nodes"]  # no node trusted first use
         assert row["secagg-sessions"] == 1 and row["secagg-bytes-up"] > 0
         setup = row["nodes"] if t == 0 else 0  # keys once per run
         assert row["secagg-messages"] == 2 * (setup + row["nodes"] + row["secagg-unmask-nodes"])

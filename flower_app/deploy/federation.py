@@ -57,6 +57,7 @@ from flower_app.deploy.processes import (
     write_connection,
 )
 from flower_app.deploy.supervisor import Death, Supervisor, stop_marked
+from flower_app.privacy.ledger import LEDGER_FILE
 from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 from flower_app.simulation import FlwrRun, LocalSimulation
 
@@ -314,6 +315,8 @@ class SecureFederation:
             "partition-id": index,
             "num-partitions": self.num_nodes,
             **self.secagg_config(index),
+            # the node's privacy ledger on its own disk: one budget across every run
+            LEDGER_FILE: str((folder / "privacy-ledger.json").resolve()),
             **node_config,
         }
         cmd = supernode_command(
