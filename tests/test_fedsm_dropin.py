@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.modes import run_direct as run_modes
@@ -34,6 +33,7 @@ from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.greedy import greedy
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 N, M = 24, 30
 

@@ -17,7 +17,6 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.supercore.task_identity import TaskIdentity
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedsubavg.core import FeatureHeat, LocalConfig, make_server_update
 from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
@@ -26,6 +25,7 @@ from flower_app.registry import load_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.discovery import discover_cohorts
+from tests.support.local_grid import LocalGrid
 
 SMALL = {
     "algorithm": "fedsubavg",

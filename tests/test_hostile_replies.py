@@ -1,4 +1,4 @@
-"""Hostile replies (issue 12, item 6): every strategy's train-reply decoder, fuzzed.
+"""Hostile replies: every strategy's train-reply decoder, fuzzed.
 
 For each strategy and mode a real run goes over the in-process grid; in round 1 or 2 the
 train reply of ONE node (the first one sent a train message that round) is replaced by a
@@ -49,7 +49,6 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
@@ -85,6 +84,7 @@ from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 from flower_app.strategies.maxfl import MaxFLStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 # ---------------------------------------------------------------------------- the grid
 TIMING_KEYS = {"round-time", "wall-time"}

@@ -2,8 +2,8 @@
 
 The ClientApp below is what a user writes: a FedAvg app (named arrays in, named arrays and
 ``num-examples`` out) plus the helpers of :mod:`flower_app.clients.maxfl`. Each of
-Flower's ``start()`` conventions is checked over the in-process grid; cohort mode
-(``cohorts=True``) still gives the recorded seeded model of the reproductions' engine.
+Flower's ``start()`` conventions is checked over the in-process grid; the runners' cohort
+class (``MaxFLCohorts``) still gives the recorded seeded model of the reproductions' engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
 from flower_app.algorithms.maxfl.appeal import AppealServer
@@ -33,6 +32,7 @@ from flower_app.strategies.errors import (
     MissingHandlerError,
 )
 from flower_app.strategies.maxfl import MaxFLStrategy
+from tests.support.local_grid import LocalGrid
 
 DIM = 4
 

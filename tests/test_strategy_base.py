@@ -16,7 +16,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
-from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.strategies.base import RoundStrategy
@@ -30,6 +29,7 @@ from flower_app.strategies.errors import (
 from flower_app.strategies.exchange import TTL_MARGIN, expire_after
 from flower_app.strategies.records import check_initial_arrays, to_metric_record
 from flower_app.strategies.sampling import sample_nodes
+from tests.support.local_grid import LocalGrid
 
 
 def rec(**arrays: np.ndarray) -> ArrayRecord:

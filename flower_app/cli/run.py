@@ -5,7 +5,7 @@ gives this ``FLWR_HOME`` its own local SuperLink ports (:func:`local_ports`), wr
 run`` and folds a failure into one line with the path of the full log; ``stop`` stops
 exactly the local SuperLink of one ``FLWR_HOME``.
 
-Flower facts this module works around (flwr 1.41/1.42):
+Flower facts this module works around (flwr 1.42):
 
 - ``flwr run --stream`` exits 0 when the run fails; the run's real outcome is its status in
   ``flwr ls`` (``finished:completed``, ``finished:failed``, ``finished:stopped``) with the

@@ -108,7 +108,7 @@ _DECLARED = (
     ),
     Setting(
         "resume", "bool", False, _COMMON,
-        "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
+        "continue the interrupted run in output-dir/run-name from its checkpoint.npz "
         "(same run_config; every federated algorithm on flwr run, server-data full or none); "
         "finished rounds are not redone",
     ),

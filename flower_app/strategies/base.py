@@ -318,10 +318,13 @@ class RoundStrategy(Strategy, ABC):
         """
 
     def checkpoint_state(self) -> Any:
-        """Return the server-side state to resume from after a round (picklable).
+        """Return the server-side state to resume from after a round.
 
         A resumable strategy (``resumable = True``) returns everything its next round
-        depends on besides the arrays (e.g. FedSM's run: S so far, its random generator).
+        depends on besides the arrays (e.g. FedSM's run: S so far, its random generator),
+        as a run folder's checkpoint can store it: plain data, numpy arrays and generators,
+        and objects of the types registered in :mod:`flower_app.checkpoint_types` (an own
+        strategy registers its own with :func:`flower_app.checkpoint.register_type`).
         """
         raise NotImplementedError(f"{type(self).__name__} is not resumable")
 

@@ -21,6 +21,7 @@ from flwr.app import Message
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 
+from flower_app.privacy.ledger import NODE_PRIVACY_RECORD, RELEASE_KEYS
 from flower_app.strategies.errors import MissingHandlerError
 
 __all__ = [
@@ -60,6 +61,9 @@ class CheckedReplies:
         ``failed``: a node worth asking again, unlike one whose reply was malformed).
     silent : list of int
         The asked nodes that did not reply (a subset of ``failed``).
+    node_privacy : dict of int to dict
+        The clear ``"node-privacy"`` figures of the nodes that sent them (each node's own
+        privacy ledger, :mod:`flower_app.privacy.ledger`).
     """
 
     accepted: list[tuple[int, Any]] = field(default_factory=list)
@@ -69,6 +73,7 @@ class CheckedReplies:
     failed: dict[int, str] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     silent: list[int] = field(default_factory=list)
+    node_privacy: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def left_out(self) -> int:
@@ -157,6 +162,16 @@ def check_replies(
                 raise ValueError(f"client error: {reason}")
             if src not in expected:
                 raise ValueError("reply from a node that was not sent anything")
+            metrics = reply.content.metric_records.get("metrics")
+            if metrics is not None and RELEASE_KEYS[0] in metrics:
+                raise ValueError(
+                    "the reply declares a differentially private release that no privacy mod "
+                    "charged: the node's ClientApp lacks flower_app.privacy."
+                    "secure_aggregation_mod, which keeps the node's privacy budget"
+                )
+            figures = reply.content.metric_records.get(NODE_PRIVACY_RECORD)
+            if figures is not None:
+                out.node_privacy[src] = dict(figures)
             value = decode(src, reply)
         except (ValueError, KeyError, TypeError) as err:
             out.bad += 1

@@ -15,7 +15,9 @@ from typing import Any
 
 from flwr.common import log
 
-__all__ = ["eta", "failed_nodes", "failure_summary", "warn_fixed_length"]
+from flower_app.privacy.refusals import refusal_rule
+
+__all__ = ["eta", "failed_nodes", "failure_summary", "node_privacy_row", "warn_fixed_length"]
 
 
 def failed_nodes(
@@ -42,7 +44,34 @@ def failed_nodes(
         {"node-id": int(n), "users": int(users[n]), "reason": reason}
         for n, reason in sorted(failed.items())
     ]
+    for entry in out:  # a node's own refusal names its rule (e.g. privacy-budget)
+        rule = refusal_rule(entry["reason"])
+        if rule is not None:
+            entry["refused"] = rule
     return out
+
+
+def node_privacy_row(row: dict[str, Any], figures: Mapping[int, Mapping[str, Any]]) -> None:
+    """Put the nodes' own privacy figures (their ledgers' last reports) into a round's row.
+
+    ``dp-epsilon-nodes`` is the largest ε a node reported for one of its users;
+    ``dp-epsilon`` (against the server) becomes the larger of that and the strategy's own
+    figure, so that the run reports what the nodes verified; ``dp-budget-stopped`` lists
+    the nodes that refused the round because their privacy budget is spent.
+    """
+    stopped = [
+        f["node-id"] for f in row.get("failed-nodes", []) if f.get("refused") == "privacy-budget"
+    ]
+    if stopped:
+        row["dp-budget-stopped"] = stopped
+        log(WARNING, "round %s: nodes %s refused: their privacy budget is spent",
+            row.get("server-round"), stopped)  # fmt: skip
+    if not figures:
+        return
+    worst = max(float(v.get("dp-epsilon", 0.0)) for v in figures.values())
+    row["dp-epsilon-nodes"] = worst
+    row["dp-delta-nodes"] = max(float(v.get("dp-delta", 0.0)) for v in figures.values())
+    row["dp-epsilon"] = max(float(row.get("dp-epsilon", 0.0)), worst)
 
 
 def failure_summary(failures: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,9 +89,14 @@ def failure_summary(failures: list[dict[str, Any]]) -> dict[str, Any]:
         ``degraded`` (bool), ``rounds-degraded`` (rounds with a failed node),
         ``nodes-failed`` (distinct node ids), ``users-missing`` (sum over rounds) and
         ``first-failure`` (round, node and Flower's reason), or ``None`` values when
-        nothing failed.
+        nothing failed; ``nodes-refused`` (node id -> the rule it refused by, e.g.
+        ``privacy-budget``: a node whose own privacy budget is spent stops answering).
     """
     nodes = sorted({int(f["node-id"]) for r in failures for f in r["failed-nodes"]})
+    refused = {
+        int(f["node-id"]): str(f["refused"])
+        for r in failures for f in r["failed-nodes"] if "refused" in f
+    }  # fmt: skip
     first = None
     if failures:
         r = failures[0]
@@ -73,6 +107,7 @@ def failure_summary(failures: list[dict[str, Any]]) -> dict[str, Any]:
         "nodes-failed": nodes,
         "users-missing": int(sum(r["users-missing"] for r in failures)),
         "first-failure": first,
+        "nodes-refused": {str(n): rule for n, rule in sorted(refused.items())},
     }
 
 

@@ -11,7 +11,6 @@ aggregates replies in the clear.
 
 from __future__ import annotations
 
-import random
 from logging import WARNING
 from typing import TYPE_CHECKING
 
@@ -64,15 +63,10 @@ def secure_train(
     assert settings is not None
     context = f"round {server_round}"
     expected = {int(m.metadata.dst_node_id) for m in messages}
-    # the same neighbour ring every round for the same nodes: pairwise keys are derived once
-    # per pair and run (a ring reshuffled each round costs every node an ECDH per new
-    # neighbour per round)
-    rng = random.Random(f"{strategy.seed}-secagg")
     outcome = secure_sum(
         lambda msgs: strategy.send(grid, msgs),
         messages,
         settings,
-        rng,
         server_round,
         strategy.secure_public_metrics,
         strategy.secure_transform(),
@@ -80,6 +74,7 @@ def secure_train(
     )
     checked = CheckedReplies(failed=dict(outcome.failed), bad=outcome.bad)
     checked.missing = len(outcome.failed) - outcome.bad
+    strategy.node_privacy.update(outcome.node_privacy)
     for node, reason in sorted(outcome.failed.items()):
         log(WARNING, "%s: node %s left out: %s", context, node, reason)
         if checked.first_error is None:

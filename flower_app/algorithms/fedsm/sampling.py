@@ -23,8 +23,7 @@ on arrays of counters and is tested bit for bit against :class:`numpy.random.Phi
 is (seed, a constant tag); the counter is (user id, round t, index, purpose), so
 
 * the number a user gets depends only on (seed, t, user, index, purpose): not on which other
-  users are in the batch, how the users are split over nodes, or the engine (DESIGN
-  principle 4);
+  users are in the batch, how the users are split over nodes, or the engine;
 * distinct (t, user, index, purpose) are distinct counters, so their outputs are the outputs
   of a pseudo-random permutation at distinct points: as good as independent uniforms.
 
