@@ -135,7 +135,7 @@ def _synthetic_dblp(cfg: Any) -> Found:
 
 
 def _movielens(cfg: Any) -> Found:
-    from flower_app.datasets.movielens import _SCHEMAS, _SUBDIR, ML1M_FILES, movielens_shape
+    from flower_app.datasets.movielens_files import _SCHEMAS, _SUBDIR, ML1M_FILES, movielens_shape
 
     folder = resolve_data_dir(cfg.data_dir) / _SUBDIR
     paths = [folder / name for name in ML1M_FILES]
