@@ -358,6 +358,9 @@ def test_results_go_where_the_caller_of_flower_app_run_says(tmp_path, monkeypatc
                                       'address = "127.0.0.1:9093"\ninsecure = true\n')  # fmt: skip
     remote = plan_run(ROOT, ["k=3"], home=home)
     assert remote.problems == [] and remote.pinned == {} and remote.folder is None
+    assert remote.where == ("on the SuperLink's machine, in $FLOWER_APP_OUTPUT or "
+                            "~/flower_app_runs/fedsm-synthetic-facility-location-seed0-<time> "
+                            "as its ServerApp resolves them")  # fmt: skip
 
 
 def test_the_pinned_keys_reach_flwr_run_after_the_callers_own(tmp_path) -> None:

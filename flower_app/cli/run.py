@@ -373,6 +373,8 @@ class RunPlan:
         chosen when none was given (local SuperLink only).
     folder : pathlib.Path or None
         The run folder (None on another SuperLink: the ServerApp's machine decides).
+    where : str
+        Where the results go, for the first line ("" for another Flower app).
     warnings : list of str
         What Flower would walk for long or refuse in the app folder (the run goes on).
     """
@@ -380,6 +382,7 @@ class RunPlan:
     problems: list[str] = field(default_factory=list)
     pinned: dict[str, str] = field(default_factory=dict)
     folder: Path | None = None
+    where: str = ""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -458,6 +461,11 @@ def plan_run(
     cfg = AppConfig.from_run_config(merged)
     nodes = local_nodes(superlink, federation_config, home)
     plan.problems = check_data(cfg, nodes)[0]
+    if not local:
+        root_there = cfg.output_dir or "$FLOWER_APP_OUTPUT or ~/flower_app_runs"
+        name = cfg.run_name or f"{cfg.algorithm}-{cfg.dataset}-seed{cfg.seed}-<time>"
+        plan.where = (f"on the SuperLink's machine, in {root_there}/{name} as its ServerApp "
+                      "resolves them")  # fmt: skip
     if plan.problems or not local:
         return plan
     root = cfg.output_root()
@@ -466,6 +474,7 @@ def plan_run(
         name = f"{cfg.algorithm}-{cfg.dataset}-seed{cfg.seed}-{stamp}"
         _pin(merged, plan.pinned, "run-name", fresh_run_name(root, name))
     plan.folder = root / str(merged["run-name"])
+    plan.where = str(plan.folder)
     held = held_run(plan.folder)
     if cfg.resume and held is None:
         plan.problems.append(f"run_config 'resume' = true: run folder {plan.folder} holds no run "
@@ -631,8 +640,8 @@ def run_app(
         for problem in plan.problems:
             print(f"flower-app run: {problem}", file=sys.stderr)
         return 2
-    if plan.folder is not None:
-        print(f"flower-app run: results in {plan.folder}", flush=True)
+    if plan.where:
+        print(f"flower-app run: results {'in ' if plan.folder else ''}{plan.where}", flush=True)
     for warning in plan.warnings:
         print(f"flower-app run: warning: {warning}", file=sys.stderr, flush=True)
     if plan.pinned:
