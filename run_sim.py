@@ -1,6 +1,6 @@
 """Sweeps and reproductions of FedSM, FedCG, MaxFL and FedSubAvg: ``python run_sim.py --help``.
 
-A thin command line over :mod:`flower_app.sweeps.cli` (the commands, their options and what
+A thin command line over :mod:`reproductions.cli` (the commands, their options and what
 they write are documented there and in ``run_sim.py COMMAND --help``). The FedSM sweep's
 functions are re-exported for scripts and tests that load this file.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from flower_app.sweeps.cli import FAMILY_SWEEPS, build_parser, main
-from flower_app.sweeps.fedsm import (
+from reproductions.cli import FAMILY_SWEEPS, build_parser, main
+from reproductions.fedsm import (
     SWEEP_COLUMNS,
     make_figures,
     make_table,

@@ -53,6 +53,7 @@ from flower_app.deploy import PeakRSS
 from flower_app.deploy.processes import BIN
 from flower_app.deploy.rehearsal import EDGE_DEVICE, EdgeDevice, Rehearsal
 from flower_app.export import main as export_main
+from flower_app.results import read_rows
 from flower_app.simulation import toml_value
 
 ANCHOR = Path(__file__).resolve().parent / "fedavg_anchor"
@@ -123,8 +124,7 @@ def _family(reh: Rehearsal, config: dict, name: str) -> list[dict]:
     run = reh.federation.run({**config, "run-name": name}, timeout=3600)
     if run.status != "finished:completed":
         raise RuntimeError(f"{name}: {run.status} {run.details}\n{run.output[-3000:]}")
-    rows = [json.loads(x) for x in (run.folder / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r.get("server-round", 0) >= 1]
+    return [r for r in read_rows(run.folder) if r.get("server-round", 0) >= 1]
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -7,18 +7,21 @@ them. ε against the server depends only on which clients each round sampled (th
 client's number of rounds r gives r Gaussian mechanisms) and on σ, and the samplers are
 seeded and independent of the data and of the noise (participation "all"), so this script
 replays each run's sampler and feeds :class:`flower_app.algorithms.common.gaussian_dp.
-GaussianAccountant`, which gives both figures (against the server; against outsiders,
-amplified and capped). No training is repeated: the utility columns stay as measured.
+GaussianAccountant`, which gives the three figures: against the server as each node verifies
+it (each client's own noise share, the rule of the nodes' own ledgers), against the server if
+every other client is honest, and against outsiders (amplified and capped). No training is
+repeated: the utility columns stay as measured.
 
 Before replaying, it checks on small synthetic runs of the direct engine that the replay
 gives exactly the ε the runs themselves record (so the sampler is replayed as the run
 draws it).
 
 With ``--rewrite DIR`` it also rewrites the sweeps' ``<name>.csv`` and ``<name>.md`` in DIR:
-``dp-epsilon`` becomes the figure against the server, ``dp-epsilon-outsider`` and
-``dp-rounds-worst-client`` are added, the figure recorded before is kept as
-``dp-epsilon-amplified-uncapped``, and every DP row is marked ``reproducible-noise`` (the
-sweeps ran with noise keyed by the seed, now the research mode ``dp-reproducible-noise``).
+``dp-epsilon`` becomes the figure against the server, ``dp-epsilon-honest-peers``,
+``dp-epsilon-outsider`` and ``dp-rounds-worst-client`` are added, the figure recorded
+before is kept as ``dp-epsilon-amplified-uncapped``, and every DP row is marked
+``reproducible-noise`` (the sweeps ran with noise keyed by the seed, now the research mode
+``dp-reproducible-noise``).
 
 Usage::
 
@@ -82,6 +85,7 @@ def replay(family: str, n: int, k: int, rounds: int, seed: int, sigma: float) ->
 def check_against_real_runs() -> None:
     """The replay gives the ε that small direct-engine runs record themselves."""
     from flower_app.experiment import run_direct
+    from flower_app.results import read_rows
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
@@ -99,12 +103,13 @@ def check_against_real_runs() -> None:
                                              f"{prefix}-dp-clip": CLIP, f"{prefix}-dp-delta": DELTA,
                                              "output-dir": tmp, "run-name": family})  # fmt: skip
             run_direct(cfg)
-            lines = (Path(tmp) / family / "metrics.jsonl").read_text().splitlines()
-            last = [r for r in map(json.loads, lines) if "dp-epsilon" in r][-1]
+            rows = [r for r in read_rows(Path(tmp) / family) if "dp-epsilon" in r]
+            last = rows[-1]
             n = config["num-users"]
-            k, rounds = config["clients-per-round"], len([ln for ln in lines if "dp-epsilon" in ln])
+            k, rounds = config["clients-per-round"], len(rows)
             got = replay(family, n, k, rounds, 3, 0.7)
-            for key in ("dp-epsilon", "dp-epsilon-outsider", "dp-rounds-worst-client"):
+            for key in ("dp-epsilon", "dp-epsilon-honest-peers", "dp-epsilon-outsider",
+                        "dp-rounds-worst-client"):
                 if got[key] != last[key]:
                     raise AssertionError(f"{family}: replayed {key} {got[key]} != run {last[key]}")
     print("replay check: the samplers replay as the direct engine draws them", flush=True)
@@ -112,19 +117,21 @@ def check_against_real_runs() -> None:
 
 def rewrite(folder: Path, name: str, spec: dict[str, Any]) -> None:
     """Rewrite ``<name>.csv`` / ``.md`` with the ε's of :func:`replay` (utility unchanged)."""
-    from flower_app.sweeps.privacy import GAUSSIAN_SWEEPS, _metric_table
+    from reproductions.privacy import GAUSSIAN_SWEEPS, _metric_table
 
     path = folder / f"{name}.csv"
     rows = list(csv.DictReader(path.read_text().splitlines()))
     out = []
     for row in rows:
         new = {k: v for k, v in row.items() if k not in ("dp-epsilon", "run-folder")}
-        extra = dict.fromkeys(("dp-epsilon", "dp-epsilon-outsider", "dp-rounds-worst-client",
-                               "dp-epsilon-amplified-uncapped", "reproducible-noise"), "")
+        extra = dict.fromkeys(("dp-epsilon", "dp-epsilon-honest-peers", "dp-epsilon-outsider",
+                               "dp-rounds-worst-client", "dp-epsilon-amplified-uncapped",
+                               "reproducible-noise"), "")  # fmt: skip
         if row["noise"] != "none":
             got = replay(spec["family"], spec["n"], spec["k"], spec["rounds"], int(row["seed"]),
                          float(row["noise"]))  # fmt: skip
             extra = {"dp-epsilon": got["dp-epsilon"],
+                     "dp-epsilon-honest-peers": got["dp-epsilon-honest-peers"],
                      "dp-epsilon-outsider": got["dp-epsilon-outsider"],
                      "dp-rounds-worst-client": got["dp-rounds-worst-client"],
                      # the figure recorded before (kept when rewriting twice)
@@ -157,6 +164,7 @@ def main() -> int:
                 r = replay(spec["family"], spec["n"], spec["k"], spec["rounds"], seed, sigma)
                 rows.append({"sigma": sigma, "seed": seed,
                              "epsilon-against-server": r["dp-epsilon"],
+                             "epsilon-if-peers-honest": r["dp-epsilon-honest-peers"],
                              "rounds-worst-client": r["dp-rounds-worst-client"],
                              "epsilon-against-outsiders": r["dp-epsilon-outsider"]})  # fmt: skip
                 print(name, rows[-1], flush=True)

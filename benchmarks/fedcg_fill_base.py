@@ -1,7 +1,8 @@
 """FedCG with and without the zero-gradient filler (``fedcg-fill-base``): time and objective.
 
-On a coverage instance shaped like the shopping-trip set system of issue 14 (the
-``synthetic-dblp`` generator at 48,482 users × 57,910 elements, ~2.5 elements per user;
+On a coverage instance shaped like a shopping-trip set system (items bought together per
+trip; the ``synthetic-dblp`` generator at 48,482 users × 57,910 elements, ~2.5 elements per
+user;
 k = 10, T = 20 rounds, 10 % of the users per round, seed 0) runs FedCG on the direct engine
 (the runner's own server construction) with ``fedcg-fill-base`` true and false, and
 records the time of the T rounds, the support of the final x (its fractional coordinates),

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app import procfs
+from flower_app.results import read_rows, read_run
 from flower_app.simulation import LocalSimulation, superlink_pids, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,14 +322,9 @@ class LocalFlower(LocalSimulation):
                 sl_log.read_text(errors="replace").splitlines()[-40:] if sl_log.exists() else []
             ),
         )
-        if (folder / "summary.json").exists():
-            result.summary = json.loads((folder / "summary.json").read_text())
-        if (folder / "metrics.jsonl").exists():
-            result.rounds = [
-                json.loads(line)
-                for line in (folder / "metrics.jsonl").read_text().splitlines()
-                if line.strip()
-            ]
+        if (folder / "config.json").exists():  # the run started: read what it wrote
+            run = read_run(folder)
+            result.summary, result.rounds = run.summary, run.rows
         return result
 
     def status(self, run_id: int, attempts: int = 20) -> tuple[str, str]:
@@ -555,9 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     print("direct engine ...", flush=True)
     direct = run_direct_subprocess({**base, "run-name": "direct"}, timeout=args.run_timeout)
     dsum = direct["summary"]
-    drounds = [
-        json.loads(x) for x in (runs_dir / "direct" / "metrics.jsonl").read_text().splitlines()
-    ]
+    drounds = read_rows(runs_dir / "direct")
     print(
         f"  {direct['wall-time']:.2f} s, peak RSS {_mib(direct['maxrss-bytes'])} MiB, "
         f"S = {dsum['selected']}, ratio {dsum['ratio-to-greedy']:.4f}",

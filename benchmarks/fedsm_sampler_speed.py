@@ -1,4 +1,4 @@
-"""FedSM's direct engine per round: per-user streams against the batched sampler (issue 14).
+"""FedSM's direct engine per round: per-user streams against the batched sampler.
 
 Two parts, written to one JSON file (default ``docs/benchmarks/fedsm-sampler.json``):
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from flower_app.results import read_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "fedsubavg" / "flower-vs-direct"
 
@@ -79,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = Path(tmp)
         direct_cfg = {**base, "output-dir": str(tmp_path / "runs"), "run-name": "direct"}
         direct = bench.run_direct_subprocess(direct_cfg, args.timeout)
-        direct_rows = [
-            json.loads(x)
-            for x in (tmp_path / "runs" / "direct" / "metrics.jsonl").read_text().splitlines()
-        ]
+        direct_rows = read_rows(tmp_path / "runs" / "direct")
         t_direct = _mean_round(direct_rows)
         print(f"direct: {t_direct * 1e3:.1f} ms/round, {direct['wall-time']:.1f} s", flush=True)
         for n in args.supernodes:

@@ -8,8 +8,7 @@ process, and records the mean time of rounds 2..T−1 (round 1 carries Ray's sta
 the evaluation), the ratio, and whether both engines ended with the same model. Results go to
 ``results.json`` / ``results.md`` in ``--out``. Run it niced on a shared machine::
 
-    nice -n 10 /work/venv/bin/python benchmarks/maxfl_flower_vs_direct.py \\
-        --data-dir /work/shared/data
+    nice -n 10 python benchmarks/maxfl_flower_vs_direct.py --data-dir /work/data
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
+from flower_app.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -77,7 +77,7 @@ def main() -> None:
             flower_wall = time.perf_counter() - t0
         finally:
             flower.stop()
-        rows_f = [json.loads(x) for x in (run.folder / "metrics.jsonl").read_text().splitlines()]
+        rows_f = read_rows(run.folder)
         summary_f = json.loads((run.folder / "summary.json").read_text())
         t0 = time.perf_counter()
         cfg = AppConfig.from_run_config(
@@ -85,10 +85,7 @@ def main() -> None:
         )
         summary_d = run_direct(cfg)
         direct_wall = time.perf_counter() - t0
-        rows_d = [
-            json.loads(x)
-            for x in (tmp / "runs" / f"direct-K{k}" / "metrics.jsonl").read_text().splitlines()
-        ]
+        rows_d = read_rows(tmp / "runs" / f"direct-K{k}")
         # the same direct run with the request's clients trained together (stacked MLPs)
         t0 = time.perf_counter()
         cfg_b = AppConfig.from_run_config(
@@ -97,12 +94,7 @@ def main() -> None:
         )  # fmt: skip
         summary_b = run_direct(cfg_b)
         batched_wall = time.perf_counter() - t0
-        rows_b = [
-            json.loads(x)
-            for x in (tmp / "runs" / f"direct-batched-K{k}" / "metrics.jsonl")
-            .read_text()
-            .splitlines()
-        ]
+        rows_b = read_rows(tmp / "runs" / f"direct-batched-K{k}")
         tf, td = statistics.mean(_round_times(rows_f)), statistics.mean(_round_times(rows_d))
         tb = statistics.mean(_round_times(rows_b))
         results.append(

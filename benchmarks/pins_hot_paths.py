@@ -1,4 +1,4 @@
-"""The hot paths of the reproduction re-runs (issue 29): today's code against the code it replaced.
+"""The hot paths of the reproduction re-runs: today's code against the code it replaced.
 
 ``tests/test_reproduction_pins.py`` re-runs the recorded MovieLens-1M tables (FedSM Algorithms
 1 and 2, FedCG's discrete greedy, FedSubAvg); most of its CPU went to the functions below, now
@@ -60,7 +60,7 @@ DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "pins-hot-paths.json"
 
 # ----------------------------------------------------------------- the replaced code
 def reference_user_values(obj: MaxRowObjective, selected: list[int], users: Any) -> np.ndarray:
-    """``MaxRowObjective.user_values`` before issue 29 (row masks, rows copied)."""
+    """``MaxRowObjective.user_values`` as it was (row masks, rows copied)."""
     rows = obj.values if users is None else obj.values[np.asarray(users, dtype=np.int64)]
     mask = np.zeros(obj.n_elements, dtype=bool)
     mask[np.asarray(list(selected), dtype=np.int64)] = True
@@ -73,7 +73,7 @@ def reference_user_values(obj: MaxRowObjective, selected: list[int], users: Any)
 
 
 def reference_logits(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``sparse_logreg.logits`` before issue 29 (an (n, 6) gather, columns added)."""
+    """``sparse_logreg.logits`` as it was (an (n, 6) gather, columns added)."""
     w = x[rows]
     z = w[:, 0].copy()
     for c in range(1, w.shape[1]):
@@ -82,7 +82,7 @@ def reference_logits(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def reference_evaluate(ev: Evaluator, x: np.ndarray) -> dict[str, float]:
-    """``Evaluator.__call__`` before issue 29 (row-major rows, test logits twice)."""
+    """``Evaluator.__call__`` as it was (row-major rows, test logits twice)."""
     # the old Evaluator kept (n, 6) C-ordered int64 rows
     eval_rows = np.ascontiguousarray(ev.eval_columns.T)
     test_rows = np.ascontiguousarray(ev.test_columns.T)
@@ -98,7 +98,7 @@ def reference_evaluate(ev: Evaluator, x: np.ndarray) -> dict[str, float]:
 
 
 def reference_feasible_mask(matroid: UniformMatroid, selected: list[int]) -> np.ndarray:
-    """``UniformMatroid.feasible_mask`` before issue 29 (``int()`` per element)."""
+    """``UniformMatroid.feasible_mask`` as it was (``int()`` per element)."""
     arr = np.fromiter((int(e) for e in selected), dtype=np.int64)
     mask = np.zeros(matroid.n_elements, dtype=bool)
     if arr.size < matroid.k:

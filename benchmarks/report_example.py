@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import tempfile
 import threading
@@ -25,6 +24,7 @@ from flower_app.cli.report import write_report
 from flower_app.config import AppConfig
 from flower_app.deploy.processes import kill_tree
 from flower_app.experiment import run_direct
+from flower_app.results import read_rows
 from flower_app.simulation import LocalSimulation, superlink_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,12 +38,8 @@ RESUMED = {"algorithm": "fedsm", "k": K, "seed": 1, "run-name": "fedsm-flower-re
 
 
 def _rounds(folder: Path) -> int:
-    path = folder / "metrics.jsonl"
-    done = 0
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(ValueError, KeyError):
-            done = max(done, int(json.loads(line)["server-round"]))
-    return done
+    return max((int(r["server-round"]) for r in read_rows(folder) if "server-round" in r),
+               default=0)  # fmt: skip
 
 
 def _kill_superlink(sim: LocalSimulation) -> None:

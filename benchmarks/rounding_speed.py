@@ -1,9 +1,10 @@
 """Time pipage and swap rounding against the first (quadratic) implementation.
 
-For n fractional coordinates (default 2,000, 4,000, 8,000, 57,910 — the ground set of the
-FedCG run of issue 14 — and 100,000), draws x uniformly, scales it to a base of the uniform
-matroid U(n, n/4) (every coordinate fractional, as FedCG's zero-gradient filler leaves x) and
-of a partition matroid (blocks of 100 elements, capacity 25), and times:
+For n fractional coordinates (default 2,000, 4,000, 8,000, 57,910 — the ground set of a
+FedCG run on a shopping-trip set system, items bought together per trip — and 100,000),
+draws x uniformly, scales it to a base of the uniform matroid U(n, n/4) (every coordinate
+fractional, as FedCG's zero-gradient filler leaves x) and of a partition matroid (blocks of
+100 elements, capacity 25), and times:
 
 * ``pipage_rounding`` (``method="fast"``, the default) and ``method="reference"`` (the
   first implementation; only up to ``--reference-max`` coordinates, 8,000 by default), and

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flower_app.results import read_rows
 from flower_app.simulation import LocalSimulation
 
 #: a run that fails (Flower's local SuperLink or Ray not starting in time on a loaded
@@ -45,8 +46,7 @@ JOBS: dict[str, dict[str, Any]] = {
 
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("server-round", 0) >= 1]
+    return [r for r in read_rows(folder) if r.get("server-round", 0) >= 1]
 
 
 def _measure(

@@ -40,7 +40,7 @@ from flower_app.algorithms.fedsubavg.torch_engine import run_torch_direct
 from flower_app.algorithms.fedsubavg.torch_tasks import Sent140Task, load_torch_task
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg_torch import torch_spec
-from flower_app.sweeps.fedsubavg import setup_of
+from reproductions.fedsubavg import setup_of
 
 DATASET = "synthetic-sent140"
 #: heat groups [lo, hi): clients whose training tweets hold the token (0 = test only)

@@ -69,7 +69,7 @@ html_static_path: list[str] = []
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(flwr|numpy|np|torch|pandas|pd|scipy|matplotlib|dp_accounting|cryptography|"
-     r"pathlib|collections|typing|concurrent|datetime|argparse|logging|enum|random)(\..*)?"),
+     r"pathlib|collections|typing|concurrent|datetime|argparse|logging|enum|random|abc)(\..*)?"),
     # checked: flower_app.strategies[.X] and flower_app.clients[.X] (exports, and the modules
     # the strategy pages render); not: anything deeper or elsewhere in flower_app
     (r"py:.*", r"flower_app\.(?!(strategies|clients)(\.\w+)?$).*"),

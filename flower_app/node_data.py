@@ -463,7 +463,7 @@ def _write_binary_cache(cache: Path, values: sp.csr_matrix, meta: dict[str, Any]
 def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
     """Read a node file once per file version: parquet (checked) or its binary cache.
 
-    Flower 1.41 starts a fresh ClientApp process for every message, so a per-process cache
+    Flower 1.42 starts a fresh ClientApp process for every message, so a per-process cache
     alone reads (and hashes) the parquet file for every message: ~0.5 s with pyarrow's
     import. The first reader, after the checksum and range checks, leaves the node's CSR
     arrays in an uncompressed ``.npz`` under :func:`cache_dir`, keyed by the file's path,

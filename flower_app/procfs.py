@@ -1,8 +1,9 @@
 """What Linux's ``/proc`` says about processes: the one place the package reads it.
 
 The package finds and stops exactly the processes it started — a LocalSimulation's
-SuperLink and its runs, the loopback Ray cluster, the test watchdog's token-carrying
-processes, ``flower-app stop``'s local SuperLink — never others by name. Each of those
+SuperLink and its runs, ``flower-app stop``'s local SuperLink, and in the tests' harnesses
+(``tests/support/``) the loopback Ray cluster and the watchdog's token-carrying processes —
+never others by name. Each of those
 selects processes by what these functions read (command line, environment, process group
 or session, state). A process that exits or is not ours to read while we look is skipped:
 every reader returns None then.

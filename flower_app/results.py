@@ -5,8 +5,10 @@ A run folder is never overwritten: a new run refuses a folder that holds a run
 
 Written as the run goes: the config first, each round's line as soon as the round ends
 (flushed), the summary last, so an interrupted run keeps every finished round. A resumable
-strategy also leaves ``checkpoint.pkl`` after every round (its state, replaced atomically),
-from which ``resume = true`` continues an interrupted run in the same folder.
+strategy also leaves ``checkpoint.npz`` after every round (its state as plain data: arrays and
+a JSON document, :mod:`flower_app.checkpoint`; replaced atomically), from which
+``resume = true`` continues an interrupted run in the same folder. A folder whose checkpoint
+is an older version's ``checkpoint.pkl`` (a pickle) is refused: it is never unpickled.
 
 Every round reaches the operating system at once, so a killed process (a stopped SuperLink,
 Ctrl-C, an out-of-memory kill) loses nothing. Forcing it to the disk (``fsync``) costs a few
@@ -19,7 +21,7 @@ start to its end, as each family's runner measures it), and ``run-wall-time``, t
 from the start of the session (:func:`run_session`: the SuperLink accepting the run under
 ``flwr run``, the call of :func:`flower_app.experiment.run_direct`), through loading data, the
 greedy reference and discovery, to the summary. A resumed run adds each earlier session's time
-up to its last checkpoint (kept in ``checkpoint.pkl``), and ``run-sessions`` counts them.
+up to its last checkpoint (kept in ``checkpoint.npz``), and ``run-sessions`` counts them.
 """
 
 from __future__ import annotations
@@ -27,31 +29,38 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from flower_app.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+
 __all__ = [
     "CHECKPOINT",
     "ResumeError",
+    "RunFolder",
     "RunFolderError",
     "RunWriter",
     "claim_run_folder",
     "held_run",
-    "read_metrics",
+    "read_rows",
+    "read_run",
     "run_session",
     "to_jsonable",
 ]
 
 #: the checkpoint file of a run folder
-CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT = "checkpoint.npz"
+#: the checkpoint file of a run folder written by flower_app before checkpoints were plain
+#: data (a pickle): refused, never read
+OLD_CHECKPOINT = "checkpoint.pkl"
 #: config keys that may differ between an interrupted run and its resumption
 RESUME_MAY_CHANGE = (
     "resume", "round-timeout", "discovery-timeout", "min-reply-fraction", "node-return-wait"
@@ -163,34 +172,6 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-#: modules of the server states a checkpoint pickles, as they were named before
-#: ``flower_app.algorithms`` got one subpackage per family (checkpoints of runs interrupted
-#: before that move resume after it)
-MOVED_MODULES = {
-    f"flower_app.algorithms.{old}": f"flower_app.algorithms.{new}"
-    for old, new in {
-        "fedsm": "fedsm.core", "fedsm_alg2": "fedsm.alg2", "fedsm_amplify": "fedsm.amplify",
-        "fedsm_dp": "fedsm.dp", "fedsm_modes": "fedsm.modes", "fedsm_sampling": "fedsm.sampling",
-        "fedsm_user": "fedsm.user", "shuffle_dp": "fedsm.shuffle_dp",
-        "fedcg": "fedcg.continuous", "discrete_greedy": "fedcg.discrete_greedy",
-        "maxfl": "maxfl.core", "appeal": "maxfl.appeal", "fl_baselines": "maxfl.baselines",
-        "participation": "maxfl.participation", "server_rules": "maxfl.server_rules",
-        "learning": "maxfl.learning", "fedsubavg": "fedsubavg.core",
-        "fedsubavg_direct": "fedsubavg.direct", "fedsubavg_named": "fedsubavg.named",
-        "fedsubavg_dp": "fedsubavg.dp", "fedsubavg_torch": "fedsubavg.torch_engine",
-        "torch_tasks": "fedsubavg.torch_tasks", "counts": "common.counts",
-        "dp_noise": "common.dp_noise", "gaussian_dp": "common.gaussian_dp",
-    }.items()
-}  # fmt: skip
-
-
-class _CheckpointUnpickler(pickle.Unpickler):
-    """Read a run's own ``checkpoint.pkl``, mapping the server states' moved modules."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        return super().find_class(MOVED_MODULES.get(module, module), name)
-
-
 class RunWriter:
     """Writes one run's folder.
 
@@ -203,7 +184,7 @@ class RunWriter:
         Written to ``config.json`` at once.
     resume : bool, optional
         Continue the interrupted run in ``folder``: its ``config.json`` must match
-        ``config`` (except :data:`RESUME_MAY_CHANGE`), its ``checkpoint.pkl`` is loaded into
+        ``config`` (except :data:`RESUME_MAY_CHANGE`), its ``checkpoint.npz`` is loaded into
         :attr:`checkpoint`, and ``metrics.jsonl`` keeps the rows up to the checkpoint's
         round (later rows, written after the checkpoint, are dropped: they are redone).
     sync_every : float, optional
@@ -216,8 +197,10 @@ class RunWriter:
     RunFolderError
         Without ``resume``: the folder holds a run.
     ResumeError
-        With ``resume``: no checkpoint in the folder, or a configuration that differs (the
-        keys are named).
+        With ``resume``: no checkpoint in the folder, a configuration that differs (the
+        keys are named), or a checkpoint that cannot be read (an older version's pickle,
+        a newer version's file, a truncated or corrupt one; the file and the reason are
+        named).
     """
 
     def __init__(
@@ -272,6 +255,13 @@ class RunWriter:
 
     def _load_checkpoint(self, config: dict[str, Any]) -> dict[str, Any]:
         path = self.folder / CHECKPOINT
+        if not path.exists() and (self.folder / OLD_CHECKPOINT).exists():
+            raise ResumeError(
+                f"resume: {self.folder} was written by an older version of flower_app (its "
+                f"checkpoint is {OLD_CHECKPOINT}, a pickle, which this version never reads): "
+                "this version cannot resume it; finish the run with the version that started "
+                "it, or start it again without 'resume'"
+            )
         if not path.exists():
             raise ResumeError(
                 f"resume: {path} does not exist: the run folder has no checkpoint (the run "
@@ -291,39 +281,43 @@ class RunWriter:
                 "resume with the same run_config"
             )
         try:
-            with path.open("rb") as fh:
-                return dict(_CheckpointUnpickler(fh).load())
-        except (ImportError, AttributeError) as ex:
+            payload = read_checkpoint(path)
+        except CheckpointError as ex:
+            advice = {
+                "unreadable": "if the machine lost power, the last checkpoint may not have "
+                "reached the disk: start the run again without 'resume'",
+                "newer": "finish it with the newer version, or start the run again without "
+                "'resume'",
+            }.get(ex.kind, "finish the run with the flower_app version that wrote it, or "
+                  "start it again without 'resume'")
+            raise ResumeError(f"resume: {ex}; {advice}") from ex
+        if not isinstance(payload, dict) or "server-round" not in payload:
             raise ResumeError(
-                f"resume: {path} was written by a version of flower_app whose server state "
-                f"this version cannot read ({type(ex).__name__}: {ex}); finish it with that "
-                "version, or start the run again without 'resume'"
-            ) from ex
-        except (EOFError, pickle.UnpicklingError, TypeError, ValueError) as ex:
-            raise ResumeError(
-                f"resume: {path} is unreadable ({type(ex).__name__}: {ex}); if the machine "
-                "lost power, the last checkpoint may not have reached the disk: start the run "
-                "again without 'resume'"
-            ) from ex
+                f"resume: {path} holds no round's state (not a run folder's checkpoint); "
+                "start the run again without 'resume'"
+            )
+        return payload
 
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
-        """Replace ``checkpoint.pkl`` atomically with ``payload`` (a strategy's state).
+        """Replace ``checkpoint.npz`` atomically with ``payload`` (a strategy's state).
 
-        When a sync is due, the metrics are synced first, then the checkpoint. The run's
-        time so far and its session count are stored beside the strategy's state, so that a
-        resumed run's ``run-wall-time`` counts the interrupted session too.
+        The payload is stored as plain data (:func:`flower_app.checkpoint.write_checkpoint`:
+        written to ``checkpoint.npz.tmp``, flushed, renamed over the checkpoint). When a
+        sync is due, the metrics are synced first, then the checkpoint. The run's time so
+        far and its session count are stored beside the strategy's state, so that a resumed
+        run's ``run-wall-time`` counts the interrupted session too.
+
+        Raises
+        ------
+        TypeError
+            If the payload holds something a checkpoint cannot store (the previous
+            checkpoint is left as it was).
         """
         payload = {**payload, _ELAPSED: self.run_elapsed(), "run-sessions": self._sessions}
-        tmp = self.folder / (CHECKPOINT + ".tmp")
         sync = self._due("checkpoint")
         if sync:
             os.fsync(self._metrics.fileno())
-        with tmp.open("wb") as fh:
-            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            fh.flush()
-            if sync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, self.folder / CHECKPOINT)
+        write_checkpoint(self.folder / CHECKPOINT, payload, sync=sync)
 
     def record_failures(self, failures: dict[str, Any]) -> None:
         """Put a Flower run's node failures into the summary (``degraded`` and ``failures``).
@@ -356,18 +350,146 @@ class RunWriter:
 
 
 def _complete_rows(folder: Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl`` without a last line cut short by a crash."""
+    """Return the rows a resumed run keeps: :func:`read_rows` (a cut last line left out)."""
+    return read_rows(folder)
+
+
+def _row(line: bytes) -> dict[str, Any] | str:
+    """Return the JSON object of one line of ``metrics.jsonl``, or why it is not one."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 ({err.reason})"
+    except json.JSONDecodeError as err:
+        return f"not JSON ({err.msg})"
+    return row if isinstance(row, dict) else "not a JSON object"
+
+
+def read_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Return the rows of a run folder's ``metrics.jsonl``, one dict per logged round.
+
+    The one rule for a file an interrupted run left: the writer appends each round as one
+    JSON object and its newline in a single write, so only the *last* line can be cut,
+    and a cut line has no newline. Hence
+
+    * a last line without a newline that is not a whole JSON object is a row cut mid-write:
+      it is left out (the run logged the rounds before it); a last line without a newline
+      that is a whole object is kept (only its newline was lost);
+    * any other line that is not a JSON object (in the middle of the file, or a last line
+      that ends with its newline) means the file is corrupt: :class:`ValueError` names the
+      file and the line;
+    * blank lines are skipped, and a folder without ``metrics.jsonl`` has no rows.
+
+    Parameters
+    ----------
+    folder : str or pathlib.Path
+        The run folder.
+
+    Returns
+    -------
+    list of dict
+        The rows, in the file's order.
+
+    Raises
+    ------
+    ValueError
+        If a line other than an unterminated last one is not a JSON object.
+    """
     path = Path(folder) / "metrics.jsonl"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    cut = lines.pop()  # the text after the last newline: b"" unless the last line was cut
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = _row(line)
+        if isinstance(row, str):
+            raise ValueError(
+                f"{path}: line {number}: {row}: the file is corrupt (only a last line "
+                "without its newline is a row cut by an interruption)"
+            )
+        rows.append(row)
+    if cut.strip() and isinstance(row := _row(cut), dict):
+        rows.append(row)
     return rows
 
 
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    """Read ``metrics.jsonl`` of a run folder (one dict per round)."""
-    lines = (Path(folder) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def _read_object(path: Path) -> dict[str, Any]:
+    """Return the JSON object in ``path`` (``config.json``, ``summary.json``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (is {path.parent} a run folder?)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What a run folder holds, as :func:`read_run` reads it.
+
+    Attributes
+    ----------
+    folder : pathlib.Path
+        The run folder.
+    config : dict
+        ``config.json``.
+    rows : list of dict
+        ``metrics.jsonl``, one dict per logged round (:func:`read_rows`).
+    summary : dict or None
+        ``summary.json``; None while the run has not finished (or was interrupted).
+    """
+
+    folder: Path
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @property
+    def name(self) -> str:
+        """The folder's name (the run's ``run-name``)."""
+        return self.folder.name
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run wrote its ``summary.json``."""
+        return self.summary is not None
+
+
+def read_run(folder: str | Path) -> RunFolder:
+    """Read a run folder: ``config.json``, the rows of ``metrics.jsonl``, ``summary.json``.
+
+    Parameters
+    ----------
+    folder : str or pathlib.Path
+        The run folder, finished or not.
+
+    Returns
+    -------
+    RunFolder
+        Its configuration, rows (:func:`read_rows`: the rule for a cut last line) and
+        summary (None without ``summary.json``).
+
+    Raises
+    ------
+    ValueError
+        If ``config.json`` is missing, a file is not JSON, or ``metrics.jsonl`` has a
+        corrupt line (the file and line named).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder")
+    summary = folder / "summary.json"
+    return RunFolder(
+        folder=folder,
+        config=_read_object(folder / "config.json"),
+        rows=read_rows(folder),
+        summary=_read_object(summary) if summary.exists() else None,
+    )

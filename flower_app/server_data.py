@@ -28,7 +28,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.config import AppConfig, ConfigError
+from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.discovery import CohortQueries, DiscoveryError, cohort_of
+from flower_app.strategies.exchange import exchange
+from flower_app.strategies.replies import float_metric, int_metric
 
 __all__ = [
     "RemoteProblem",
@@ -103,15 +106,7 @@ def probe_instance(
     sizes: tuple[int, int] | None = None
     lam = 0.0
     while True:
-        for reply in queries.poll():
-            src = int(reply.metadata.src_node_id)
-            try:
-                total, elements, first, count = cohort_of(reply)
-                props = reply.content.config_records["properties"]
-                singleton = float(props.get("max-singleton", 0.0))
-            except (KeyError, TypeError, ValueError) as err:
-                log(WARNING, "probe: reply of node %s left out: %s", src, err)
-                continue
+        for src, (total, elements, first, count, singleton) in queries.poll(_decode_probe):
             if sizes is None:
                 sizes = (total, elements)
             elif (total, elements) != sizes:
@@ -137,6 +132,15 @@ def probe_instance(
     n, m = sizes
     log(INFO, "server-data = none: the nodes hold n=%d users, m=%d elements", n, m)
     return RemoteProblem(name=dataset, n_users=n, n_elements=m, max_singleton=lam)
+
+
+def _decode_probe(src: int, reply: Message) -> tuple[int, int, int, int, float]:
+    """Return a probe reply's cohort and λ_i = max f_i({e}) (finite, >= 0; 0 if absent)."""
+    total, elements, first, count = cohort_of(reply)
+    props = reply.content.config_records["properties"]
+    singleton = float_metric({"max-singleton": props.get("max-singleton", 0.0)},
+                             "max-singleton", low=0.0)  # fmt: skip
+    return total, elements, first, count, singleton
 
 
 def remote_matroid(cfg: AppConfig, n_elements: int):  # noqa: ANN201 - a Matroid
@@ -214,33 +218,33 @@ def federated_objective(
         )
         for node in node_ids
     ]
-    total, users = 0.0, 0
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    for reply in replies:
-        if reply.has_error():
-            log(WARNING, "federated evaluation: node %s failed: %s",
-                reply.metadata.src_node_id, reply.error.reason)  # fmt: skip
-            return None
+    n_nodes = len(messages)
+
+    def decode(src: int, reply: Message) -> tuple[float, int]:
         metrics = reply.content.metric_records["metrics"]
-        value = float(metrics["objective-sum"])
-        if not np.isfinite(value):
-            log(WARNING, "federated evaluation: node %s sent %s", reply.metadata.src_node_id, value)
-            return None
-        total += value
-        users += int(metrics["num-examples"])
-    if len(replies) != len(messages) or users != n_users:
+        users = int_metric(metrics, "num-examples", low=0)
+        return float_metric(metrics, "objective-sum"), users
+
+    checked = exchange(grid, messages, decode, "federated evaluation", timeout)
+    if checked.left_out:
+        log(WARNING, "federated evaluation: %d of %d nodes' replies left out (first: %s); "
+            "no F(S)", checked.left_out, n_nodes, checked.first_error)  # fmt: skip
+        return None
+    total = sum(value for _, (value, _) in checked.accepted)
+    users = sum(count for _, (_, count) in checked.accepted)
+    if users != n_users:
         log(WARNING, "federated evaluation: %d of %d users answered; no F(S)", users, n_users)
         return None
     return total / max(n_users, 1)
 
 
 def evaluator(
-    grid: Grid, strategy: object, n_users: int, timeout: float
+    grid: Grid, strategy: RoundStrategy, n_users: int, timeout: float
 ) -> Callable[[Sequence[int]], float | None]:
     """Return ``S -> F(S)`` by federated evaluation over the nodes the strategy discovered."""
 
     def evaluate(selected: Sequence[int]) -> float | None:
-        cohorts = getattr(strategy, "cohorts", None)
+        cohorts = strategy.cohorts
         if cohorts is None:
             return None
         return federated_objective(grid, cohorts.node_ids, selected, n_users, timeout)

@@ -1,7 +1,7 @@
 """Run ``flwr run . --stream`` programmatically against a private local SuperLink.
 
 ``flwr run`` starts a local SuperLink daemon on first use and leaves it running, shared by
-every later ``flwr run`` on the machine (DESIGN: "Flower facts that bite").
+every later ``flwr run`` on the machine (with the ``FLWR_HOME`` and ports of the first).
 :class:`LocalSimulation` gives it its own ``FLWR_HOME`` and free ports, so it never touches
 another SuperLink, checks each run's real status with ``flwr ls`` (``flwr run --stream`` exits
 0 even when the ServerApp fails), and stops exactly the SuperLink it started.

@@ -2,7 +2,7 @@
 against SuperLinks it owns, and a sweep of every process it started, however it ends.
 
 - ``flower_cli``: ``flower_cli.run(run_config, num_supernodes=...)`` runs the app on Flower's
-  simulation engine in this process (:class:`flower_app.inprocess_simulation.
+  simulation engine in this process (:class:`tests.support.inprocess_simulation.
   InProcessSimulation`), its ClientApps in actors of one Ray head per test process
   (``ray_head``, started on first use): no ``flwr`` CLI, SuperLink or Ray start-up per run.
   For the tests that check a strategy, a runner or a ClientApp through Flower.
@@ -10,7 +10,7 @@ against SuperLinks it owns, and a sweep of every process it started, however it 
   (:class:`flower_app.simulation.LocalSimulation`; ~30 s of start-up per run). Only for tests
   that check the ``flwr run`` command itself; each says why in its docstring.
 - Every process started here carries ``FLOWER_APP_PROCESS_TOKEN`` (unique to this pytest run)
-  in its environment; a watchdog (:mod:`flower_app.process_sweep`) stops whatever still
+  in its environment; a watchdog (:mod:`tests.support.process_sweep`) stops whatever still
   carries it once pytest has exited, however it exited (``tests/test_no_survivors.py``).
 """
 
@@ -47,10 +47,10 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from flower_app import process_sweep  # noqa: E402
-from flower_app.inprocess_simulation import InProcessSimulation  # noqa: E402
-from flower_app.ray_cluster import LoopbackRayCluster  # noqa: E402
 from flower_app.simulation import LocalSimulation  # noqa: E402
+from tests.support import process_sweep  # noqa: E402
+from tests.support.inprocess_simulation import InProcessSimulation  # noqa: E402
+from tests.support.ray_cluster import LoopbackRayCluster  # noqa: E402
 
 #: set by the process that starts the test run (xdist workers inherit it): the PID the
 #: watchdog outlives
@@ -72,7 +72,7 @@ FlowerCLI = LocalSimulation
 
 
 # the deployment fixtures (the shared edge-device rehearsal, exports, loopback deployment)
-from tests.deployment import (  # noqa: E402, F401
+from tests.support.deployment import (  # noqa: E402, F401
     Deployment,
     deployment,
     node_export,
@@ -84,7 +84,7 @@ from tests.deployment import (  # noqa: E402, F401
 def _ray_prefix() -> str:
     """Name prefix of this run's scratch folders in /tmp (its Ray heads', the Ray temp dir of
     its ``flwr run`` simulations, the scheduler's groups file): the watchdog stops the
-    processes holding files open in them (:func:`flower_app.process_sweep.run_processes`)
+    processes holding files open in them (:func:`tests.support.process_sweep.run_processes`)
     and deletes them when the run has ended."""
     return Path(process_sweep.scratch_prefix(os.environ[process_sweep.TOKEN_VAR])).name[:-1]
 
@@ -142,7 +142,7 @@ GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 #: (2026-11-27 04:35, idle: the pair's group 640 s, the pins 316, the Ray group 216)
 LONGEST: dict[str, float] = {
     "rehearsal-pair": 700.0,  # the deploy tests on the nodes' real-data files
-    "rehearsal": 330.0,  # the other deploy tests (synthetic files, SecAgg+, the guide)
+    "rehearsal": 400.0,  # the other deploy tests (synthetic files, SecAgg+, the guide, its drills)
     "ray": 566.0,  # the tests on the run's Ray head
     "test_reproduction_pins.py": 415.0,
     "test_docs_blocks.py": 246.0,
@@ -152,7 +152,7 @@ LONGEST: dict[str, float] = {
     "test_resume.py": 128.0,
     "test_dp_against_server.py": 103.0,
     "test_examples_fmnist_maxfl.py": 101.0,
-    "test_deploy_guide.py": 83.0,
+    "test_deploy_guide.py": 150.0,
     "test_examples_fedsubavg.py": 78.0,
 }
 

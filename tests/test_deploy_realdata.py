@@ -1,6 +1,6 @@
 """The edge-device rehearsal with real data: each SuperNode holds only its exported file.
 
-The session's 2-node rehearsal (``rehearsal_pair``, ``tests/deployment.py``: TLS, node
+The session's 2-node rehearsal (``rehearsal_pair``, ``tests/support/deployment.py``: TLS, node
 authentication, a database, SuperNodes each in its own network namespace with 1 GiB and half
 a core) is given ``python -m flower_app.export``'s files — Fashion-MNIST npz arrays, the
 MovieLens rating task's npz samples — one per node. The server reads no client data for
@@ -20,7 +20,7 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from tests.deployment import data_root
+from tests.support.deployment import data_root
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]
 

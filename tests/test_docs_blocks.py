@@ -11,7 +11,7 @@ check without its block) fails ``test_every_block_has_a_check``. What runs where
 - the Python blocks, ``python -m flower_app.settings --check``, ``flower-app report`` and the
   deployment block (certificates, node keys, node files) run here in the default suite, in
   a temporary folder;
-- the README's drop-in block runs on ``tests/local_grid.py``'s in-process grid, which
+- the README's drop-in block runs on ``tests/support/local_grid.py``'s in-process grid, which
   stands for the ``grid`` Flower passes a ServerApp (the one name the block does not
   define); the same drop-in under Flower's engine is ``tests/test_examples_topk_fedsm.py``;
 - the blocks that start a whole Flower simulation (``flwr run``: the rest of the README's
@@ -130,7 +130,7 @@ def _bash(script: str, cwd: Path, env: dict[str, str], timeout: float = 300):
 
 
 def test_readme_drop_in_block_runs(capsys) -> None:
-    from local_grid import LocalGrid
+    from tests.support.local_grid import LocalGrid
 
     client_part, server_part = re.split(r"^# server_app\.py.*$", _block(README, 2), flags=re.M)
     namespace: dict = {}

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from local_grid import LocalGrid
 
 from flower_app.algorithms.common.dp_noise import DP_NOISE, DP_STREAM, NoiseSource
 from flower_app.algorithms.common.gaussian_dp import (
@@ -47,6 +46,7 @@ from flower_app.runners import maxfl as maxfl_runner
 from flower_app.strategies import FedSubAvgStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 SEED = 5
 

@@ -22,11 +22,11 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
 )
-from local_grid import LocalGrid
 
 from flower_app.clients.maxfl import maxfl_metrics
 from flower_app.strategies import FedSubAvgStrategy
 from flower_app.strategies.maxfl import MaxFLStrategy
+from tests.support.local_grid import LocalGrid
 
 NODES, ROUNDS, DIM = 10, 2, 3
 

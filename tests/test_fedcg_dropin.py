@@ -1,4 +1,4 @@
-"""FedCG / FedCG+ / federated discrete greedy as drop-in strategies (issue 11).
+"""FedCG / FedCG+ / federated discrete greedy as drop-in strategies in a user's ServerApp.
 
 Plain mode (one node = one client, a user-style ClientApp with the helpers of
 ``flower_app.clients.fedcg``) over the in-process grid: the same x and S as the direct
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
 from flower_app.algorithms.fedcg.discrete_greedy import (
@@ -35,15 +34,16 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.experiment import run_direct
 from flower_app.runners.fedcg import server_run
-from flower_app.strategies.base import (
+from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
 )
-from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation
+from tests.support.local_grid import LocalGrid
 
 N, M = 12, 20
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.modes import run_direct as run_modes
@@ -24,7 +23,7 @@ from flower_app.clients.fedcg import Coverage, ScoreTable
 from flower_app.clients.fedsm import fedsm_evaluate, fedsm_reply
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.datasets.synthetic import synthetic_facility_location
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
@@ -33,6 +32,7 @@ from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.greedy import greedy
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 N, M = 24, 30
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from flower_app.sweeps.fedsm_modes import main
+from reproductions.fedsm_modes import main
 
 
 def _rows(path) -> list[dict]:

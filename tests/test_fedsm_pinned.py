@@ -1,4 +1,4 @@
-"""Seeded FedSM results recorded BEFORE the strategy moved onto RoundStrategy (issue 11).
+"""Seeded FedSM results recorded BEFORE the strategy moved onto the shared RoundStrategy loop.
 
 The recorded reproductions (docs/reproductions/fedsm-*.md) need MovieLens-1M and minutes;
 these small runs were computed with the old hand-written ``start()`` loop and must not
@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 
 from flower_app.clients.fedsm import fedsm_reply
 from flower_app.config import AppConfig
@@ -21,6 +20,7 @@ from flower_app.problems import load_problem
 from flower_app.runners.fedsm import fedsm_params, server_run
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.objectives import MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 #: `flwr run .` with the default run_config (also what `flwr run .` prints: F(S) = 3.4075)
 DEFAULT = ([430, 288, 14, 294, 194, 8, 481, 158, 179, 247], 3.4075)

@@ -20,7 +20,6 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from local_grid import LocalGrid
 from scipy.stats import chi2
 from test_fedsm_dropin import _direct, _objective, user_app
 
@@ -39,6 +38,7 @@ from flower_app.clients.submodular import SubmodularClient
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 #: significance level of the chi-square tests (fixed seeds: each test is deterministic)
 ALPHA = 1e-3

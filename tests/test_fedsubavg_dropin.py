@@ -14,7 +14,6 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 
 from flower_app.clients.fedsubavg import (
     declare_rows,
@@ -22,7 +21,7 @@ from flower_app.clients.fedsubavg import (
     load_submodel,
     submodel_reply,
 )
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
@@ -34,6 +33,7 @@ from flower_app.strategies.fedsubavg import (
     FedSubAvgStrategy,
     ScaffoldSubStrategy,
 )
+from tests.support.local_grid import LocalGrid
 
 N_ROWS, DIM, NODES = 12, 3, 4
 HOT = 7  # every node's data uses this row

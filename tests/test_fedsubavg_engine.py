@@ -16,7 +16,6 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.supercore.task_identity import TaskIdentity
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedsubavg.core import FeatureHeat, LocalConfig, make_server_update
 from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
@@ -31,6 +30,7 @@ from flower_app.strategies.fedsubavg import (
     FedSubAvgStrategy,
     ScaffoldSubStrategy,
 )
+from tests.support.local_grid import LocalGrid
 
 SMALL = {
     "algorithm": "fedsubavg",

@@ -91,7 +91,7 @@ def test_fedsubavg_needs_at_most_07_times_fedavgs_rounds(tmp_path) -> None:
     """
     import csv
 
-    from flower_app.sweeps.fedsubavg import main
+    from reproductions.fedsubavg import main
 
     out = tmp_path / "sweep"
     main(

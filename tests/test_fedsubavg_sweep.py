@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from flower_app.sweeps.fedsubavg import SETUPS, first_round_at, main, setup_of
+from reproductions.fedsubavg import SETUPS, first_round_at, main, setup_of
 
 
 def test_first_round_at_reads_losses_down_and_aucs_up() -> None:
@@ -83,7 +83,7 @@ def test_the_ratio_column_needs_both_algorithms() -> None:
     """FedSubAvg / FedAvg: a ratio, a bound past the horizon, or – when FedAvg was not run."""
     from argparse import Namespace
 
-    from flower_app.sweeps.fedsubavg import _table
+    from reproductions.fedsubavg import _table
 
     args = Namespace(weightings=["samples"], rounds=300, target_k=50, eval_every=10,
                      embedding_init="random", dataset="synthetic-sent140", seeds=[0])  # fmt: skip

@@ -1,4 +1,4 @@
-"""Hostile replies (issue 12, item 6): every strategy's train-reply decoder, fuzzed.
+"""Hostile replies: every strategy's train-reply decoder, fuzzed.
 
 For each strategy and mode a real run goes over the in-process grid; in round 1 or 2 the
 train reply of ONE node (the first one sent a train message that round) is replaced by a
@@ -49,7 +49,6 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from local_grid import LocalGrid
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
@@ -67,15 +66,17 @@ from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.server_data import probe_instance
-from flower_app.strategies.base import AllRepliesRejectedError, RoundStrategy
+from flower_app.strategies.base import RoundStrategy
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 from flower_app.strategies.maxfl import MaxFLStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
+from tests.support.local_grid import LocalGrid
 
 # ---------------------------------------------------------------------------- the grid
 TIMING_KEYS = {"round-time", "wall-time"}
@@ -1048,3 +1049,98 @@ def test_discovery_asks_again_after_a_failed_or_lost_cohort_query(ask: Callable)
     grid.tamper = refuse_then_silence
     with pytest.raises(DiscoveryError, match=r"its last error: NodeDataError: num-partitions=4"):
         ask(grid, 0.5, poll_interval=0.01, query_timeout=0.05, retry_after=0.01)
+
+
+# ---------------------------------------------------------------------------- side exchanges
+def _metrics_reply(msg: Message, reply: Message, **values: Any) -> Message:
+    """``reply`` with some of its ``"metrics"`` replaced (``None``: removed)."""
+    metrics = dict(reply.content.metric_records["metrics"])
+    for key, value in values.items():
+        if value is None:
+            metrics.pop(key)
+        else:
+            metrics[key] = value
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def _one_node(node: int, change: Callable[[Message, Message], Message | None]) -> Callable:
+    return lambda msg, reply: change(msg, reply) if msg.metadata.dst_node_id == node else reply
+
+
+FSA_METRICS_HOSTILE = {
+    "eval-loss-sum NaN": {"eval-loss-sum": float("nan")},
+    "eval-loss-sum inf": {"eval-loss-sum": float("inf")},
+    "eval-loss-sum negative": {"eval-loss-sum": -1.0},
+    "accuracy 3.0 (test-correct > test-n)": {"test-correct": 3, "test-n": 1},
+    "test-correct negative": {"test-correct": -1},
+    "eval-n 2.5": {"eval-n": 2.5},
+    "test-n missing": {"test-n": None},
+    "test-loss-sum a list": {"test-loss-sum": [1.0, 2.0]},
+}
+
+
+@pytest.mark.parametrize("case", list(FSA_METRICS_HOSTILE))
+def test_fedsubavg_federated_evaluation_refuses_and_counts_a_hostile_reply(case: str) -> None:
+    """``server-data = 'none'``: FedSubAvg's federated evaluation leaves a hostile reply out
+    and counts it (``metrics-bad-replies``), exactly as if that reply had not arrived; it
+    accepted ``eval-loss-sum = NaN`` and reported ``test-accuracy = 3.0`` from one node."""
+    from flower_app.runners.fedsubavg import _federated_metrics
+
+    grid = SCENARIOS["fedsubavg-cohort"].grid()
+    x = np.linspace(-0.1, 0.1, load_task(AppConfig.from_run_config(FSA_SMALL)).n_params)
+    nodes, bad = list(grid.node_ids), grid.node_ids[1]
+    clean = _federated_metrics(grid, nodes, x, 10.0)
+    assert "metrics-bad-replies" not in clean and 0.0 <= clean["test-accuracy"] <= 1.0
+    grid.tamper = _one_node(bad, lambda msg, reply: None)
+    lost = _federated_metrics(grid, nodes, x, 0.2)
+    assert lost["metrics-bad-replies"] == 1 and lost != clean
+    values = FSA_METRICS_HOSTILE[case]
+    grid.tamper = _one_node(bad, lambda msg, reply: _metrics_reply(msg, reply, **values))
+    got = _federated_metrics(grid, nodes, x, 10.0)
+    assert got == lost
+    assert all(math.isfinite(v) for v in got.values()) and got["test-accuracy"] <= 1.0
+    # the reply of the only node asked, refused: no metrics at all, said loudly
+    with pytest.raises(RuntimeError, match="0 of 1 nodes' replies accepted"):
+        _federated_metrics(grid, [bad], x, 10.0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"objective-sum": float("nan")}, {"objective-sum": [1.0]}, {"num-examples": -8},
+     {"num-examples": 2.5}, {"objective-sum": None}],
+)  # fmt: skip
+def test_fedsm_federated_objective_refuses_a_hostile_reply(values: dict[str, Any]) -> None:
+    """``server-data = 'none'``: F(S) by federated evaluation is None (logged) when a node's
+    reply is refused (non-finite, mistyped or negative values), never a sum that includes
+    it or that covers other users than the n the run has."""
+    from flower_app.server_data import federated_objective
+
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    nodes = list(grid.node_ids)
+    value = federated_objective(grid, nodes, [0, 3], N_COHORT, 10.0)
+    assert value is not None and math.isfinite(value)
+    grid.tamper = _one_node(nodes[0], lambda msg, reply: _metrics_reply(msg, reply, **values))
+    assert federated_objective(grid, nodes, [0, 3], N_COHORT, 10.0) is None
+    grid.tamper = None
+    assert federated_objective(grid, nodes, [0, 3], N_COHORT, 10.0) == value
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "big", [1.0]])
+def test_a_hostile_probe_reply_is_left_out_and_counted(value: Any) -> None:
+    """The ``server-data = 'none'`` probe refuses a cohort reply whose ``max-singleton`` (λ of
+    FedSM Algorithm 2) is non-finite, negative or not a number: the reply is counted and
+    left out, its node's users stay uncovered (``DiscoveryError``), never a NaN λ."""
+    grid = SCENARIOS["fedsm-cohort"].grid()
+    bad = grid.node_ids[1]
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        props = dict(reply.content.config_records["properties"])
+        props["max-singleton"] = value
+        return Message(RecordDict({"properties": ConfigRecord(props)}), reply_to=msg)
+
+    grid.tamper = _one_node(bad, tamper)
+    with pytest.raises(DiscoveryError, match=r"serve 16 of 24 users"):
+        probe_instance(grid, "synthetic", 0.05, 0.01)
+    grid.tamper = None
+    problem = probe_instance(grid, "synthetic", 1.0, 0.01)
+    assert problem.n_users == N_COHORT and math.isfinite(problem.max_singleton)

@@ -34,8 +34,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flower_app.strategies.base import TooFewRepliesError
 from flower_app.strategies.discovery import DiscoveryError
+from flower_app.strategies.errors import TooFewRepliesError
 from tests.test_hostile_replies import EXAMPLES, SCENARIOS, Outcome, _same, _without_reasons
 
 #: (scenario, predicate on the request that picks the exchange)

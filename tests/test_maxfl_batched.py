@@ -17,7 +17,7 @@ from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.models.mlp import MLP
-from flower_app.results import read_metrics
+from flower_app.results import read_rows
 
 #: float32 weights after 10 SGD steps at lr 0.1: one-by-one and batched differ only by the
 #: order of the sums inside the matrix products
@@ -119,7 +119,7 @@ def test_direct_engine_batched_run_matches_one_by_one(algorithm) -> None:
     one, many = runs[False], runs[True]
     for key in ("seen-loss", "unseen-loss", "seen-tuned-acc"):
         assert many["final"][key] == pytest.approx(one["final"][key], rel=1e-4), key
-    rows = {b: read_metrics(Path(r["run-folder"])) for b, r in runs.items()}
+    rows = {b: read_rows(Path(r["run-folder"])) for b, r in runs.items()}
     assert [r.get("users") for r in rows[True]] == [r.get("users") for r in rows[False]]
     for a, b in zip(rows[False], rows[True], strict=True):
         if a.get("train-loss") is not None:

@@ -15,7 +15,6 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
-from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
 from flower_app.algorithms.maxfl.core import aggregation_weight, maxfl_update
@@ -24,12 +23,13 @@ from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, st
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
-from flower_app.strategies.base import (
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
 )
 from flower_app.strategies.maxfl import MaxFLStrategy
+from tests.support.local_grid import LocalGrid
 
 DIM = 4
 
@@ -414,7 +414,7 @@ def test_flowers_dp_wrappers_drive_maxfl_like_fedavg() -> None:
 
     _, plain, _ = run(user_app(), flexible=False)
     clean, inner = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.0)
-    assert inner._external_setup  # setup and sampling ran for Flower's loop
+    assert inner.external.setup_done  # setup and sampling ran for Flower's loop
     for key, value in as_dict(plain.arrays).items():
         np.testing.assert_allclose(clean[key], value, rtol=1e-6, atol=1e-7)
     noisy, _ = wrapped(DifferentialPrivacyServerSideFixedClipping, user_app(), 0.05)

@@ -17,7 +17,6 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.supercore.task_identity import TaskIdentity
-from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
 from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
@@ -28,6 +27,7 @@ from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
 from flower_app.strategies.discovery import CohortMap
 from flower_app.strategies.maxfl import AppealStrategy
+from tests.support.local_grid import LocalGrid
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
-from local_grid import LocalGrid
 from maxfl_configs import SMALL as MAXFL_SMALL
 
 from flower_app import registry
@@ -32,6 +31,7 @@ from flower_app.experiment import run_direct
 from flower_app.models.mlp import SENT140_HIDDEN, init_weights, layer_sizes
 from flower_app.runners import maxfl as runner
 from flower_app.settings import SETTINGS
+from tests.support.local_grid import LocalGrid
 
 SENT140 = ("sent140", "synthetic-sent140")
 

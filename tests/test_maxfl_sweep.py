@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.sweeps import maxfl as sweep
+from reproductions import maxfl as sweep
 
 TINY = [
     "--setting",

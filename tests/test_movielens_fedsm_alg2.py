@@ -12,7 +12,7 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from flower_app.results import read_metrics
+from flower_app.results import read_rows
 
 pytestmark = pytest.mark.realdata
 
@@ -36,7 +36,7 @@ def runs(tmp_path_factory) -> list[tuple[dict, list[dict]]]:
     for seed in (0, 1, 2):
         cfg = AppConfig.from_run_config({**AUTHORS, "seed": seed, "output-dir": str(out)})
         summary = run_direct(cfg)
-        result.append((summary, read_metrics(summary["run-folder"])))
+        result.append((summary, read_rows(summary["run-folder"])))
     return result
 
 

@@ -1,5 +1,5 @@
 """Node-local data: export per-node files + manifest; nodes read only their file; a server
-with ``server-data = "none"`` reads no client data and picks the same S (issue 12, item 1)."""
+with ``server-data = "none"`` reads no client data and picks the same S."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from flwr.app import Context, RecordDict
-from local_grid import LocalGrid
 from maxfl_configs import SMALL
 
 from flower_app.clients.cohorts import cohort_range
@@ -23,6 +22,7 @@ from flower_app.node_data import NodeDataError, load_node_rows, read_groups, sha
 from flower_app.problems import load_problem
 from flower_app.registry import load_runner
 from flower_app.strategies.discovery import DiscoveryError
+from tests.support.local_grid import LocalGrid
 
 #: a small synthetic facility-location instance (the one exported and simulated)
 INSTANCE = {"dataset": "synthetic-facility-location", "num-users": 60, "num-elements": 30}

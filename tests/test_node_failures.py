@@ -11,7 +11,6 @@ loopback) is ``test_deploy_failures.py``.
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,12 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message
 from flwr.common.constant import ErrorCode
 
+from flower_app import checkpoint
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
+from flower_app.results import CHECKPOINT
 from flower_app.runners.fedsubavg import load_task
 from flower_app.strategies import (
     FedCGStrategy,
@@ -30,9 +31,9 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
-from flower_app.strategies.base import TooFewRepliesError
+from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M
 
 
@@ -163,11 +164,11 @@ def test_a_round_below_min_reply_fraction_stops_the_run_with_the_reason() -> Non
 
 
 def test_fedsm_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run() -> None:
-    """Resume after round 2 (checkpoint pickled as the run folder stores it): same S, same
+    """Resume after round 2 (checkpoint stored as the run folder stores it): same S, same
     rows, and rounds 1-2 are not sent again."""
     saved: list[bytes] = []
     whole = _strategy(k=5)
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
     rows = _run(SCENARIOS["fedsm-cohort"].grid(), whole)
     assert len(saved) == 5
 
@@ -176,7 +177,7 @@ def test_fedsm_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run() -> None
     app = grid.app
     grid.app = lambda msg, ctx: (sent_rounds.append(msg.metadata.group_id), app(msg, ctx))[1]
     resumed = _strategy(k=5)
-    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.resume_from(checkpoint.loads(saved[1]))
     again = _run(grid, resumed)
     assert resumed.run.selected == whole.run.selected
     drop = ("round-time", "wall-time")
@@ -191,13 +192,13 @@ def test_maxfl_resumed_from_a_checkpoint_ends_with_the_uninterrupted_model() -> 
     sc = SCENARIOS["maxfl-cohort"]
     saved: list[bytes] = []
     whole = sc.make_strategy()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
     whole.start(grid=sc.grid(), **{**sc.start(), "num_rounds": 4})
     # restarted nodes: fresh contexts (no client state survives), the same ClientApp
     fresh = LocalGrid(sc.num_nodes, sc.run_config, app=sc.app() or default_client_app,
                       node_config=sc.node_config)  # fmt: skip
     resumed = sc.make_strategy()
-    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.resume_from(checkpoint.loads(saved[1]))
     resumed.start(grid=fresh, **{**sc.start(), "num_rounds": 4})
     assert len(resumed.history) == len(whole.history)
     for a, b in zip(resumed.server.weights, whole.server.weights, strict=True):
@@ -214,18 +215,18 @@ def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None
 
     saved: list[bytes] = []
     whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
     assert len(saved) == 5
     resumed = make()
-    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.resume_from(checkpoint.loads(saved[1]))
     resumed.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4, 5]
     assert np.array_equal(resumed.server.x, whole.server.x)
     assert resumed.selected == whole.selected and whole.selected is not None
     other = FedCGStrategy(cohorts=True, server=FedCGServer(
         N_COHORT, UniformMatroid(M, 2), 7, 0.0, LocalSteps(), 0.5, seed=0))  # fmt: skip
-    other.resume_from(pickle.loads(saved[1]))
+    other.resume_from(checkpoint.loads(saved[1]))
     with pytest.raises(ValueError, match="does not match"):
         other.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=7, timeout=5)
 
@@ -240,11 +241,11 @@ def test_discrete_greedy_resumed_from_a_checkpoint_ends_with_the_uninterrupted_s
 
     saved: list[bytes] = []
     whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=4, timeout=5)
     assert len(saved) == 4 and len(whole.server.selected) == 4
     resumed = make()
-    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.resume_from(checkpoint.loads(saved[1]))
     resumed.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=4, timeout=5)
     assert resumed.server.selected == whole.server.selected
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4]
@@ -268,12 +269,12 @@ def test_fedsubavg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x(algor
     grid = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)
     saved: list[bytes] = []
     whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(pickle.dumps(payload))
+    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
     whole.start(grid=grid, num_rounds=4, timeout=5)
     assert len(saved) == 4
     fresh = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)
     resumed = make()
-    resumed.resume_from(pickle.loads(saved[1]))
+    resumed.resume_from(checkpoint.loads(saved[1]))
     resumed.start(grid=fresh, num_rounds=4, timeout=5)
     assert np.array_equal(resumed.x, whole.x) and np.abs(whole.x).max() > 0
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4]
@@ -334,14 +335,13 @@ def test_server_data_none_run_resumes_after_the_serverapp_died(tmp_path, family)
     runs): the ServerApp dies while sending round 3; the resumed run redoes no finished round
     and ends as the uninterrupted one. The checkpoint holds the nodes' n, m (and λ), no
     client data; nodes that report another instance are refused."""
-    from flower_app.results import CHECKPOINT, ResumeError
+    from flower_app.results import ResumeError
 
     base = {**REMOTE_RESUME[family], "server-data": "none", "output-dir": str(tmp_path)}
     runner, nodes, whole, cfg, folder = _whole_then_crashed(
         base, lambda nodes, cfg: _CrashingGrid(nodes, cfg, 3)
     )
-    with (folder / CHECKPOINT).open("rb") as fh:
-        saved = pickle.load(fh)
+    saved = checkpoint.read_checkpoint(folder / CHECKPOINT)
     assert saved["server-round"] == 2
     assert saved["remote-problem"]["n_users"] == base["num-users"]
     grid = _CrashingGrid(nodes, {**cfg, "resume": True}, 4)  # 3 rounds left: no crash
@@ -366,15 +366,14 @@ class _CrashAfterRound(LocalGrid):
     def __init__(self, num_nodes: int, run_config: dict, round_: int) -> None:
         super().__init__(num_nodes, run_config)
         self.round = round_
-        self.checkpoint = Path(run_config["output-dir"]) / run_config["run-name"] / "checkpoint.pkl"
+        self.checkpoint = Path(run_config["output-dir"]) / run_config["run-name"] / CHECKPOINT
 
     def push_messages(self, messages):
         messages = list(messages)
         train = any(m.metadata.message_type.split(".")[0] == "train" for m in messages)
-        if train and self.checkpoint.exists():
-            with self.checkpoint.open("rb") as fh:
-                if pickle.load(fh)["server-round"] >= self.round:
-                    raise _Crash
+        saved = train and self.checkpoint.exists() and checkpoint.read_checkpoint(self.checkpoint)
+        if saved and saved["server-round"] >= self.round:
+            raise _Crash
         return super().push_messages(messages)
 
 

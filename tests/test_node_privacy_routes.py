@@ -605,7 +605,7 @@ def test_a_flower_run_reports_the_nodes_own_epsilon_and_the_node_that_stopped(tm
     from flower_app.algorithms.common.gaussian_dp import server_epsilon
     from flower_app.config import AppConfig
     from flower_app.runners import maxfl as maxfl_runner
-    from tests.local_grid import LocalGrid
+    from tests.support.local_grid import LocalGrid
 
     cfg = {"algorithm": "maxfl", "dataset": "synthetic-emnist", "num-users": 10,
            "maxfl-unseen-users": 0, "clients-per-round": 8, "maxfl-rounds": 3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from flower_app.quiet import NOISE, is_noise, quiet_flower_logs
-from flower_app.strategies.base import _eta
+from flower_app.strategies.round_rows import eta as _eta
 
 
 def _rows(times: list[float]) -> list[dict]:

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from local_grid import LocalGrid
 
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.own import OwnDataError, load_coverage_sets, load_facility_table
 from flower_app.experiment import run_direct
 from flower_app.registry import load_runner
+from tests.support.local_grid import LocalGrid
 
 
 def _ratings(tmp_path, n_users: int = 40, n_items: int = 25, seed: int = 0):

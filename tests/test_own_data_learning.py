@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
-from local_grid import LocalGrid
 
 from flower_app.config import AppConfig
 from flower_app.datasets.idx import write_idx
 from flower_app.datasets.own import OwnDataError
 from flower_app.experiment import run_direct
+from tests.support.local_grid import LocalGrid
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,7 @@ from flower_app.privacy import SecureAggregation
 from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 from tests.test_secure_aggregation import N_USERS, M, _ratings
 
 
@@ -296,7 +296,7 @@ def test_the_privacy_sweep_writes_its_table_and_figure(tmp_path) -> None:
     """run_sim.py privacy fedsm-dp on a small instance: CSV rows, the table, the PNG."""
     import csv
 
-    from flower_app.sweeps.privacy import main
+    from reproductions.privacy import main
 
     assert main(["fedsm-dp", "--dataset", "synthetic-facility-location", "--k", "2",
                  "--epsilons", "1", "--seeds", "0", "--out", str(tmp_path)]) == 0  # fmt: skip

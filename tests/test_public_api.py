@@ -1,10 +1,17 @@
-"""The public API: strategies and client helpers import from one module each."""
+"""The public API: strategies and client helpers import from one module each; the package
+is all that is installed and shipped."""
 
 from __future__ import annotations
 
+import ast
+import io
 import subprocess
 import sys
+import tomllib
+import zipfile
+from pathlib import Path
 
+import pytest
 from flwr.serverapp.strategy import Strategy
 
 import flower_app.clients as clients
@@ -56,3 +63,36 @@ def test_a_clientapp_imports_only_what_its_family_needs():
         out = subprocess.run([sys.executable, "-c", code, family], capture_output=True,
                              text=True, check=True)  # fmt: skip
         assert out.stdout.strip() == expected, family
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: top-level parts of the repository that are never installed nor shipped in the FAB
+NOT_SHIPPED = ("benchmarks/", "docs/", "examples/", "reproductions/", "run_sim.py", "tests/")
+
+
+# Flower 1.42's FAB builder uses a pathspec pattern class that pathspec deprecates: not ours
+@pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")
+def test_the_fab_ships_the_package_only() -> None:
+    """What ``flwr run`` packages (Flower's own builder on this checkout): ``flower_app/``,
+    never the reproductions, the tests and their harnesses, the benchmarks or the docs."""
+    from flwr.cli.build import build_fab_from_disk
+
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
+    assert "flower_app/server_app.py" in names and "flower_app/results.py" in names
+    assert not [n for n in names if n.startswith(NOT_SHIPPED)]
+
+
+def test_the_wheel_installs_the_package_only_and_it_imports_nothing_that_is_not() -> None:
+    """The wheel holds ``flower_app`` (hatch's ``packages``), and no module of it imports the
+    reproductions, the tests' harnesses or Flower's private simulation entry point."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["flower_app"]
+    outside = ("reproductions", "tests", "run_sim", "benchmarks", "flwr.simulation.run_simulation")
+    found = []
+    for path in sorted((ROOT / "flower_app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith(outside)]
+    assert found == []

@@ -17,8 +17,8 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from flower_app.ray_cluster import LoopbackRayCluster
 from flower_app.simulation import FlwrRun, LocalSimulation
+from tests.support.ray_cluster import LoopbackRayCluster
 
 pytestmark = pytest.mark.flwr
 

@@ -25,11 +25,11 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
-from flower_app.results import read_metrics
+from flower_app.results import read_rows
 from flower_app.runners.fedsubavg import direct_run as fedsubavg_direct_run
-from flower_app.sweeps.fedcg import PRESETS as FEDCG_PRESETS
-from flower_app.sweeps.fedsm_modes import ALG2_VARIANTS
-from flower_app.sweeps.fedsubavg import rounds_to_target
+from reproductions.fedcg import PRESETS as FEDCG_PRESETS
+from reproductions.fedsm_modes import ALG2_VARIANTS
+from reproductions.fedsubavg import rounds_to_target
 
 REAL = pytest.mark.realdata  # every re-run needs MovieLens-1M under FLOWER_APP_DATA
 
@@ -201,7 +201,7 @@ def _alg2_runs(tmp_path: Path, variant: str, clients: float, pairs: int) -> list
             },
             f"alg2-{len(runs)}-s{seed}",
         )
-        runs.append((summary, read_metrics(Path(summary["run-folder"]))))
+        runs.append((summary, read_rows(Path(summary["run-folder"]))))
     return runs
 
 

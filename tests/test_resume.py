@@ -2,7 +2,7 @@
 
 A real ``flwr run`` on a private local SuperLink is stopped after round 3; ``resume = true``
 with the same run_config on a fresh SuperLink continues from the run folder's
-``checkpoint.pkl``: the finished rounds are not redone, ``metrics.jsonl`` holds every round
+``checkpoint.npz``: the finished rounds are not redone, ``metrics.jsonl`` holds every round
 once, and S is the uninterrupted run's (the direct engine's, which Flower matches exactly).
 Marked ``deploy`` (a SuperLink killed; about two minutes): CI runs it.
 

@@ -4,13 +4,14 @@ A killed process must lose nothing (each line and checkpoint is flushed, the che
 replaced atomically); ``fsync`` costs about as much as a short round, so it is throttled to
 ``sync_every`` seconds, syncs the metrics before the checkpoint (the rows on disk always reach
 the checkpoint on disk) and always at the end. A checkpoint that did not reach the disk is
-refused by name on resume.
+refused by name on resume, and so is an older version's pickle checkpoint (never unpickled).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_a_checkpoint_that_did_not_reach_the_disk_is_refused_by_name(tmp_path) -
     writer.save_checkpoint({"server-round": 1, "x": [1.0, 2.0]})
     path = tmp_path / "run" / CHECKPOINT
     path.write_bytes(path.read_bytes()[:7])  # what a power loss may leave
-    with pytest.raises(ResumeError, match=r"checkpoint.pkl is unreadable .*without 'resume'"):
+    with pytest.raises(ResumeError, match=r"checkpoint.npz is unreadable .*without 'resume'"):
         RunWriter(tmp_path / "run", CONFIG, resume=True)
     path.write_bytes(b"")
     with pytest.raises(ResumeError, match="unreadable"):
@@ -81,26 +82,33 @@ def test_the_summary_may_be_written_again_with_more_keys(tmp_path) -> None:
     assert summary == {"a": 1, "b": 2}
 
 
-def test_a_checkpoint_of_the_old_module_layout_resumes_and_an_unknown_one_is_refused(tmp_path):
-    """Server states pickled before algorithms/ got a subpackage per family still load."""
-    import pickle
-
-    from flower_app.algorithms.common.gaussian_dp import GaussianDP
-
-    state = GaussianDP(noise_multiplier=0.5, clip=2.0)
+def test_an_older_versions_pickle_checkpoint_is_refused_without_running_it(tmp_path) -> None:
+    """Before checkpoints were plain data, a run folder held ``checkpoint.pkl``: refused by
+    name, never unpickled (a pickle runs what it says: here it would create a directory)."""
     writer = RunWriter(tmp_path / "run", CONFIG)
     writer.log_round({"server-round": 1})
-    path = tmp_path / "run" / CHECKPOINT
-    # protocol 0 names each class by "module\nname": write it under the module's old name
-    data = pickle.dumps({"server-round": 1, "dp": state}, protocol=0)
-    new, old = b"flower_app.algorithms.common.gaussian_dp", b"flower_app.algorithms.gaussian_dp"
-    assert new in data
-    path.write_bytes(data.replace(new, old))
-    resumed = RunWriter(tmp_path / "run", CONFIG, resume=True)
-    assert resumed.checkpoint is not None and resumed.checkpoint["dp"] == state
-    path.write_bytes(data.replace(new, b"flower_app.algorithms.no_such_module"))
-    with pytest.raises(ResumeError, match="version of flower_app whose server state"):
+    ran = tmp_path / "the-pickle-ran"
+    data = pickle.dumps({"server-round": 1, "state": _Mkdir(str(ran))})
+    (tmp_path / "run" / "checkpoint.pkl").write_bytes(data)
+    with pytest.raises(ResumeError, match=r"older version of flower_app .*checkpoint.pkl.* cannot"):
         RunWriter(tmp_path / "run", CONFIG, resume=True)
+    # the same pickle under the new name is refused as a pickle
+    (tmp_path / "run" / CHECKPOINT).write_bytes(data)
+    with pytest.raises(ResumeError, match=r"checkpoint.npz is a pickle.*nothing in it was run"):
+        RunWriter(tmp_path / "run", CONFIG, resume=True)
+    assert not ran.exists()
+    pickle.loads(data)  # the pickle is live: unpickling it runs its code
+    assert ran.is_dir()
+
+
+class _Mkdir:
+    """Unpickled, this creates the directory ``path`` (what any pickle could do instead)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return os.mkdir, (self.path,)
 
 
 def test_a_new_run_never_overwrites_a_run_folder(tmp_path) -> None:

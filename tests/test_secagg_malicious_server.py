@@ -48,7 +48,7 @@ from flower_app.privacy.secagg_client import (
 from flower_app.privacy.secagg_server import KeyBook
 from flower_app.privacy.shares import combine_seed, seed_commitment
 from flower_app.privacy.topology import ring_neighbours
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 
 FRAC = 24
 SIZES = [4, 5, 6, 8, 16]
@@ -283,10 +283,10 @@ def test_an_honest_session_sums_exactly_and_the_recovery_needs_the_pair_keys() -
 @pytest.mark.parametrize("claim", ["missing-share", "dead-list"])
 @pytest.mark.parametrize("neighbourhood", ["default", "everyone"])
 def test_inconsistent_dropout_claims_are_refused(n: int, claim: str, neighbourhood: str) -> None:
-    """Issue 26's attack: tell X and threshold - 1 neighbours "X is active" and the other
-    neighbours "X dropped out", with the default plan's neighbourhoods and with every node
-    as neighbour (announced as such: an unannounced oversized list is refused earlier, see
-    below). The lied-to neighbours refuse; no reply is recoverable."""
+    """The inconsistent-dropout attack: tell X and threshold - 1 neighbours "X is active" and
+    the other neighbours "X dropped out", with the default plan's neighbourhoods and with
+    every node as neighbour (announced as such: an unannounced oversized list is refused
+    earlier, see below). The lied-to neighbours refuse; no reply is recoverable."""
     fed = Federation(n)
     fed.setup()
     plan = (n, n // 2 + 1) if neighbourhood == "everyone" else None
@@ -752,6 +752,10 @@ def test_keys_endorsed_by_trusted_identities_refuse_substituted_and_invented_nod
     fed.setup()
     ident = {v: (fed.setup_replies[v]["identity"], fed.setup_replies[v]["endorsement"])
              for v in fed.nodes}  # fmt: skip
+    assert {fed.setup_replies[v]["trust"] for v in fed.nodes} == {"endorsed"}
+    tofu = Federation(3)
+    tofu.setup()
+    assert {tofu.setup_replies[v]["trust"] for v in tofu.nodes} == {"first-use"}
 
     def endorsed(s: Session, node: int, keys=None, ids=None) -> dict[str, Any]:
         keys = keys or {v: fed.keys[v] for v in s.ring[node]}

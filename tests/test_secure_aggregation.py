@@ -32,10 +32,10 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
-from flower_app.strategies.base import AllRepliesRejectedError
+from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
-from tests.local_grid import LocalGrid
+from tests.support.local_grid import LocalGrid
 
 N_USERS, M, K, NODES = 40, 15, 4, 5
 

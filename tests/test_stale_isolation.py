@@ -1,7 +1,8 @@
 """Namespaces and cgroups an exited process left behind are removed; a live process's stay.
 
-A rehearsal names its network namespaces and cgroups ``fa-<pid>-...`` after the process that
-made them; one killed without closing leaves them. Real objects (``ip netns``, the machine's
+A rehearsal names its network namespaces and cgroups ``fa-<pid>-r<n>-...`` after the process
+that made them (``r<n>``: its n-th rehearsal, so that two in one process differ); one killed
+without closing leaves them. Real objects (``ip netns``, the machine's
 cgroup hierarchy), no mocks: one set named after a process that has exited (with a process
 of ours still inside its cgroup and namespace, and a veth link to the other set), one named
 after a process that runs; each of the three sweepers (:func:`remove_stale` itself, a new
@@ -23,8 +24,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from flower_app import process_sweep, procfs
+from flower_app import procfs
 from flower_app.deploy.isolation import Cgroup, Devices, Host, Support, probe, remove_stale
+from tests.support import process_sweep
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,11 @@ def _ip(*args: str) -> str:
 
 
 class Made:
-    """A namespace and a cgroup ``fa-<pid>-stale`` (each where the probe says it can be)."""
+    """A namespace and a cgroup ``fa-<pid>-r1-stale``, named as a rehearsal's (each where the
+    probe says it can be)."""
 
     def __init__(self, pid: int, support: Support) -> None:
-        self.name = f"fa-{pid}-stale"
+        self.name = f"fa-{pid}-r1-stale"
         self.namespace: str | None = None
         self.cgroup: Cgroup | None = None
         if support.namespaces:
@@ -99,8 +102,8 @@ def _by_new_devices(dead: int) -> None:
 
 def _by_watchdog(dead: int) -> None:
     """The test run's watchdog, its owner being the exited process (returns at once)."""
-    cmd = [sys.executable, "-m", "flower_app.process_sweep", "--token",
-           process_sweep.new_token(), "--after", str(dead)]  # fmt: skip
+    cmd = [sys.executable, process_sweep.__file__, "--token", process_sweep.new_token(),
+           "--after", str(dead)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 

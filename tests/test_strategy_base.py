@@ -16,22 +16,20 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
-from local_grid import LocalGrid
 
 from flower_app.clients.adapter import numpy_client_app
-from flower_app.strategies.base import (
-    TTL_MARGIN,
+from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.discovery import discover_cohorts
+from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
     MissingHandlerError,
     NotEnoughNodesError,
-    RoundStrategy,
-    check_initial_arrays,
-    expire_after,
-    sample_nodes,
-    to_metric_record,
 )
-from flower_app.strategies.discovery import discover_cohorts
+from flower_app.strategies.exchange import TTL_MARGIN, expire_after
+from flower_app.strategies.records import check_initial_arrays, to_metric_record
+from flower_app.strategies.sampling import sample_nodes
+from tests.support.local_grid import LocalGrid
 
 
 def rec(**arrays: np.ndarray) -> ArrayRecord:
@@ -50,7 +48,7 @@ class ToyStrategy(RoundStrategy):
     def expected_initial_arrays(self):
         return {"w": ((3,), "f")}
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def train_messages(self, server_round, arrays, config, grid):
         nodes = sample_nodes(grid, self.rng, self.fraction_train, 1, 1, timeout=1)
         cfg = self.merged_config(config, server_round)
         return [
@@ -271,7 +269,7 @@ def test_send_polls_every_5_ms_at_first_and_backs_off_after_a_second(monkeypatch
     """A reply ready between pulls is read within POLL_FAST during an exchange's first second
     (a growing interval from the start added up to a third of a short simulated round), and
     the interval grows ×1.5 to POLL_SLOW only afterwards (fewer pulls on a long wait)."""
-    import flower_app.strategies.base as base
+    import flower_app.strategies.exchange as base
 
     slept: list[float] = []
     real_sleep = time.sleep

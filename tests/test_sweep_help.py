@@ -20,7 +20,7 @@ import pytest
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.registry import ALGORITHMS, algorithms_of
-from flower_app.sweeps import cli, fedcg, fedsm_modes, fedsubavg, maxfl, privacy
+from reproductions import cli, fedcg, fedsm_modes, fedsubavg, maxfl, privacy
 
 ROOT = Path(__file__).resolve().parents[1]
 

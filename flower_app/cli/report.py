@@ -26,11 +26,12 @@ A metric a run does not record is left out of its panels; a panel no run has is 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from flower_app.results import read_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -84,18 +85,6 @@ SUMMARY_FIELDS = (
 )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: missing (is {path.parent} a run folder?)") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: line {err.lineno}: not JSON ({err.msg})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
-
 def load_run(folder: str | Path) -> dict[str, Any]:
     """Return a run folder's ``config``, ``rows`` (metrics.jsonl), ``summary`` (or {}) and name.
 
@@ -113,26 +102,14 @@ def load_run(folder: str | Path) -> dict[str, Any]:
     Raises
     ------
     ValueError
-        If ``config.json`` is missing or a file is not valid JSON (file and line named).
+        If ``config.json`` is missing, a file is not valid JSON or a row has no
+        ``server-round`` (file and line named; :func:`flower_app.results.read_run`).
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: not a folder")
-    config = _read_json(folder / "config.json")
-    rows: list[dict[str, Any]] = []
-    metrics = folder / "metrics.jsonl"
-    if metrics.exists():
-        for number, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{metrics}: line {number}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict) or "server-round" not in row:
-                raise ValueError(f"{metrics}: line {number}: expected an object with server-round")
-            rows.append(row)
-    summary = _read_json(folder / "summary.json") if (folder / "summary.json").exists() else {}
+    run = read_run(folder)
+    for number, row in enumerate(run.rows, 1):
+        if "server-round" not in row:
+            raise ValueError(f"{run.folder / 'metrics.jsonl'}: row {number}: no server-round")
+    rows, summary = run.rows, run.summary or {}
     greedy = summary.get("greedy-by-k")  # submodular runs: F of greedy's first k elements
     if isinstance(greedy, list):
         for row in rows:
@@ -140,7 +117,7 @@ def load_run(folder: str | Path) -> dict[str, Any]:
             usable = isinstance(value, int | float) and isinstance(size, int)
             if usable and 0 < size <= len(greedy) and greedy[size - 1]:
                 row["ratio-to-greedy"] = float(value) / float(greedy[size - 1])
-    return {"name": folder.name, "folder": folder, "config": config, "rows": rows,
+    return {"name": run.name, "folder": run.folder, "config": run.config, "rows": rows,
             "summary": summary}  # fmt: skip
 
 

@@ -8,7 +8,7 @@ overwriting a run folder), warns about what Flower would walk or refuse in the a
 the full log; ``stop`` stops exactly the local SuperLink of one ``FLWR_HOME``;
 :func:`superlinks_report` names every SuperLink using its database.
 
-Flower facts this module works around (flwr 1.41/1.42):
+Flower facts this module works around (flwr 1.42):
 
 - ``flwr run --stream`` exits 0 when the run fails; the run's real outcome is its status in
   ``flwr ls`` (``finished:completed``, ``finished:failed``, ``finished:stopped``) with the

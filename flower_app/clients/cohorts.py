@@ -1,6 +1,6 @@
 """Which users a node serves: the dataset's users split into contiguous cohorts.
 
-A node is not a user (DESIGN principle 3): with P = ``num-partitions`` nodes, node p serves
+A node is not a user: with P = ``num-partitions`` nodes, node p serves
 the users of the p-th of P contiguous, near-equal blocks (the split of
 ``numpy.array_split``), one user per node when P = n.
 """

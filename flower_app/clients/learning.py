@@ -1,10 +1,10 @@
 """LearningClient: a node's cohort of clients for MaxFL and its baselines (a NumPyClient).
 
-A node serves a contiguous range of the federation's clients (seen and unseen; DESIGN
-principle 3). Each client's solo-model results — its requirement ρ_k — are computed the first
-time they are needed and kept in the node's persistent state: ``context.state`` under Flower
-(:class:`RecordState`), a plain dict in the direct engine (:class:`DictState`). SCAFFOLD's
-client control variates c_k live there too.
+A node serves a contiguous range of the federation's clients, seen and unseen (a node is not
+a client: :mod:`flower_app.clients.cohorts`). Each client's solo-model results — its
+requirement ρ_k — are computed the first time they are needed and kept in the node's
+persistent state: ``context.state`` under Flower (:class:`RecordState`), a plain dict in the
+direct engine (:class:`DictState`). SCAFFOLD's client control variates c_k live there too.
 
 The NumPyClient methods and what they exchange (the strategy side is
 :class:`flower_app.strategies.maxfl.AppealStrategy`):

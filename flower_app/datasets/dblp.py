@@ -1,9 +1,9 @@
 """DBLP researcher-venue sets from the official ``dblp.xml`` dump, for max coverage.
 
-The FedSM paper (shared/papers/fedsm-federated-submodular-rounds-bits-2025) builds a bipartite
-network of n = 704,738 researchers and m = 2,675 venues: a researcher's set holds every venue
-where they published at least one paper between 2018 and 2021. How the authors turned DBLP into
-that network is not published; this module rebuilds it from the official dump with the rules
+The FedSM paper (Rafiey, Namani & Charalambides, 2025) builds a bipartite network of
+n = 704,738 researchers and m = 2,675 venues: a researcher's set holds every venue where they
+published at least one paper between 2018 and 2021. How the authors turned DBLP into that
+network is not published; this module rebuilds it from the official dump with the rules
 stated in :func:`load_dblp_venue_sets` and reports its own counts beside the paper's
 (:func:`summary`).
 

@@ -6,7 +6,8 @@ on the 200-D average-pooled tweet embedding, dropout after the first hidden laye
 images (:data:`SENT140_HIDDEN`). ReLU activations; the dropout rate is not given in the paper
 (``dropout``, default 0.2 here). Dropout draws its mask from an explicit
 :class:`torch.Generator`, so a client's training is reproducible from its seed alone
-(DESIGN principle 4), whatever else runs in the process.
+(every random draw depends on the seed, round and client only), whatever else runs in the
+process.
 
 Weights travel as a list of float32 numpy arrays in the order
 ``[W1 (64, 784), b1 (64,), W2 (30, 64), b2 (30,), W3 (C, 30), b3 (C,)]`` — torch's

@@ -82,8 +82,9 @@ the server as an error reply: ``node refused [rule]: ...``, public parameters on
 * **no private value in a refusal** (:mod:`flower_app.privacy.refusals`) — any error of the
   handler, a reply transform or the encoding is replaced by a fixed text naming the stage.
 
-In ``collect`` the mod calls the node's own handler (for a new question), encodes its reply (every array and
-metric except the public ones, see :mod:`flower_app.privacy.fixed_point`), adds its
+In ``collect`` the mod calls the node's own handler (for a new question), encodes its
+reply (every array and metric except the public ones, see
+:mod:`flower_app.privacy.fixed_point`), adds its
 self mask and the pairwise masks, and sends only the masked vector and the layout (names,
 shapes, whether real or integer: the same on every node). The encoded reply is kept until
 the session is unmasked: a rerun of the same request (after another node dropped out) is
@@ -408,7 +409,9 @@ def _setup(context: Context, nid: int, state: _NodeState) -> dict[str, Any]:
             state.keys["identity"] = public_key_to_bytes(identity.public_key())
             state.keys["endorsement"] = sign_message(identity, message)
         state.save(keys=True)
-    reply = {"pk": state.keys["pk"]}
+    # how this node checks its neighbours' keys (its operator's choice), for the run's record
+    trusts = "endorsed" if context.node_config.get(TRUSTED_KEYS) else "first-use"
+    reply: dict[str, Any] = {"pk": state.keys["pk"], "trust": trusts}
     if "identity" in state.keys:
         reply.update(identity=state.keys["identity"], endorsement=state.keys["endorsement"])
     return reply
@@ -712,7 +715,8 @@ def _answer(
     if out.has_error():
         return _quiet_error(out, msg)
     reply_content = out.content
-    _charge(reply_content, PrivacyLedger(context))
+    with private_errors("reading the reply's dp-release declaration"):
+        release = Release.pop_from(reply_content)
     if cfg.get("transform"):  # a reply that is not a sum as it is (e.g. MaxFL plain mode)
         params = {k[len("transform-"):]: v for k, v in cfg.items()
                   if k.startswith("transform-")}  # fmt: skip
@@ -727,6 +731,8 @@ def _answer(
     with private_errors("encoding the reply"):
         entries = layout_of(reply_content, public_keys)
         vector = encode_reply(entries, int(cfg["frac-bits"]), len(cfg["announced"]))
+    if release is not None:  # charged once the answer exists, before anything is sent
+        PrivacyLedger(context).charge(release)
     layout = [e.text() for e, _ in entries]
     metrics = reply_content.metric_records.get("metrics")
     public = {k: metrics[k] for k in public_keys if metrics is not None and k in metrics}

@@ -125,7 +125,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
-from flower_app.privacy.fixed_point import Entry, decode_sum, mask_stream
+from flower_app.privacy.fixed_point import MIN_RANGE_BITS, Entry, decode_sum, mask_stream
 from flower_app.privacy.ledger import NODE_PRIVACY_RECORD
 from flower_app.privacy.refusals import refusal_rule
 from flower_app.privacy.secagg_client import SECAGG_RECORD, minimum_threshold
@@ -171,8 +171,12 @@ class SecureAggregation:
     min_nodes: int = MIN_NODES
 
     def __post_init__(self) -> None:
-        if not 0 <= int(self.frac_bits) <= 52:
-            raise ValueError(f"frac_bits={self.frac_bits}: expected 0..52")
+        if not 0 <= int(self.frac_bits) <= 63 - MIN_RANGE_BITS - 2:
+            raise ValueError(
+                f"frac_bits={self.frac_bits}: expected 0..{63 - MIN_RANGE_BITS - 2} (nodes "
+                f"refuse more than {63 - MIN_RANGE_BITS} - ceil(log2(nodes)), which leaves "
+                f"every value a range of +-2^{MIN_RANGE_BITS})"
+            )
         for name in ("num_shares", "reconstruction_threshold"):
             value = getattr(self, name)
             if value is None and name == "num_shares":
@@ -249,11 +253,15 @@ class KeyBook:
     lost : dict of int to str
         Nodes left out for the rest of the run: a node that lost its protocol state makes
         new keys, but its neighbours pinned the old ones.
+    trust : dict of int to str
+        How each node said it checks its neighbours' keys: ``endorsed`` (only keys a trusted
+        identity signed) or ``first-use``.
     """
 
     keys: dict[int, bytes] = field(default_factory=dict)
     endorsed: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     lost: dict[int, str] = field(default_factory=dict)
+    trust: dict[int, str] = field(default_factory=dict)
 
 
 _BOOKS: weakref.WeakKeyDictionary[Any, KeyBook] = weakref.WeakKeyDictionary()
@@ -421,6 +429,7 @@ def _setup(
             out.bad += 1
             continue
         book.keys[node] = key
+        book.trust[node] = str(got[node][SECAGG_RECORD].get("trust", "first-use"))
         known.add(key)
         identity, endorsement = got[node][SECAGG_RECORD].get("identity"), None
         if isinstance(identity, bytes):
@@ -588,6 +597,14 @@ def secure_sum(
                 f"{len(nodes)} sampled (in a sum of two, each node could subtract its own reply)"
             )
         return out
+    if int(settings.frac_bits) + math.ceil(math.log2(len(nodes))) > 63 - MIN_RANGE_BITS:
+        for node in nodes:
+            out.failed[node] = (
+                f"secure aggregation: secagg-frac-bits {settings.frac_bits} with {len(nodes)} "
+                f"nodes leaves values less than +-2^{MIN_RANGE_BITS}, which nodes refuse: "
+                "lower secagg-frac-bits"
+            )
+        return out
     book = KeyBook() if keys is None else keys
     for node in nodes:
         if node in book.lost:
@@ -648,6 +665,9 @@ def secure_sum(
     out.survivors = list(active)
     out.template = collect_msgs[active[0]]
     out.cost = _cost(exchange, t0, t1, t2, sessions, asked)
+    # how many of the summed nodes check keys against trusted identities (the rest trust
+    # on first use): the run's record of which guarantee held
+    out.cost["secagg-nodes-endorsed"] = sum(book.trust.get(n) == "endorsed" for n in active)
     return out
 
 

@@ -28,6 +28,7 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
+    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -68,8 +69,10 @@ from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
 from flower_app.settings.rules import Instance, raise_size_problems
-from flower_app.strategies.base import messages_to, to_metric_record
+from flower_app.strategies.exchange import exchange, messages_to
 from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+from flower_app.strategies.records import to_metric_record
+from flower_app.strategies.replies import float_metric, int_metric
 
 __all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]
 
@@ -246,31 +249,58 @@ def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss
     return summary
 
 
+#: the sums a node's ``kind = "metrics"`` evaluate reply carries (``SubmodelClient``)
+METRIC_SUMS = ("eval-loss-sum", "eval-n", "test-loss-sum", "test-correct", "test-n")
+
+
+def _decode_metric_sums(src: int, reply: Message) -> dict[str, float]:
+    """Return a node's metric sums; reject non-finite, negative or impossible values."""
+    metrics = reply.content.metric_records["metrics"]
+    test_n = int_metric(metrics, "test-n", low=0)
+    return {
+        "eval-loss-sum": float_metric(metrics, "eval-loss-sum", low=0.0),
+        "eval-n": float(int_metric(metrics, "eval-n", low=0)),
+        "test-loss-sum": float_metric(metrics, "test-loss-sum", low=0.0),
+        "test-correct": float(int_metric(metrics, "test-correct", low=0, high=test_n)),
+        "test-n": float(test_n),
+    }
+
+
 def _federated_metrics(grid: Grid, node_ids: list[int], x: np.ndarray, timeout: float) -> dict:
-    """Return train loss (pooled sample), test loss and accuracy as sums over the nodes."""
+    """Return train loss (pooled sample), test loss and accuracy as sums over the nodes.
+
+    One ``evaluate`` exchange (:func:`~flower_app.strategies.exchange.exchange`): a reply
+    that is an error, or whose sums are non-finite, negative or impossible (more correct
+    test samples than test samples), is left out and counted in ``metrics-bad-replies``
+    (as the strategy loop leaves out a bad train reply); the metrics are those of the
+    nodes whose replies were accepted.
+
+    Raises
+    ------
+    RuntimeError
+        If no reply was accepted, or the accepted ones hold no train-loss sample.
+    """
     content = RecordDict(
         {"arrays": ArrayRecord([np.asarray(x, dtype=np.float64)]),
          "config": ConfigRecord({"kind": "metrics"})}
     )  # fmt: skip
     messages = messages_to(node_ids, content, MessageType.EVALUATE, "metrics")
-    keys = ("eval-loss-sum", "eval-n", "test-loss-sum", "test-correct", "test-n")
-    sums = dict.fromkeys(keys, 0.0)
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    for reply in replies:
-        if reply.has_error():
-            raise RuntimeError(
-                f"federated evaluation: node {reply.metadata.src_node_id} failed: "
-                f"{reply.error.reason}"
-            )
-        metrics = reply.content.metric_records["metrics"]
+    checked = exchange(grid, messages, _decode_metric_sums, "federated evaluation", timeout)
+    sums = dict.fromkeys(METRIC_SUMS, 0.0)
+    for _, values in checked.accepted:
         for key in sums:
-            sums[key] += float(metrics[key])
-    if len(replies) != len(messages) or not sums["eval-n"]:
-        raise RuntimeError(f"federated evaluation: {len(replies)} of {len(messages)} nodes")
+            sums[key] += values[key]
+    if not checked.accepted or not sums["eval-n"]:
+        raise RuntimeError(
+            f"federated evaluation: {len(checked.accepted)} of {len(messages)} nodes' "
+            f"replies accepted, no train-loss sample (first left out: {checked.first_error})"
+        )
     out = {"train-loss": sums["eval-loss-sum"] / sums["eval-n"]}
     if sums["test-n"]:
         out["test-loss"] = sums["test-loss-sum"] / sums["test-n"]
         out["test-accuracy"] = sums["test-correct"] / sums["test-n"]
+    if checked.left_out:
+        out["metrics-bad-replies"] = checked.left_out
     return out
 
 

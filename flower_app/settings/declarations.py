@@ -108,7 +108,7 @@ _DECLARED = (
     ),
     Setting(
         "resume", "bool", False, _COMMON,
-        "continue the interrupted run in output-dir/run-name from its checkpoint.pkl "
+        "continue the interrupted run in output-dir/run-name from its checkpoint.npz "
         "(same run_config; every federated algorithm on flwr run, server-data full or none); "
         "finished rounds are not redone",
     ),
@@ -169,7 +169,9 @@ _DECLARED = (
     Setting(
         "secagg-frac-bits", "int", 24, _COMMON,
         "secure aggregation: fractional bits of the fixed-point encoding of real values "
-        "(each client's value off by at most 2^-(bits+1); integers are exact)", ge=0, le=52,
+        "(each client's value off by at most 2^-(bits+1); integers are exact); nodes refuse "
+        "more than 43 - ceil(log2(nodes)), which leaves every value a range of +-2^20",
+        ge=0, le=41,
     ),
     # ------------------------------------------------------------------ fedsm
     Setting(

@@ -55,12 +55,12 @@ __all__ = [
 
 #: public name -> the module that defines it
 _HOME = {
-    "AllRepliesRejectedError": "base",
-    "InitialArraysError": "base",
-    "MissingHandlerError": "base",
-    "NotEnoughNodesError": "base",
+    "AllRepliesRejectedError": "errors",
+    "InitialArraysError": "errors",
+    "MissingHandlerError": "errors",
+    "NotEnoughNodesError": "errors",
     "RoundStrategy": "base",
-    "TooFewRepliesError": "base",
+    "TooFewRepliesError": "errors",
     "DiscoveryError": "discovery",
     "FedSMStrategy": "fedsm",
     "FedCGStrategy": "fedcg",
@@ -75,16 +75,16 @@ _HOME = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
-    from flower_app.strategies.base import (
+    from flower_app.strategies.base import RoundStrategy
+    from flower_app.strategies.discovery import DiscoveryError
+    from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
+    from flower_app.strategies.errors import (
         AllRepliesRejectedError,
         InitialArraysError,
         MissingHandlerError,
         NotEnoughNodesError,
-        RoundStrategy,
         TooFewRepliesError,
     )
-    from flower_app.strategies.discovery import DiscoveryError
-    from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
     from flower_app.strategies.fedcg import FedCGStrategy
     from flower_app.strategies.fedsm import FedSMStrategy
     from flower_app.strategies.fedsubavg import (

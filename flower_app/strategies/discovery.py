@@ -13,15 +13,19 @@ its cohort, and if it serves exactly the users of an offline node it takes that 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.strategies.base import MissingHandlerError, expire_after, handler_hint, messages_to
+from flower_app.strategies.errors import MissingHandlerError
+from flower_app.strategies.exchange import exchange, messages_to
+from flower_app.strategies.replies import CheckedReplies
 
 __all__ = [
     "COHORT_QUERY",
@@ -30,6 +34,7 @@ __all__ = [
     "DiscoveryError",
     "cohort_of",
     "discover_cohorts",
+    "group_for_round",
     "refresh_cohorts",
     "wait_for_mapped_nodes",
 ]
@@ -101,12 +106,16 @@ COHORT_QUERY = f"{MessageType.QUERY}.cohort"
 
 
 def _query_nodes(
-    grid: Grid, node_ids: list[int], timeout: float, group_id: str = "discovery"
-) -> list[Message]:
+    grid: Grid,
+    node_ids: list[int],
+    timeout: float,
+    decode: Callable[[int, Message], Any],
+    group_id: str = "discovery",
+) -> CheckedReplies:
+    """Send ``query.cohort`` to ``node_ids`` through the exchange; return the checked replies."""
     content = RecordDict({"config": ConfigRecord({"kind": "cohort"})})
     msgs = messages_to(node_ids, content, COHORT_QUERY, group_id)
-    expire_after(msgs, timeout)
-    return list(grid.send_and_receive(msgs, timeout=timeout))
+    return exchange(grid, msgs, decode, group_id, timeout)
 
 
 class CohortQueries:
@@ -147,15 +156,27 @@ class CohortQueries:
         self.retry_at: dict[int, float] = {}
         self.reasons: dict[int, str] = {}
         self.errors: dict[int, str] = {}  # each node's last error reply, kept past timeouts
+        #: replies left out so far (error replies and malformed ones)
+        self.left_out = 0
 
     def expired(self) -> bool:
         """Return whether ``timeout`` has passed."""
         return time.monotonic() > self.deadline
 
-    def poll(self) -> list[Message]:
+    def poll(self, decode: Callable[[int, Message], Any]) -> list[tuple[int, Any]]:
         """Query the online nodes that have not answered and are not waiting for a retry.
 
-        Returns the replies without an error, in arrival order.
+        Parameters
+        ----------
+        decode : callable
+            ``decode(src, reply) -> value``; raises ``ValueError`` / ``KeyError`` /
+            ``TypeError`` to reject a malformed reply (left out and counted in
+            :attr:`left_out`; that node is not asked again).
+
+        Returns
+        -------
+        list of (int, Any)
+            Node id and decoded value of every accepted reply, in send order.
         """
         now = time.monotonic()
         ask = [
@@ -166,29 +187,24 @@ class CohortQueries:
         if not ask:
             return []
         wait = max(min(self.deadline - now, self.query_timeout), 1.0)
-        silent, good = set(ask), []
-        for reply in _query_nodes(self.grid, ask, wait, self.group_id):
-            src = int(reply.metadata.src_node_id)
-            silent.discard(src)
-            if reply.has_error():
-                reason = str(reply.error.reason)
-                hint = handler_hint(reason, COHORT_QUERY)
-                if hint is not None:
-                    raise MissingHandlerError(
-                        f"{self.group_id}: node {src}: {hint} (cohort mode needs every node "
-                        "to say which users it serves; a node that is one client needs "
-                        "plain mode, the strategies' default)"
-                    )
-                self.errors[src] = reason
-                self._retry(src, reason)
-                continue
-            self.answered.add(src)
+        try:
+            checked = _query_nodes(self.grid, ask, wait, decode, self.group_id)
+        except MissingHandlerError as err:
+            raise MissingHandlerError(
+                f"{err} (cohort mode needs every node to say which users it serves; a node "
+                "that is one client needs plain mode, the strategies' default)"
+            ) from None
+        self.left_out += checked.bad
+        for src, reason in checked.errors.items():
+            self.errors[src] = reason
+            self._retry(src, reason)
+        for src in checked.silent:
+            self._retry(src, f"no reply in {wait:.0f} s")
+        for src in set(ask) - set(checked.errors) - set(checked.silent):
+            self.answered.add(src)  # accepted, or malformed (not asked again)
             self.reasons.pop(src, None)
             self.errors.pop(src, None)
-            good.append(reply)
-        for src in sorted(silent):
-            self._retry(src, f"no reply in {wait:.0f} s")
-        return good
+        return checked.accepted
 
     def _retry(self, node: int, reason: str) -> None:
         log(WARNING, "%s: node %s failed (asked again in %g s): %s",
@@ -255,13 +271,7 @@ def discover_cohorts(
     queries = CohortQueries(grid, timeout, query_timeout, retry_after)
     known: dict[int, tuple[int, int]] = {}
     while True:
-        for reply in queries.poll():
-            src = int(reply.metadata.src_node_id)
-            try:
-                total, elements, first, count = cohort_of(reply)
-            except (KeyError, TypeError, ValueError) as err:
-                log(WARNING, "discovery: reply of node %s left out: %s", src, err)
-                continue
+        for src, (total, elements, first, count) in queries.poll(_decode_cohort):
             if total != n_users or elements != n_elements:
                 raise DiscoveryError(
                     f"node {src} loaded an instance with {total} users and "
@@ -323,17 +333,10 @@ def refresh_cohorts(grid: Grid, cohorts: CohortMap, timeout: float = 30.0) -> Co
             (int(f), int(c)): i
             for i, (f, c) in enumerate(zip(cohorts.firsts, cohorts.counts, strict=True))
         }
-        answered = set()
-        for reply in _query_nodes(grid, new, timeout):
-            src = int(reply.metadata.src_node_id)
-            if reply.has_error() or src not in new:
-                continue  # failed: asked again before the next round
-            answered.add(src)
-            try:
-                total, elements, first, count = cohort_of(reply)
-            except (KeyError, TypeError, ValueError) as err:
-                log(WARNING, "re-discovery: reply of node %s left out: %s", src, err)
-                continue
+        checked = _query_nodes(grid, new, timeout, _decode_cohort, "re-discovery")
+        # a node whose query failed or went unanswered is asked again before the next round
+        answered = set(new) - set(checked.errors) - set(checked.silent)
+        for src, (total, elements, first, count) in checked.accepted:
             i = where.get((first, count))
             consistent = total == int(cohorts.counts.sum()) and (
                 cohorts.n_elements < 0 or elements == cohorts.n_elements
@@ -418,6 +421,10 @@ def cohort_of(reply: Message) -> tuple[int, int, int, int]:
     return out[0], out[1], out[2], out[3]
 
 
+def _decode_cohort(src: int, reply: Message) -> tuple[int, int, int, int]:
+    return cohort_of(reply)
+
+
 def _coverage(known: dict[int, tuple[int, int]], n_users: int) -> int:
     """Return users covered; raise on overlapping cohorts."""
     ranges = sorted(known.values())
@@ -428,3 +435,42 @@ def _coverage(known: dict[int, tuple[int, int]], n_users: int) -> int:
                 "every SuperNode needs a distinct partition-id"
             )
     return sum(c for _, c in ranges if c > 0)
+
+
+def group_for_round(
+    cohorts: CohortMap, users: np.ndarray, least_nodes: int | None = None
+) -> tuple[dict[int, np.ndarray], dict[int, tuple[int, str]]]:
+    """Split a round's sorted users by the node serving them, skipping offline nodes.
+
+    Parameters
+    ----------
+    cohorts : CohortMap
+        The current map.
+    users : numpy.ndarray
+        The round's sampled users, sorted.
+    least_nodes : int, optional
+        Under secure aggregation, the least number of nodes a sum needs: when the users sit
+        on fewer, other online nodes are added with no users (they reply zeros; the server
+        learns the same sum over the sampled users, e.g. K = 2 users on one node).
+
+    Returns
+    -------
+    groups : dict of int to numpy.ndarray
+        Node id -> its users (in node order).
+    skipped : dict of int to (int, str)
+        Offline nodes that served sampled users: their user count and the reason.
+    """
+    groups = cohorts.group(users)
+    offline = "node offline (left the SuperLink's node list; not sent)"
+    skipped = {
+        node: (int(groups.pop(node).size), offline)
+        for node in [n for n in groups if n in cohorts.offline]
+    }
+    if least_nodes is not None:
+        idle = [int(n) for n in cohorts.node_ids
+                if int(n) not in groups and int(n) not in cohorts.offline]  # fmt: skip
+        for node in idle[: max(0, least_nodes - len(groups))]:
+            groups[node] = np.zeros(0, dtype=np.asarray(users).dtype)
+        order = {int(n): i for i, n in enumerate(cohorts.node_ids)}
+        groups = dict(sorted(groups.items(), key=lambda item: order[item[0]]))
+    return groups, skipped

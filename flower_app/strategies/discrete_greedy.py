@@ -26,18 +26,12 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
-from flower_app.strategies.base import (
-    SUMMED_SENDER,
-    AllRepliesRejectedError,
-    CheckedReplies,
-    InitialArraysError,
-    RoundStrategy,
-    check_replies,
-    int_metric,
-    sample_nodes,
-    warn_fixed_length,
-)
+from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.errors import AllRepliesRejectedError, InitialArraysError
+from flower_app.strategies.replies import CheckedReplies, check_replies, int_metric
+from flower_app.strategies.round_rows import warn_fixed_length
+from flower_app.strategies.sampling import sample_nodes
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
@@ -216,7 +210,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             self.cohorts = discover_cohorts(
                 grid, self.server.n_users, self._m, timeout=self.discovery_timeout
             )
-            self.importance_protocol(grid, self._timeout)
+            self.importance_protocol(grid, self.exchange_timeout)
         else:
             self._plain_importance(grid)
         self._start_at(start)
@@ -256,7 +250,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
     def _secure_send(self, grid: Grid, msgs: list[Message], action: str) -> list[Message]:
         """Run an importance exchange (Algs. 4/5) as a secure sum; return its one reply.
 
-        The reply comes "from" :data:`SUMMED_SENDER`; ``self._summed_nodes`` says whose
+        The reply comes "from" :data:`SUMMED_SENDER`; ``self.summed_nodes`` says whose
         replies are in it. A node that failed is left out (the histogram must cover every
         user in cohort mode: the caller then stops).
         """
@@ -267,7 +261,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             keys=key_book(grid),
         )  # fmt: skip
         self.protocol_bytes += int(outcome.cost.get("secagg-bytes-up", 0))
-        self._summed_nodes = list(outcome.survivors)
+        self.summed_nodes = list(outcome.survivors)
         self._secure_failed = dict(outcome.failed)
         self._expected = {SUMMED_SENDER}
         if outcome.content is None or outcome.template is None:
@@ -317,7 +311,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
             If a node's histogram is missing or malformed (O would be wrong for everyone).
         """
         assert self.cohorts is not None and self.server is not None
-        self._timeout = float(timeout)
+        self.exchange_timeout = float(timeout)
         cohorts = self.cohorts
         counts = {int(n): int(c) for n, c in zip(cohorts.node_ids, cohorts.counts, strict=True)}
         nodes = list(counts)
@@ -344,7 +338,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         """Plain mode: the node set, m from the histograms, then Algs. 4/5."""
         nodes = sample_nodes(
             grid, random.Random(self.seed), 1.0, self.min_available_nodes,
-            self.min_available_nodes, timeout=self._timeout,
+            self.min_available_nodes, timeout=self.exchange_timeout,
         )  # fmt: skip
         cfg = ConfigRecord({"server-round": 0})
         replies = self._send(grid, nodes, ArrayRecord(), cfg, "histogram")
@@ -360,7 +354,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
         senders = [src for src, _ in checked.accepted]
         if senders == [SUMMED_SENDER]:
-            senders = list(self._summed_nodes)
+            senders = list(self.summed_nodes)
         self._finish_importance(grid, checked, senders)
 
     def _finish_importance(self, grid: Grid, checked: CheckedReplies, nodes: list[int]) -> None:
@@ -396,7 +390,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         server.expected = sum(v for _, (v, _n) in done.accepted)
         accepted = sorted(src for src, _ in done.accepted)
         if accepted == [SUMMED_SENDER]:
-            accepted = sorted(self._summed_nodes)
+            accepted = sorted(self.summed_nodes)
         if self.cohort_mode:
             self._nodes = nodes
         else:  # a client without O in its state cannot take part
@@ -410,7 +404,7 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         )
 
     # ------------------------------------------------------------------ rounds
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """One ``train.discrete`` message per node (every user may participate)."""
@@ -431,6 +425,10 @@ class FedDiscreteGreedyStrategy(RoundStrategy):
         self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in msgs)
         self._expected = set(nodes)
         return msgs
+
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Register a secure sum as one sender (its survivors are ``summed_nodes``)."""
+        return SUMMED_SENDER
 
     def decode_train_reply(self, src: int, reply: Message) -> tuple[np.ndarray, int, int]:
         """Decode one fixed-point report: ``(vector, participants, bytes)``."""

@@ -92,17 +92,13 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.fedcg.continuous import ROUNDINGS, FedCGServer, LocalSteps
 from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import (
-    SUMMED_SENDER,
-    CheckedReplies,
-    InitialArraysError,
-    RoundStrategy,
-    int_metric,
-    messages_to,
-    sample_nodes,
-    warn_fixed_length,
-)
+from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.errors import InitialArraysError
+from flower_app.strategies.exchange import messages_to
+from flower_app.strategies.replies import CheckedReplies, int_metric
+from flower_app.strategies.round_rows import warn_fixed_length
+from flower_app.strategies.sampling import sample_nodes
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
@@ -396,7 +392,7 @@ class FedCGStrategy(RoundStrategy):
             }, **extra,
         )  # fmt: skip
 
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Pick the round's users (cohort) or nodes (plain); one message per node."""
@@ -427,7 +423,7 @@ class FedCGStrategy(RoundStrategy):
     def _plain_messages(self, server_round: int, config: ConfigRecord, grid: Grid) -> list[Message]:
         nodes = sample_nodes(
             grid, self._node_rng, self.fraction_train, self.min_train_nodes,
-            self.min_available_nodes, timeout=self._timeout,
+            self.min_available_nodes, timeout=self.exchange_timeout,
         )  # fmt: skip
         self._draws = len(nodes)
         if self.server is None:  # m not known yet: x = 0 travels as an empty vector
@@ -448,6 +444,10 @@ class FedCGStrategy(RoundStrategy):
         sent = [self._sent[n] for n in nodes if n in self._sent]
         self._sent[SUMMED_SENDER] = (sum(n for n, _ in sent), float(sum(w for _, w in sent)))
         return SUMMED_SENDER
+
+    def forget_summed_sender(self) -> None:
+        """Drop the summed sender's entry once the sum is decoded."""
+        self._sent.pop(SUMMED_SENDER, None)
 
     def decode_train_reply(self, src: int, reply: Message) -> tuple:
         """Decode one direction report: ``(vector, users, weight, bytes, ids, m)``."""
@@ -573,7 +573,7 @@ class FedCGStrategy(RoundStrategy):
             return []
         return self._evaluate_messages(grid, np.zeros(0, np.int64), config, 0)
 
-    def configure_evaluate(
+    def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plain mode, after round T: ask every node for f_i(S) of the final set."""

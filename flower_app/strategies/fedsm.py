@@ -32,20 +32,14 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.fedsm.core import decode_report
 from flower_app.algorithms.fedsm.modes import MODES, FedSMParams, FedSMRun, RoundPlan
 from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import (
-    SUMMED_SENDER,
-    CheckedReplies,
-    InitialArraysError,
-    RoundCallback,
-    RoundStrategy,
-    check_replies,
-    int_metric,
-    messages_to,
-    sample_nodes,
-    to_metric,
-    warn_fixed_length,
-)
+from flower_app.strategies.base import SUMMED_SENDER, RoundCallback, RoundStrategy
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.errors import InitialArraysError
+from flower_app.strategies.exchange import messages_to
+from flower_app.strategies.records import to_metric
+from flower_app.strategies.replies import CheckedReplies, check_replies, int_metric
+from flower_app.strategies.round_rows import warn_fixed_length
+from flower_app.strategies.sampling import sample_nodes
 from flower_app.strategies.submodular_records import build_matroid, drop_replies, majority_m
 from flower_app.submodular.matroids import Matroid
 
@@ -436,7 +430,7 @@ class FedSMStrategy(RoundStrategy):
             1.0,
             self.min_available_nodes,
             self.min_available_nodes,
-            timeout=self._timeout,
+            timeout=self.exchange_timeout,
         )
         sel = np.asarray(initial, dtype=np.int64)
         messages = []
@@ -500,7 +494,7 @@ class FedSMStrategy(RoundStrategy):
         return self._require_run().done
 
     # ------------------------------------------------------------------ rounds
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plan the round and build one ``train`` message per node with a sampled user."""
@@ -557,6 +551,15 @@ class FedSMStrategy(RoundStrategy):
         self._expected = set(self._sent)
         return messages
 
+    def merge_senders(self, nodes: list[int]) -> int:
+        """Register a secure sum as one sender that was sent the survivors' users."""
+        self._sent[SUMMED_SENDER] = sum(int(self._sent.get(n, 0)) for n in nodes)
+        return SUMMED_SENDER
+
+    def forget_summed_sender(self) -> None:
+        """Drop the summed sender's entry once the sum is decoded."""
+        self._sent.pop(SUMMED_SENDER, None)
+
     def decode_train_reply(self, src: int, reply: Message) -> tuple[np.ndarray, int, int, int, int]:
         """Check one report; return (dense report, users, bytes, values, positive entries)."""
         plan = self._plan
@@ -601,7 +604,7 @@ class FedSMStrategy(RoundStrategy):
             up["positive"] += positive
         senders = [n for n, _ in checked.accepted]
         if SUMMED_SENDER in senders:  # a secure sum stands for its survivors
-            senders = [n for n in senders if n != SUMMED_SENDER] + list(self._summed_nodes)
+            senders = [n for n in senders if n != SUMMED_SENDER] + list(self.summed_nodes)
         empty = np.zeros(0, np.int64)
         arrived = np.concatenate([empty] + [self._sent_users.get(n, empty) for n in senders])
         row = run.update(total, users, arrived=arrived if plan.dp_bits else None)
@@ -673,7 +676,7 @@ class FedSMStrategy(RoundStrategy):
         )
         return messages_to(self.nodes, content, MessageType.EVALUATE)
 
-    def configure_evaluate(
+    def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Ask every node for its f_i(S) (plain) or Σ f_i(S) (cohort).

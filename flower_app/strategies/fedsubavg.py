@@ -59,19 +59,10 @@ from flower_app.algorithms.fedsubavg.named import (
     rows_key,
 )
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
-from flower_app.strategies.base import (
-    SUMMED_SENDER,
-    CheckedReplies,
-    InitialArraysError,
-    NotEnoughNodesError,
-    RoundStrategy,
-    int_metric,
-    is_flower_dp_wrapper,
-    messages_to,
-    sample_nodes,
-    to_metric,
-)
+from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.errors import InitialArraysError, NotEnoughNodesError
+from flower_app.strategies.exchange import messages_to
 from flower_app.strategies.fedsubavg_cohorts import (
     HEAT_QUERY,
     HEAT_TRAIN,
@@ -82,6 +73,9 @@ from flower_app.strategies.fedsubavg_cohorts import (
     heat_messages,
     index_set_messages,
 )
+from flower_app.strategies.records import to_metric
+from flower_app.strategies.replies import CheckedReplies, int_metric
+from flower_app.strategies.sampling import fedavg_evaluate_messages, sample_nodes
 
 __all__ = [
     "HEAT_QUERY",
@@ -373,10 +367,11 @@ class FedSubAvgStrategy(RoundStrategy):
                 self.min_train_nodes, self.weighting, self.seed,
             )
 
-    def check_driver(self, driver: Any) -> None:
-        """Refuse Flower's DP wrappers unless the model is dense (FedAvg on the whole model).
+    def check_external_loop(self) -> None:
+        """Refuse another loop (Flower's DP wrappers) unless the model is dense (FedAvg).
 
-        Flower's ``DifferentialPrivacy*`` wrappers clip each reply as a whole model and add
+        The loops that drive a strategy from outside are Flower's DP wrappers. Flower's
+        ``DifferentialPrivacy*`` wrappers clip each reply as a whole model and add
         N(0, (σC/K)²) to the aggregated model: FedAvg's sensitivity. With sparse tables
         (or in cohort mode) neither holds: a node replies with its rows only (the
         server-side clip subtracts the full model from them), and FedSubAvg multiplies
@@ -387,13 +382,13 @@ class FedSubAvgStrategy(RoundStrategy):
         Raises
         ------
         ValueError
-            If a Flower DP wrapper drives a strategy with sparse tables or in cohort mode.
+            If another loop drives a strategy with sparse tables or in cohort mode.
         """
-        if is_flower_dp_wrapper(driver) and (self.cohorts_mode or self.sparse_keys):
+        if self.cohorts_mode or self.sparse_keys:
             raise ValueError(
-                f"{type(driver).__name__} cannot wrap {type(self).__name__} with sparse "
-                "tables or cohorts: the wrapper clips whole-model replies and calibrates its "
-                "noise to FedAvg's mean (C/K), while a node replies with its rows only and "
+                f"another loop (a Flower DP wrapper) cannot drive {type(self).__name__} with "
+                "sparse tables or cohorts: the wrapper clips whole-model replies and calibrates "
+                "its noise to FedAvg's mean (C/K), while a node replies with its rows only and "
                 "the heat correction N/n_m amplifies one client's update on cold rows up to "
                 "N/n_m times; use fsa-dp-noise (cohort mode: the noise goes into the sum, "
                 "and the correction after it is post-processing) or a dense model (no "
@@ -435,7 +430,7 @@ class FedSubAvgStrategy(RoundStrategy):
         self.x = self.layout.flatten(named)
         nodes = sample_nodes(
             grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
-            timeout=self._timeout,
+            timeout=self.exchange_timeout,
         )
         if not self.sparse_keys:
             # a dense model: nothing to count (every heat is N), no query; FedAvg's contract
@@ -642,7 +637,7 @@ class FedSubAvgStrategy(RoundStrategy):
         up = sum(rows.size * 4 + offsets.size * 8 for _, offsets, rows in found.values())
         self._round_stats = {"bad-replies": checked.left_out, "bytes-up": up}
 
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Return one ``train`` message per sampled node holding only its submodel."""
@@ -755,6 +750,10 @@ class FedSubAvgStrategy(RoundStrategy):
         )
         return SUMMED_SENDER
 
+    def forget_summed_sender(self) -> None:
+        """Drop the summed sender's entry once the sum is decoded."""
+        self._sent.pop(SUMMED_SENDER, None)
+
     def _decode_summed(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
         """Decode a securely aggregated round: the union is where the sum is non-zero."""
         record = reply.content.array_records["arrays"]
@@ -769,7 +768,7 @@ class FedSubAvgStrategy(RoundStrategy):
             raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
         if self.accountant is not None:  # noise on the whole heat support: that is the union
             rows = self._heat_support()
-            arrived = [u for n in self._summed_nodes if n in self._index_sets
+            arrived = [u for n in self.summed_nodes if n in self._index_sets
                        for u in self._index_sets[n][0]]  # fmt: skip
             self._round_stats.update(self.accountant.record(self._dp_sampled, arrived))
         else:
@@ -845,15 +844,15 @@ class FedSubAvgStrategy(RoundStrategy):
         return ArrayRecord({k: Array(v) for k, v in arrays.items()}), MetricRecord(metrics)
 
     # ------------------------------------------------------------------ evaluation
-    def configure_evaluate(
+    def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plain mode with ``fraction_evaluate > 0``: the full model to a sample of nodes."""
         if self.cohorts_mode:
             return []
-        return self.evaluate_like_fedavg(
-            server_round, arrays, config, grid, self.eval_rng, "evaluate"
-        )
+        sample = (self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes)
+        return fedavg_evaluate_messages(grid, self.eval_rng, server_round, arrays, config,
+                                        "evaluate", sample, self.exchange_timeout)  # fmt: skip
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -15,7 +15,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from flower_app.algorithms.fedsubavg.core import FeatureHeat, RoundUpdate
-from flower_app.strategies.base import int_metric, messages_to
+from flower_app.strategies.exchange import messages_to
+from flower_app.strategies.replies import int_metric
 
 __all__ = [
     "HEAT_QUERY",

@@ -75,19 +75,13 @@ from flower_app.algorithms.maxfl.core import (
 from flower_app.algorithms.maxfl.participation import ParticipationSampler, warn_empty_pool
 from flower_app.algorithms.maxfl.server_rules import RULES, MWFedRule, rule_for
 from flower_app.privacy.secagg_server import SecureAggregation
-from flower_app.strategies.base import (
-    SUMMED_SENDER,
-    CheckedReplies,
-    InitialArraysError,
-    RoundCallback,
-    RoundStrategy,
-    int_metric,
-    is_flower_dp_wrapper,
-    messages_to,
-    sample_nodes,
-    to_metric_record,
-)
+from flower_app.strategies.base import SUMMED_SENDER, RoundCallback, RoundStrategy
 from flower_app.strategies.discovery import CohortMap, discover_cohorts
+from flower_app.strategies.errors import InitialArraysError
+from flower_app.strategies.exchange import messages_to
+from flower_app.strategies.records import to_metric_record
+from flower_app.strategies.replies import CheckedReplies, int_metric
+from flower_app.strategies.sampling import fedavg_evaluate_messages, sample_nodes
 
 __all__ = [
     "APPEAL_MESSAGE",
@@ -470,7 +464,7 @@ class AppealStrategy(RoundStrategy):
         pool = [u for _, got in checked.accepted for u in got]
         return np.asarray(sorted(pool), dtype=np.int64)
 
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Build one ``train`` message per node serving the round's sampled clients.
@@ -521,6 +515,10 @@ class AppealStrategy(RoundStrategy):
         """Under secure aggregation: the summed reply stands for all the nodes' clients."""
         self._sent[SUMMED_SENDER] = [u for n in nodes for u in self._sent.get(n, [])]
         return SUMMED_SENDER
+
+    def forget_summed_sender(self) -> None:
+        """Drop the summed sender's entry once the sum is decoded."""
+        self._sent.pop(SUMMED_SENDER, None)
 
     def collect_train(self, server_round: int, replies: Iterable[Message]) -> TrainOutcome:
         """Validate the train replies and sum the valid ones (bad ones are counted).
@@ -599,13 +597,13 @@ class AppealStrategy(RoundStrategy):
             if outcome.q_sum is not None:
                 outcome.q_sum = max(outcome.q_sum, q_sum_floor(self.dp))
             # the clients whose noisy updates are in the sum: those of the surviving nodes
-            arrived = [u for n in self._summed_nodes for u in self._sent.get(n, [])]
+            arrived = [u for n in self.summed_nodes for u in self._sent.get(n, [])]
             outcome.info.update(
                 self.accountant.record(self._dp_sampled, arrived if checked.accepted else [])
             )
         return self._apply_step(server_round, outcome)
 
-    def configure_evaluate(
+    def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Ask every node for metric sums over all its clients in evaluation rounds."""
@@ -885,10 +883,11 @@ class MaxFLStrategy(AppealStrategy):
         self._eval_rng = random.Random(f"evaluate-{self.seed}")
 
     # ------------------------------------------------------------------ setup
-    def check_driver(self, driver: Any) -> None:
-        """Warn when one of Flower's DP wrappers drives MaxFL: its noise is FedAvg's.
+    def check_external_loop(self) -> None:
+        """Warn when another loop drives MaxFL: a Flower DP wrapper's noise is FedAvg's.
 
-        Flower's ``DifferentialPrivacy*`` wrappers add N(0, (σC/K)²) to the aggregated
+        The loops that drive a strategy from outside are Flower's DP wrappers. Flower's
+        ``DifferentialPrivacy*`` wrappers add N(0, (σC/K)²) to the aggregated
         model, calibrated to FedAvg's uniform mean of K clipped updates (sensitivity C/K).
         MaxFL's step divides Σ q_k Δ_k by Σ q_k + ε: when the other clients' q_k are near
         0, one client moves the model by up to η_g·C, so the wrapper's σ is not MaxFL's
@@ -896,15 +895,13 @@ class MaxFLStrategy(AppealStrategy):
         for a guarantee calibrated to MaxFL use cohort mode with client-level DP
         (``maxfl-dp-noise``, :mod:`flower_app.algorithms.common.gaussian_dp`).
         """
-        if is_flower_dp_wrapper(driver):
-            log(
-                WARNING,
-                "%s drives MaxFLStrategy: its noise sigma*C/K is calibrated for FedAvg's "
-                "uniform mean; MaxFL divides by sum(q_k) + eps, so one client can move the "
-                "model by up to server_lr*C and the wrapper's noise multiplier is not "
-                "MaxFL's (docs/privacy.md, 'Flower's DP wrappers')",
-                type(driver).__name__,
-            )
+        log(
+            WARNING,
+            "another loop drives MaxFLStrategy: a Flower DP wrapper's noise sigma*C/K is "
+            "calibrated for FedAvg's uniform mean; MaxFL divides by sum(q_k) + eps, so one "
+            "client can move the model by up to server_lr*C and the wrapper's noise "
+            "multiplier is not MaxFL's (docs/privacy.md, 'Flower's DP wrappers')",
+        )
 
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
         """Cohort mode: discovery; plain mode: keep w and reset the node sampler."""
@@ -938,13 +935,13 @@ class MaxFLStrategy(AppealStrategy):
                 self.fraction_train,
                 self.min_train_nodes,
                 self.min_available_nodes,
-                self._timeout,
+                self.exchange_timeout,
             )
             self._pool_size = len(grid.get_node_ids())
             return
         everyone = sample_nodes(
             grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
-            self._timeout,
+            self.exchange_timeout,
         )  # fmt: skip
         pool = self._pool.get(
             list(self._global.values()),
@@ -969,7 +966,7 @@ class MaxFLStrategy(AppealStrategy):
             return []
         everyone = sample_nodes(
             grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
-            self._timeout,
+            self.exchange_timeout,
         )  # fmt: skip
         return self._appeal_messages(0, everyone)
 
@@ -1000,12 +997,12 @@ class MaxFLStrategy(AppealStrategy):
         return pool
 
     # ------------------------------------------------------------------ train
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plain mode: send w and the user's config (plus ``server-round``) to the nodes."""
         if self.cohort_mode:
-            return super().configure_train(server_round, arrays, config, grid)
+            return super().train_messages(server_round, arrays, config, grid)
         content = RecordDict({"arrays": arrays, "config": self.merged_config(config, server_round)})
         return messages_to(self._nodes, content, MessageType.TRAIN, str(server_round))
 
@@ -1027,7 +1024,7 @@ class MaxFLStrategy(AppealStrategy):
         for k, a in sums.items():
             if a.shape != self._global[k].shape or not np.all(np.isfinite(a)):
                 raise ValueError(f"summed '{k}' has shape {a.shape} or non-finite values")
-        nodes = len(self._summed_nodes)
+        nodes = len(self.summed_nodes)
         q_sum = float(metrics["q-sum"])
         if not (np.isfinite(q_sum) and -1e-6 <= q_sum <= nodes * Q_MAX + 1e-6):
             raise ValueError(f"Σ q_k = {q_sum} outside [0, {nodes}/4]")
@@ -1143,13 +1140,15 @@ class MaxFLStrategy(AppealStrategy):
         return self._record(self._global), to_metric_record(row)
 
     # ------------------------------------------------------------------ evaluate
-    def configure_evaluate(
+    def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Plain mode: send w to ``fraction_evaluate`` of the nodes, as ``FedAvg`` does."""
         if self.cohort_mode:
-            return super().configure_evaluate(server_round, arrays, config, grid)
-        return self.evaluate_like_fedavg(server_round, arrays, config, grid, self._eval_rng, "eval")
+            return super().evaluate_messages(server_round, arrays, config, grid)
+        sample = (self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes)
+        return fedavg_evaluate_messages(grid, self._eval_rng, server_round, arrays, config, "eval",
+                                        sample, self.exchange_timeout)  # fmt: skip
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

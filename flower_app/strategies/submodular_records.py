@@ -26,10 +26,8 @@ from flwr.common import log
 
 from flower_app.algorithms.fedcg.continuous import matroid_spec
 from flower_app.algorithms.fedsm.core import decode_report
-from flower_app.strategies.base import (
-    AllRepliesRejectedError,
-    CheckedReplies,
-)
+from flower_app.strategies.errors import AllRepliesRejectedError
+from flower_app.strategies.replies import CheckedReplies
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 
 #: the largest ground set a reply may announce: element ids travel as int32

@@ -5,7 +5,7 @@ module             what it holds
 =================  ============================================================================
 ``counts``         counts given as fractions or absolute numbers (K clients, d elements)
 ``streams``        the users' random streams ``default_rng([seed, round, user, *purpose])``
-                   (DESIGN principle 4), for every family
+                   (nothing else decides a draw), for every family
 ``greedy_step``    the federated greedy servers' shared step: check (seed, k), add the best
                    feasible element (FedSM Algorithm 1, FedCG's discrete greedy)
 ``threads``        torch on one thread for the clients' local training (MaxFL, FedSubAvg's

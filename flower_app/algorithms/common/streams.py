@@ -1,6 +1,6 @@
 """The users' random streams: one generator per (seed, round, user[, purpose]).
 
-DESIGN principle 4: everything a user draws in a round — FedSM's elements or pairs, FedCG's
+One seed decides everything: everything a user draws in a round — FedSM's elements or pairs, FedCG's
 tie-breaks and sampled sets, the discrete greedy's coin, the mini-batches of MaxFL's and
 FedSubAvg's clients — comes from ``numpy.random.default_rng([seed, round, user, *purpose])``
 and from nothing else, so a node's sum over its users does not depend on how users are split

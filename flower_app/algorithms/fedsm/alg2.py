@@ -46,7 +46,7 @@ import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import check_greedy_run
-from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
+from flower_app.algorithms.fedsm.sampling import check_scheme, sample_users, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -529,7 +529,7 @@ class FedSMAlg2Server:
         """
         if self.done:
             raise RuntimeError("the run is over")
-        users = np.sort(self.rng.choice(self.n_users, size=self.K, replace=False))
+        users = sample_users(self.rng, self.n_users, self.K)
         self.sequence = random_feasible_sequence(
             self.matroid, self.selected, self.pool, self.k - len(self.selected), self.rng
         )

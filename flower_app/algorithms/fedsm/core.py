@@ -34,7 +34,7 @@ import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
-from flower_app.algorithms.fedsm.sampling import check_scheme, support_draw, user_draw
+from flower_app.algorithms.fedsm.sampling import check_scheme, sample_users, support_draw, user_draw
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -261,8 +261,8 @@ class FedSMServer:
         return min(self.d, self.matroid.n_elements - len(self.selected))
 
     def sample_users(self) -> np.ndarray:
-        """Draw the K users of the coming round (sorted global indices)."""
-        return np.sort(self.rng.choice(self.n_users, size=self.K, replace=False))
+        """Draw the K users of the coming round (sorted global indices, :func:`sample_users`)."""
+        return sample_users(self.rng, self.n_users, self.K)
 
     def select(self, report_sum: np.ndarray, users: int) -> FedSMRound:
         """Add the feasible element with the largest estimated marginal gain.

@@ -23,8 +23,7 @@ on arrays of counters and is tested bit for bit against :class:`numpy.random.Phi
 is (seed, a constant tag); the counter is (user id, round t, index, purpose), so
 
 * the number a user gets depends only on (seed, t, user, index, purpose): not on which other
-  users are in the batch, how the users are split over nodes, or the engine (DESIGN
-  principle 4);
+  users are in the batch, how the users are split over nodes, or the engine;
 * distinct (t, user, index, purpose) are distinct counters, so their outputs are the outputs
   of a pseudo-random permutation at distinct points: as good as independent uniforms.
 
@@ -72,6 +71,7 @@ __all__ = [
     "keyed_uniforms",
     "keyed_words",
     "philox4x64",
+    "sample_users",
     "support_draw",
     "user_draw",
 ]
@@ -93,6 +93,31 @@ _W0 = np.uint64(0x9E3779B97F4A7C15)
 _W1 = np.uint64(0xBB67AE8584CAA73B)
 _LO32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
+
+
+def sample_users(rng: np.random.Generator, n_users: int, k: int) -> np.ndarray:
+    """Draw the K users of a round: uniformly without replacement, sorted global indices.
+
+    The one place where FedSM's server samples users (Algorithm 1's
+    :meth:`~flower_app.algorithms.fedsm.core.FedSMServer.sample_users` and Algorithm 2's
+    :meth:`~flower_app.algorithms.fedsm.alg2.FedSMAlg2Server.plan` call it): change the user
+    sampling here.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The server's generator (its state is part of a run's checkpoint).
+    n_users : int
+        n, the number of users.
+    k : int
+        K, the users per round (1 ≤ K ≤ n).
+
+    Returns
+    -------
+    numpy.ndarray
+        K distinct user indices in increasing order.
+    """
+    return np.sort(rng.choice(n_users, size=k, replace=False))
 
 
 def check_scheme(scheme: str) -> str:

@@ -28,9 +28,10 @@ The feature heat n_m (and W_m = Σ_{j: m∈S(j)} n_j) is a sum over clients of w
 reports about itself (:func:`count_heat`): the server gets it from a federated counting
 round, never from the data.
 
-All randomness is seeded (DESIGN principle 4): the server's sample by ``seed`` in round
-order, client i's batches in round t by ``default_rng([seed, t, i])`` with i the global
-client index, CentralSGD's batches by ``default_rng([seed, t, CENTRAL_STREAM])``.
+All randomness is seeded and depends on nothing else (not on the nodes, nor on the engine):
+the server's sample by ``seed`` in round order, client i's batches in round t by
+``default_rng([seed, t, i])`` with i the global client index, CentralSGD's batches by
+``default_rng([seed, t, CENTRAL_STREAM])``.
 """
 
 from __future__ import annotations

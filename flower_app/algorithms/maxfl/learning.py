@@ -8,7 +8,7 @@ how many steps, which local steps (from :mod:`~flower_app.algorithms.maxfl.local
 what the client sends; :func:`train_user` runs the rule on a :class:`ClientRequest`.
 
 Randomness: client k's draws in round t (mini-batches and dropout masks) come from
-``numpy.random.default_rng([seed, t, k, purpose])`` (DESIGN principle 4); the solo model of
+``numpy.random.default_rng([seed, t, k, purpose])`` and nothing else; the solo model of
 the warm-up uses round 0, purpose :data:`SOLO`. Torch runs on one thread inside these
 functions, so results do not depend on the process's thread count.
 

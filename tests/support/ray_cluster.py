@@ -1,11 +1,11 @@
 """A multi-raylet Ray cluster on loopback, for running Flower's simulation on a Ray cluster.
 
-Flower 1.41's simulation runtime calls ``ray.init(runtime_env=..., include_dashboard=False,
-logging_level=..., log_to_driver=...)`` without an ``address``
-(``flwr/server/superlink/fleet/vce/backend/raybackend.py: RayBackend.init_ray``), and Ray
-then reads the ``RAY_ADDRESS`` environment variable. So a SuperLink started with
-``RAY_ADDRESS=<head>:<port>`` in its environment runs every simulation on that existing
-cluster (``LocalSimulation(..., ray_address=...)``); docs/ray-cluster.md has the commands.
+Flower 1.42's simulation runtime calls ``ray.init(runtime_env=..., **init_args)`` without
+an ``address`` (``flwr/server/superlink/fleet/vce/backend/raybackend.py:
+RayBackend.init_ray``), and Ray then reads the ``RAY_ADDRESS`` environment variable. So a
+SuperLink started with ``RAY_ADDRESS=<head>:<port>`` in its environment runs every simulation
+on that existing cluster (``LocalSimulation(..., ray_address=...)``); docs/ray-cluster.md
+has the commands.
 
 :class:`LoopbackRayCluster` starts a head and extra raylets on one machine, each node with its
 own ``--temp-dir`` and loopback IP (``127.0.0.2``, ``127.0.0.3``, ...: Ray rewrites a literal

@@ -1,6 +1,6 @@
 """FedSM Algorithm 1 sweeps over K, d and seeds, with tables and paper-style figures.
 
-The ``fedsm-sweep`` and ``plot`` commands of ``run_sim.py`` (:mod:`flower_app.sweeps.cli`).
+The ``fedsm-sweep`` and ``plot`` commands of ``run_sim.py`` (:mod:`reproductions.cli`).
 
 ``fedsm-sweep``
     Runs FedSM Algorithm 1 (Rafiey, Namani & Charalambides, 2025) for every (K, d, seed) of a
@@ -38,13 +38,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-import sys
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +49,21 @@ import numpy as np
 import pandas as pd
 
 from flower_app.config import MATROIDS, AppConfig, ConfigError
+from flower_app.results import read_run
 from flower_app.settings import help_text
 from flower_app.simulation import LocalSimulation
-from flower_app.sweeps import runnable_datasets
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_dataset,
+    add_jobs,
+    add_seeds,
+    add_sizes,
+    figure,
+    markdown_table,
+    runnable_datasets,
+    slug,
+)
 
 __all__ = [
     "DATASETS_RUN",
@@ -136,10 +145,6 @@ def spec_label(spec: str, symbol: str) -> str:
     return f"{symbol} = {value}"
 
 
-def _slug(spec: int | float) -> str:
-    return str(spec).replace(".", "p")
-
-
 # --------------------------------------------------------------------------- one run
 
 
@@ -163,10 +168,10 @@ def rows_from_run_folder(
         Rows with the :data:`SWEEP_COLUMNS` except ``random-objective`` (filled in by the
         sweep). ``user-values``, ``bytes-up`` and ``wall-time`` are cumulative up to round k.
     """
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-    lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    metrics = [json.loads(line) for line in lines if line.strip()]
+    run = read_run(folder)
+    if run.summary is None:
+        raise ValueError(f"{folder}: no summary.json (the run did not finish)")
+    config, summary, metrics = run.config, run.summary, run.rows
     objective_by_k = summary["objective-by-k"]
     greedy_by_k = summary["greedy-by-k"]
     try:
@@ -205,19 +210,12 @@ def rows_from_run_folder(
     return rows
 
 
-def _run_direct_job(run_config: dict[str, Any], ks: list[int], out: str) -> list[dict]:
-    """Worker: run one configuration on the direct engine and return its sweep rows."""
-    from flower_app.experiment import run_direct
-
-    summary = run_direct(AppConfig.from_run_config(run_config))
-    return rows_from_run_folder(Path(summary["run-folder"]), ks, Path(out))
-
-
 class FlowerEngine:
     """Runs configurations with ``flwr run . --stream`` against a private local SuperLink.
 
     A thin wrapper of :class:`flower_app.simulation.LocalSimulation` (own ``FLWR_HOME`` and
-    ports; :meth:`close` stops exactly that SuperLink).
+    ports; :meth:`close` stops exactly that SuperLink). Its :meth:`run` is a worker of
+    :meth:`reproductions.sweep.Sweep.execute` (one run at a time).
 
     Parameters
     ----------
@@ -234,15 +232,17 @@ class FlowerEngine:
         self.num_supernodes = num_supernodes
         self.timeout = timeout
 
-    def run(self, run_config: dict[str, Any], ks: list[int], out: Path) -> list[dict]:
-        """Run one configuration with ``flwr run`` and return its sweep rows."""
+    def run(self, run_config: dict[str, Any]) -> dict[str, Any]:
+        """Run one configuration with ``flwr run``; return its summary (with ``run-folder``)."""
         run = self.sim.run(run_config, num_supernodes=self.num_supernodes, timeout=self.timeout)
-        if run.status != "finished:completed" or not (run.folder / "summary.json").is_file():
+        started = (run.folder / "config.json").is_file()
+        summary = read_run(run.folder).summary if started else None
+        if run.status != "finished:completed" or summary is None:
             raise RuntimeError(
                 f"flwr run ended {run.status} ({run.details}) without a summary in "
                 f"{run.folder}:\n" + run.output[-4000:]
             )
-        return rows_from_run_folder(run.folder, ks, out)
+        return {**summary, "run-folder": str(run.folder)}
 
     def close(self) -> None:
         """Stop the SuperLink this engine's ``flwr run`` calls started."""
@@ -275,36 +275,30 @@ def _base_run_config(args: argparse.Namespace) -> dict[str, Any]:
     return base
 
 
-def _grid(args: argparse.Namespace, runs_dir: Path) -> list[dict[str, Any]]:
+def _grid(args: argparse.Namespace) -> list[Run]:
     base = _base_run_config(args)
-    grid = []
-    for clients in args.clients:
-        for elements in args.elements:
-            for seed in args.seeds:
-                grid.append(
-                    {
-                        **base,
-                        "clients-per-round": clients,
-                        "elements-per-client": elements,
-                        "seed": seed,
-                        "output-dir": str(runs_dir),
-                        "run-name": f"{args.dataset}-K{_slug(clients)}-d{_slug(elements)}"
-                        f"-seed{seed}",
-                    }
-                )
-    return grid
+    return [
+        Run(
+            f"{args.dataset}-K{slug(clients)}-d{slug(elements)}-seed{seed}",
+            {**base, "clients-per-round": clients, "elements-per-client": elements,
+             "seed": seed},
+        )  # fmt: skip
+        for clients in args.clients
+        for elements in args.elements
+        for seed in args.seeds
+    ]
 
 
-def _validate(grid: list[dict[str, Any]]) -> tuple[Any, Any]:
+def _validate(grid: list[Run]) -> tuple[Any, Any]:
     """Check every configuration against the instance before any run; return problem, matroid."""
     from flower_app.algorithms.fedsm.core import FedSMServer
     from flower_app.problems import build_matroid, load_problem
 
-    first = AppConfig.from_run_config(grid[0])
+    first = AppConfig.from_run_config(grid[0].config)
     problem = load_problem(first)
     matroid = build_matroid(first, problem)
-    for run_config in grid:
-        cfg = AppConfig.from_run_config(run_config)
+    for run in grid:
+        cfg = AppConfig.from_run_config(run.config)
         try:
             FedSMServer(
                 problem.n_users,
@@ -356,9 +350,9 @@ def run_sweep(args: argparse.Namespace) -> pd.DataFrame:
     from tqdm import tqdm
 
     out = Path(args.out).expanduser().resolve()
-    runs_dir = out / "runs"
+    sweep = Sweep(out)
     ks = sorted(set(args.k))
-    grid = _grid(args, runs_dir)
+    grid = _grid(args)
     problem, matroid = _validate(grid)
     print(
         f"{args.dataset}: n = {problem.n_users} users, m = {problem.n_elements} elements; "
@@ -368,35 +362,26 @@ def run_sweep(args: argparse.Namespace) -> pd.DataFrame:
     randoms = _random_baseline(problem, matroid, ks[-1], args.seeds)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-
-    def collect(new_rows: list[dict[str, Any]], bar: Any) -> None:
-        for row in new_rows:
-            row["random-objective"] = randoms[(row["seed"], row["k"])]
-        rows.extend(new_rows)
-        last = new_rows[-1]
-        bar.set_postfix_str(
-            f"K={last['clients-per-round']} d={last['elements-per-client']} "
-            f"seed={last['seed']} ratio@{last['k']}={last['ratio']:.4f}"
-        )
-        bar.update(1)
-        write_sweep(rows, out / "sweep.csv")  # keep partial results if interrupted
-
-    with tqdm(total=len(grid), desc=f"fedsm {args.dataset}", unit="run") as bar:
-        if args.engine == "flower":
-            engine = FlowerEngine(runs_dir / ".flwr-home", args.num_supernodes)
-            try:
-                for run_config in grid:
-                    collect(engine.run(run_config, ks, out), bar)
-            finally:
-                engine.close()
-        elif args.jobs <= 1:
-            for run_config in grid:
-                collect(_run_direct_job(run_config, ks, str(out)), bar)
-        else:
-            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                futures = [pool.submit(_run_direct_job, rc, ks, str(out)) for rc in grid]
-                for future in as_completed(futures):
-                    collect(future.result(), bar)
+    engine = FlowerEngine(sweep.runs / ".flwr-home", args.num_supernodes) \
+        if args.engine == "flower" else None  # fmt: skip
+    worker = {"worker": engine.run} if engine is not None else {}
+    try:
+        with tqdm(total=len(grid), desc=f"fedsm {args.dataset}", unit="run") as bar:
+            for _, summary in sweep.execute(grid, args.jobs if engine is None else 1, **worker):
+                new_rows = rows_from_run_folder(Path(summary["run-folder"]), ks, out)
+                for row in new_rows:
+                    row["random-objective"] = randoms[(row["seed"], row["k"])]
+                rows.extend(new_rows)
+                last = new_rows[-1]
+                bar.set_postfix_str(
+                    f"K={last['clients-per-round']} d={last['elements-per-client']} "
+                    f"seed={last['seed']} ratio@{last['k']}={last['ratio']:.4f}"
+                )
+                bar.update(1)
+                write_sweep(rows, out / "sweep.csv")  # keep partial results if interrupted
+    finally:
+        if engine is not None:
+            engine.close()
     frame = write_sweep(rows, out / "sweep.csv")
     elapsed = time.perf_counter() - started
     table = make_table(frame)
@@ -474,22 +459,19 @@ def markdown_ratio_table(table: pd.DataFrame) -> str:
         sub = table[table["clients-per-round"] == c_spec]
         elements = _ordered_specs(sub, "elements-per-client", "d")
         seeds = int(sub["seeds"].max())
-        header = ["k"] + [spec_label(e, "d") for e in elements]
-        lines = [
-            f"**{spec_label(c_spec, 'K')}** (K = {int(sub['K'].iloc[0])} users per round; "
-            f"ratio to centralized greedy, mean ± std over {seeds} seed(s))",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + "---|" * len(header),
-        ]
+        cells = []
         for k in sorted(sub["k"].unique()):
-            cells = [str(k)]
+            cells.append([str(k)])
             for e_spec in elements:
                 row = sub[(sub["elements-per-client"] == e_spec) & (sub["k"] == k)]
                 mean, std = float(row["ratio-mean"].iloc[0]), float(row["ratio-std"].iloc[0])
-                cells.append(f"{mean:.4f} ± {0.0 if math.isnan(std) else std:.4f}")
-            lines.append("| " + " | ".join(cells) + " |")
-        blocks.append("\n".join(lines))
+                cells[-1].append(f"{mean:.4f} ± {0.0 if math.isnan(std) else std:.4f}")
+        heading = (
+            f"**{spec_label(c_spec, 'K')}** (K = {int(sub['K'].iloc[0])} users per round; "
+            f"ratio to centralized greedy, mean ± std over {seeds} seed(s))"
+        )
+        header = ["k"] + [spec_label(e, "d") for e in elements]
+        blocks.append("\n".join([heading, "", *markdown_table(header, cells)]))
     return "\n\n".join(blocks)
 
 
@@ -568,7 +550,7 @@ def _reference_lines(ax: Any, frame: pd.DataFrame, ratio: bool) -> None:
 def _trade_off_figure(
     frame: pd.DataFrame, path: Path, fixed_k: str, fixed_d: str, ratio: bool
 ) -> Path:
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
     metric = "ratio" if ratio else "objective"
     clients = _ordered_specs(frame, "clients-per-round", "K")
@@ -578,10 +560,21 @@ def _trade_off_figure(
         panels.append(("d", frame[frame["clients-per-round"] == fixed_k], elements, fixed_k))
     if len(clients) > 1:
         panels.append(("K", frame[frame["elements-per-client"] == fixed_d], clients, fixed_d))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
-    colors = plt.get_cmap("viridis")
+    colors = colormaps["viridis"]
     dataset = frame["dataset"].iloc[0]
-    for ax, (vary, sub, values, fixed) in zip(axes[0], panels, strict=True):
+    size = (6.2 * len(panels), 4.4)
+    with figure(path, 1, len(panels), figsize=size, squeeze=False, dpi=130) as (fig, axes):
+        _trade_off_panels(frame, axes[0], panels, metric, ratio, colors, dataset)
+        seeds = frame["seed"].nunique()
+        fig.suptitle(f"FedSM Algorithm 1, mean ± std over {seeds} seed(s)", fontsize=10)
+    return path
+
+
+def _trade_off_panels(
+    frame: pd.DataFrame, axes: Any, panels: list, metric: str, ratio: bool, colors: Any,
+    dataset: str,
+) -> None:  # fmt: skip
+    for ax, (vary, sub, values, fixed) in zip(axes, panels, strict=True):
         column = "elements-per-client" if vary == "d" else "clients-per-round"
         for i, value in enumerate(values):
             style = {"color": colors(0.1 + 0.8 * i / max(len(values) - 1, 1))}
@@ -596,27 +589,24 @@ def _trade_off_figure(
         ax.set_ylabel("F(S) / F(greedy)" if ratio else "F(S)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    seeds = frame["seed"].nunique()
-    fig.suptitle(f"FedSM Algorithm 1, mean ± std over {seeds} seed(s)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
 
 
 def _grid_figure(frame: pd.DataFrame, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     clients = _ordered_specs(frame, "clients-per-round", "K")
     elements = _ordered_specs(frame, "elements-per-client", "d")
-    fig, axes = plt.subplots(
-        len(clients),
-        len(elements),
-        figsize=(3.4 * len(elements), 2.8 * len(clients)),
-        squeeze=False,
-        sharex=True,
-        sharey=True,
-    )
+    size = (3.4 * len(elements), 2.8 * len(clients))
+    with figure(path, len(clients), len(elements), figsize=size, squeeze=False, sharex=True,
+                sharey=True, dpi=110) as (fig, axes):  # fmt: skip
+        _grid_panels(frame, axes, clients, elements)
+        fig.suptitle(
+            f"{frame['dataset'].iloc[0]}: FedSM Algorithm 1 vs centralized greedy "
+            f"(mean ± std over {frame['seed'].nunique()} seed(s))",
+            fontsize=10,
+        )
+    return path
+
+
+def _grid_panels(frame: pd.DataFrame, axes: Any, clients: list[str], elements: list[str]) -> None:
     for r, c_spec in enumerate(clients):
         for c, e_spec in enumerate(elements):
             ax = axes[r][c]
@@ -633,15 +623,6 @@ def _grid_figure(frame: pd.DataFrame, path: Path) -> Path:
             if c == 0:
                 ax.set_ylabel("F(S)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(
-        f"{frame['dataset'].iloc[0]}: FedSM Algorithm 1 vs centralized greedy "
-        f"(mean ± std over {frame['seed'].nunique()} seed(s))",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def make_figures(
@@ -671,9 +652,6 @@ def make_figures(
         the random line so the gaps stay visible) and ``grid.png`` (rows K, columns d, like
         Appendix D Figure 5).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     datasets = frame["dataset"].unique()
     if len(datasets) != 1:
         raise ValueError(f"a sweep.csv should hold one dataset, this one has {list(datasets)}")
@@ -737,7 +715,7 @@ def add_parsers(sub: Any) -> None:
     Parameters
     ----------
     sub : argparse._SubParsersAction
-        The subcommands of :func:`flower_app.sweeps.cli.build_parser`.
+        The subcommands of :func:`reproductions.cli.build_parser`.
     """
     sweep = sub.add_parser(
         "fedsm-sweep",
@@ -751,16 +729,12 @@ def add_parsers(sub: Any) -> None:
         "max(--k) gives every k (Algorithm 1 draws its randomness round by round).",
     )
     # options named after a run_config key take its help from flower_app.settings
-    sweep.add_argument(
-        "--dataset", required=True, choices=DATASETS_RUN, help=help_text("dataset")
-    )
-    sweep.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    add_dataset(sweep, DATASETS_RUN)
     sweep.add_argument("--data-file", default="", help=help_text("data-file"))
     sweep.add_argument("--data-columns", default="user,item,value", help=help_text("data-columns"))
     sweep.add_argument("--item-names", default="", help=help_text("item-names"))
     sweep.add_argument("--data-seed", type=int, default=0, help=help_text("data-seed"))
-    sweep.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
-    sweep.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
+    add_sizes(sweep)
     sweep.add_argument(
         "--k",
         type=int,
@@ -785,9 +759,7 @@ def add_parsers(sub: Any) -> None:
         metavar="D",
         help="d values: elements each user evaluates (fraction of m or count)",
     )
-    sweep.add_argument(
-        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="algorithm seeds (default 0 1 2)"
-    )
+    add_seeds(sweep)
     sweep.add_argument("--out", required=True, help="output folder")
     sweep.add_argument(
         "--engine",
@@ -796,9 +768,7 @@ def add_parsers(sub: Any) -> None:
         help="direct: in-process (default); flower: `flwr run . --stream` per "
         "run with a private local SuperLink (slow: Ray)",
     )
-    sweep.add_argument(
-        "--jobs", type=int, default=1, help="parallel processes for the direct engine (default 1)"
-    )
+    add_jobs(sweep, "parallel processes for the direct engine")
     sweep.add_argument(
         "--num-supernodes", type=int, default=10, help="SuperNodes for --engine flower (default 10)"
     )
@@ -824,29 +794,15 @@ def add_parsers(sub: Any) -> None:
     _add_figure_options(plot)
 
 
-def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run a parsed ``fedsm-sweep`` or ``plot`` command; return the exit status.
+def run_command(args: argparse.Namespace) -> None:
+    """Run a parsed ``fedsm-sweep`` or ``plot`` command (``args.command``).
 
     Parameters
     ----------
     args : argparse.Namespace
-        Parsed arguments (``args.command`` is ``fedsm-sweep`` or ``plot``).
-    parser : argparse.ArgumentParser
-        For usage errors.
-
-    Returns
-    -------
-    int
-        0 on success, 2 on a configuration, file or value error (printed to stderr).
+        Parsed arguments of :func:`reproductions.cli.build_parser`.
     """
-    try:
-        if args.command == "fedsm-sweep":
-            if args.jobs < 1:
-                parser.error("--jobs must be >= 1")
-            run_sweep(args)
-        else:
-            run_plot(args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"run_sim.py {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    if args.command == "fedsm-sweep":
+        run_sweep(args)
+    else:
+        run_plot(args)

@@ -40,7 +40,9 @@ them ``fa-<pid>-...`` after the run's process that made them, which is dead by t
 run stopped from outside leaves none; objects named after a live process (another run's
 rehearsal) stay.
 
-Run as ``python -m flower_app.process_sweep --token T --after PID [--report FILE]``.
+Run as ``python tests/support/process_sweep.py --token T --after PID [--report FILE]`` (by
+its path: the watchdog runs from ``/``, where the ``tests`` package is not importable; it
+imports only the installed ``flower_app``).
 """
 
 from __future__ import annotations
@@ -246,7 +248,7 @@ def spawn_reaper(
         The watchdog.
     """
     env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
-    cmd = [sys.executable, "-m", __name__, "--token", token, "--after", str(owner)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--token", token, "--after", str(owner)]
     if report is not None:
         cmd += ["--report", str(report)]
     for pattern in remove:

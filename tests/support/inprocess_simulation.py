@@ -15,8 +15,8 @@ Flower's in-memory link state and grid as in ``flwr-simulation``.
 
 What this does not exercise is the ``flwr run`` command itself (FAB build, SuperLink,
 status): :class:`flower_app.simulation.LocalSimulation` does, and the tests that check it
-use that. ``_run_simulation`` is Flower's internal API (flwr 1.41-1.42); a Flower upgrade
-that changes it makes every test using this fail at once, not silently.
+use that. ``_run_simulation`` is Flower's internal API (flwr 1.42, the pinned version); a
+Flower upgrade that changes it makes every test using this fail at once, not silently.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class InProcessSimulation:
         Where run folders go (``output-dir`` of every run).
     ray_address : str
         GCS address (``host:port``) of the Ray cluster the ClientApps run on (e.g.
-        :class:`flower_app.ray_cluster.LoopbackRayCluster`); its CPUs decide how many
+        :class:`tests.support.ray_cluster.LoopbackRayCluster`); its CPUs decide how many
         actors a run uses (one per ``client-resources-num-cpus``).
     project : pathlib.Path, optional
         The Flower app (default: this project); its ``pyproject.toml`` gives the

@@ -16,12 +16,13 @@ writes one run folder per run under ``--out/runs/`` and then the report:
 ``--jobs N`` runs the grid in N processes (each run is independent and seeded, and the
 report is written from the run folders, so the results are those of a serial sweep).
 Runs whose folder already holds a ``summary.json`` are kept, not rerun: rerunning the same
-command resumes an interrupted sweep.
+command resumes an interrupted sweep (:mod:`reproductions.sweep`).
 ``--report`` (or ``report`` as the first argument) rebuilds the report from an existing
 ``--out`` without running anything, e.g. while a sweep is still running or after it was
-interrupted. Examples::
+interrupted (an unfinished run's last line cut mid-write is left out:
+:func:`flower_app.results.read_rows`). Examples::
 
-    python -m flower_app.sweeps.maxfl --setting table1 --algorithms maxfl fedavg mwfed \\
+    python run_sim.py maxfl --setting table1 --algorithms maxfl fedavg mwfed \\
         --seeds 0 1 2 --grid maxfl-requirement=train,heldout --out benchmarks/results/maxfl/t1
     python run_sim.py maxfl report --out benchmarks/results/maxfl/t1
 """
@@ -29,22 +30,32 @@ interrupted. Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
-import multiprocessing
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flower_app.config import AppConfig, ConfigError
+from flower_app.config import AppConfig
 from flower_app.registry import algorithms_of
+from flower_app.results import read_run
 from flower_app.settings import help_text
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_jobs,
+    add_seeds,
+    figure,
+    group_by,
+    markdown_table,
+    run_command,
+    slug,
+    write_csv,
+)
 
 __all__ = [
     "SETTINGS",
@@ -153,9 +164,7 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def _slug(overrides: dict[str, Any]) -> str:
-    return "-".join(f"{k.removeprefix('maxfl-')}{v}" for k, v in overrides.items()).replace(
-        ".", "p"
-    )
+    return slug("-".join(f"{k.removeprefix('maxfl-')}{v}" for k, v in overrides.items()))
 
 
 def _name(algorithm: str, overrides: dict[str, Any], seed: int) -> str:
@@ -163,37 +172,24 @@ def _name(algorithm: str, overrides: dict[str, Any], seed: int) -> str:
 
 
 # ---------------------------------------------------------------------- running
-def _run_one(run_config: dict[str, Any]) -> dict[str, Any]:
-    """Worker: one direct-engine run (writes its run folder); returns its summary."""
-    from flower_app.experiment import run_direct
-
-    return run_direct(AppConfig.from_run_config(run_config))
-
-
-def _plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+def _plan(args: argparse.Namespace) -> tuple[list[Run], list[str]]:
     fixed: dict[str, Any] = {}
     for item in args.set:
         fixed.update(parse_grid([item])[0])
     grid = parse_grid(args.grid)
     grid_keys = list(grid[0])
-    runs = []
-    for overrides in grid:
-        for algorithm in args.algorithms:
-            for seed in args.seeds:
-                runs.append(
-                    {
-                        **SETTINGS[args.setting],
-                        **fixed,
-                        **overrides,
-                        "algorithm": algorithm,
-                        "seed": seed,
-                        "data-dir": args.data_dir,
-                        "output-dir": str((args.out / "runs").resolve()),
-                        "run-name": _name(algorithm, overrides, seed),
-                    }
-                )
-    for run_config in runs:  # every config error before the first run
-        AppConfig.from_run_config(run_config)
+    runs = [
+        Run(
+            _name(algorithm, overrides, seed),
+            {**SETTINGS[args.setting], **fixed, **overrides, "algorithm": algorithm,
+             "seed": seed, "data-dir": args.data_dir},
+        )  # fmt: skip
+        for overrides in grid
+        for algorithm in args.algorithms
+        for seed in args.seeds
+    ]
+    for run in runs:  # every config error before the first run
+        AppConfig.from_run_config(run.config)
     return runs, grid_keys
 
 
@@ -237,34 +233,21 @@ def run_sweep(args: argparse.Namespace) -> None:
             "seeds": list(args.seeds),
             "grid-keys": grid_keys,
             "set": list(args.set),
-            "runs": [r["run-name"] for r in runs],
+            "runs": [r.name for r in runs],
         },
     )
     (args.out / "sweep.json").write_text(json.dumps(manifest, indent=2))
-    done = [r for r in runs if (args.out / "runs" / r["run-name"] / "summary.json").is_file()]
-    runs = [r for r in runs if r not in done]
+    sweep = Sweep(args.out)
+    todo = [r for r in runs if not sweep.finished(r)]
     print(
-        f"{len(runs)} runs to do ({len(done)} finished before, kept), {args.jobs} job(s); "
-        f"run folders in {args.out / 'runs'}",
+        f"{len(todo)} runs to do ({len(runs) - len(todo)} finished before, kept), {args.jobs} "
+        f"job(s); run folders in {args.out / 'runs'}",
         flush=True,
     )
-    if args.jobs == 1:
-        for i, run_config in enumerate(runs, 1):
-            _print_done(i, len(runs), _run_one(run_config))
-        return
-    # spawn: fresh interpreters, no torch/OpenMP state inherited through fork
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_one, r) for r in runs]
-        for i, future in enumerate(futures, 1):
-            _print_done(i, len(runs), future.result())
-
-
-def _print_done(i: int, n: int, summary: dict[str, Any]) -> None:
-    final = summary.get("final", {})
-    shown = {m: final.get(m) for m in ("seen-gm-appeal", "seen-acc", "unseen-gm-appeal")}
-    name = Path(summary["run-folder"]).name
-    print(f"[{i}/{n}] {name}: {json.dumps(shown)}", flush=True)
+    for i, (run, summary) in enumerate(sweep.execute(todo, args.jobs), 1):
+        final = summary.get("final", {})
+        shown = {m: final.get(m) for m in ("seen-gm-appeal", "seen-acc", "unseen-gm-appeal")}
+        print(f"[{i}/{len(todo)}] {run.name}: {json.dumps(shown)}", flush=True)
 
 
 # ---------------------------------------------------------------------- report
@@ -297,18 +280,6 @@ class RunRecord:
     rows: list[dict[str, Any]]
     summary: dict[str, Any] | None
     overrides: dict[str, Any] = field(default_factory=dict)
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by an interruption
-    return rows
 
 
 def collect_runs(out: Path) -> tuple[list[RunRecord], list[str]]:
@@ -347,16 +318,15 @@ def collect_runs(out: Path) -> tuple[list[RunRecord], list[str]]:
         folder = runs_dir / name
         if not (folder / "config.json").is_file():
             continue  # not started yet
-        config = json.loads((folder / "config.json").read_text())
-        summary_path = folder / "summary.json"
+        run = read_run(folder)
         runs.append(
             RunRecord(
                 name=name,
-                algorithm=str(config["algorithm"]),
-                seed=int(config["seed"]),
-                config=config,
-                rows=_read_rows(folder / "metrics.jsonl"),
-                summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None,
+                algorithm=str(run.config["algorithm"]),
+                seed=int(run.config["seed"]),
+                config=run.config,
+                rows=run.rows,
+                summary=run.summary,
             )
         )
     if not runs:
@@ -414,15 +384,9 @@ def table(rows: list[dict[str, Any]], group_keys: list[str]) -> str:
         The markdown table.
     """
     group_keys = [k for k in group_keys if k not in ("seed", "final-pool-size")]
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row[k] for k in group_keys), []).append(row)
     shown = list(METRICS)
-    lines = [
-        "| " + " | ".join(group_keys + shown + ["seeds", "final pool"]) + " |",
-        "|" + "---|" * (len(group_keys) + len(shown) + 2),
-    ]
-    for key, members in groups.items():
+    body = []
+    for key, members in group_by(rows, group_keys).items():
         cells = [str(k) for k in key]
         for m in shown:
             vals = np.array([r[m] for r in members if r[m] is not None], dtype=float)
@@ -432,8 +396,8 @@ def table(rows: list[dict[str, Any]], group_keys: list[str]) -> str:
             )
         cells.append(str(len(members)))
         cells.append(",".join(str(r["final-pool-size"]) for r in members))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return "\n".join(markdown_table(group_keys + shown + ["seeds", "final pool"], body)) + "\n"
 
 
 def _curve(runs: list[RunRecord], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -466,40 +430,33 @@ def plot_curves(runs: list[RunRecord], path: Path, title: str) -> Path:
     pathlib.Path
         ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     algorithms = sorted({r.algorithm for r in runs})
-    fig, axes = plt.subplots(3, 2, figsize=(10, 10), sharex=True)
-    for ax, (metric, label) in zip(axes.flat, CURVES, strict=True):
-        scale = 100.0 if metric.endswith("acc") else 1.0
-        for algorithm in algorithms:
-            members = [r for r in runs if r.algorithm == algorithm]
-            rounds, mean, std = _curve(members, metric)
-            if rounds.size == 0:
-                continue
-            seeds = len({r.seed for r in members})
-            (line,) = ax.plot(rounds, scale * mean, label=f"{algorithm} ({seeds} seeds)")
-            ax.fill_between(
-                rounds,
-                scale * (mean - std),
-                scale * (mean + std),
-                color=line.get_color(),
-                alpha=0.2,
-            )
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-    for ax in axes[-1]:
-        ax.set_xlabel("round")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6))
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    legend = (0, 0.06, 1, 1)  # room for the figure's legend under the panels
+    with figure(path, 3, 2, figsize=(10, 10), sharex=True, dpi=120, rect=legend) as (fig, axes):
+        for ax, (metric, label) in zip(axes.flat, CURVES, strict=True):
+            scale = 100.0 if metric.endswith("acc") else 1.0
+            for algorithm in algorithms:
+                members = [r for r in runs if r.algorithm == algorithm]
+                rounds, mean, std = _curve(members, metric)
+                if rounds.size == 0:
+                    continue
+                seeds = len({r.seed for r in members})
+                (line,) = ax.plot(rounds, scale * mean, label=f"{algorithm} ({seeds} seeds)")
+                ax.fill_between(
+                    rounds,
+                    scale * (mean - std),
+                    scale * (mean + std),
+                    color=line.get_color(),
+                    alpha=0.2,
+                )
+            ax.set_title(label)
+            ax.grid(alpha=0.3)
+        for ax in axes[-1]:
+            ax.set_xlabel("round")
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6))
+        fig.suptitle(title)
     return path
 
 
@@ -521,11 +478,8 @@ def report(out: Path) -> dict[str, Any]:
     finished = [r for r in runs if r.summary is not None]
     unfinished = [r for r in runs if r.summary is None]
     rows = [_final_row(r, grid_keys) for r in finished]
-    keys = ["algorithm", "seed", *grid_keys, *METRICS, "final-pool-size"]
-    with (out / "sweep.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "sweep.csv", rows, ["algorithm", "seed", *grid_keys, *METRICS,
+                                        "final-pool-size"])  # fmt: skip
     text = table(rows, ["algorithm", *grid_keys]) if rows else "No finished run yet.\n"
     if unfinished:
         text += "\nUnfinished runs (curves only): " + ", ".join(
@@ -584,8 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ALGORITHM",
         help=f"algorithms to run: {', '.join(algorithms)} (default: maxfl fedavg)",
     )  # fmt: skip
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
-                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+    add_seeds(p)
     p.add_argument(
         "--grid", nargs="*", default=[], metavar="KEY=V1,V2",
         help="run_config keys to sweep, each over its comma-separated values (every "
@@ -599,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="", help=help_text("data-dir"))
     p.add_argument("--out", type=Path, required=True,
                    help="results folder (run folders in <out>/runs/)")  # fmt: skip
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (>= 1)")
+    add_jobs(p)
     p.add_argument(
         "--report",
         action="store_true",
@@ -624,24 +577,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
         argv = [*argv[1:], "--report"]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error("--jobs must be >= 1")
-    try:
-        if not args.report:
-            run_sweep(args)
-        done = report(args.out)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"maxfl-sweep: error: {err}", file=sys.stderr)
-        return 2
+    return run_command(build_parser(), _command, argv)
+
+
+def _command(args: argparse.Namespace) -> None:
+    if not args.report:
+        run_sweep(args)
+    done = report(args.out)
     print(
         f"{len(done['finished'])} finished, {len(done['unfinished'])} unfinished runs; "
         f"wrote {args.out / 'sweep.csv'}, {args.out / 'table.md'} and "
         f"{len(done['figures'])} figure(s)",
         flush=True,
     )
-    return 0
 
 
 if __name__ == "__main__":

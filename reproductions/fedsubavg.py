@@ -27,24 +27,23 @@ K, the horizon, the learning rate of each algorithm (Table 4), FedAdam's (η_l, 
 (Table 5), batch size and local iterations (Appendix D.3), and for Amazon the authors' code's
 learning-rate decay 0.999 per round and gradient clipping at norm 5 (the paper is silent on
 both). A run folder that already holds a ``summary.json`` is read instead of run again, so a
-sweep can be extended seed by seed (``--rerun`` runs everything again).
+sweep can be extended seed by seed (``--rerun`` runs everything again;
+:mod:`reproductions.sweep`).
 
 Example::
 
-    python -m flower_app.sweeps.fedsubavg --dataset movielens-rating --data-dir /work/data \\
+    python run_sim.py fedsubavg --dataset movielens-rating --data-dir /work/data \\
         --clients 50 10 30 --seeds 0 1 2 --rounds 200 --weightings clients samples \\
         --out benchmarks/results/fedsubavg
-    python -m flower_app.sweeps.fedsubavg --dataset synthetic-amazon --seeds 0 \\
+    python run_sim.py fedsubavg --dataset synthetic-amazon --seeds 0 \\
         --eval-every 5 --out benchmarks/results/fedsubavg/amazon-standin
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +52,20 @@ from typing import Any
 import numpy as np
 
 from flower_app.algorithms.fedsubavg.core import ALGORITHM_NAMES, WEIGHTINGS
-from flower_app.config import AppConfig
-from flower_app.runners.fedsubavg import direct_run
+from flower_app.results import read_rows, read_run
 from flower_app.settings import SETTINGS, help_text
-from flower_app.sweeps import runnable_datasets
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_dataset,
+    add_seeds,
+    figure,
+    group_by,
+    markdown_table,
+    run_command,
+    runnable_datasets,
+    write_csv,
+)
 
 __all__ = [
     "DATASETS_RUN",
@@ -223,13 +232,10 @@ def _series(summary: Mapping[str, Any], metric: str) -> dict[int, float]:
 def _run(
     args: argparse.Namespace, setup: PaperSetup, algorithm: str, k: int, seed: int,
     weighting: str,
-) -> dict:  # fmt: skip
+) -> Run:  # fmt: skip
     name = f"{algorithm}-{weighting}-K{k}-seed{seed}"
     if args.embedding_init != "random":  # a run folder per initialisation
         name += f"-{args.embedding_init}-embedding"
-    folder = Path(args.out).resolve() / "runs" / name
-    if not args.rerun and (folder / "summary.json").is_file():
-        return json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     keys = {
         "algorithm": algorithm,
         "dataset": args.dataset,
@@ -241,15 +247,14 @@ def _run(
         "seed": seed,
         "fsa-rounds": args.rounds,
         "fsa-weighting": weighting,
-        "output-dir": str(folder.parent),
-        "run-name": name,
         **setup.run_keys(algorithm),
     }
     if args.eval_every != 1:
         keys["fsa-eval-every"] = args.eval_every
     if args.embedding_init != "random":
         keys["fsa-embedding-init"] = args.embedding_init
-    return direct_run(AppConfig.from_run_config(keys), progress=args.progress)
+    labels = {"algorithm": algorithm, "weighting": weighting, "k": k, "seed": seed}
+    return Run(name, keys, labels)
 
 
 def _fmt_rounds(values: list[int | None], horizon: int) -> str:
@@ -273,9 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "target), table.md (Tables 2-3 beside the paper's), fig3/fig4 PNGs and "
         "summary.json in --out. Runs that already have a summary.json are read, not rerun.",
     )
-    p.add_argument("--dataset", default="movielens-rating", choices=DATASETS_RUN,
-                   help=help_text("dataset") + " (default: movielens-rating)")  # fmt: skip
-    p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    add_dataset(p, DATASETS_RUN, "movielens-rating")
     p.add_argument("--data-seed", type=int, default=0, help=help_text("data-seed"))
     p.add_argument("--num-users", type=int, default=0,
                    help="users (clients) of a synthetic stand-in (0 = its default)")  # fmt: skip
@@ -300,8 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-k", type=int, default=None,
         help="K whose CentralSGD run sets the target loss (default: the paper's K)",
     )  # fmt: skip
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
-                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+    add_seeds(p)
     p.add_argument("--rounds", type=int, default=None, help="default: the paper's horizon")
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every E rounds")
     p.add_argument("--embedding-init", default="random",
@@ -327,9 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status 0.
+        Exit status (0, or 2 on bad input: :func:`reproductions.sweep.run_command`).
     """
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser(), _sweep, argv)
+
+
+def _sweep(args: argparse.Namespace) -> None:
     setup = setup_of(args.dataset)
     if args.target_k is None:  # the paper's K, unless --clients leaves it out
         args.target_k = setup.k if not args.clients or setup.k in args.clients else args.clients[0]
@@ -340,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    runs: list[dict[str, Any]] = []
+    grid: list[Run] = []
     for k in [args.target_k] + [k for k in args.clients if k != args.target_k]:
         algorithms = args.algorithms if k == args.target_k else args.k_algorithms
         if "central-sgd" not in algorithms and k == args.target_k and setup.target_value is None:
@@ -348,22 +353,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for algorithm in algorithms:
             weightings = [args.weightings[0]] if algorithm == "central-sgd" else args.weightings
             for weighting in weightings:
-                for seed in args.seeds:
-                    s = _run(args, setup, algorithm, k, seed, weighting)
-                    runs.append(
-                        {
-                            "algorithm": algorithm,
-                            "weighting": weighting,
-                            "k": k,
-                            "seed": seed,
-                            "summary": s,
-                        }
-                    )
-                    print(
-                        f"{algorithm:13s} {weighting:8s} K={k:<4d} seed={seed} "
-                        f"min loss {s['min-train-loss']:.5f}  {s['wall-time']:.1f} s",
-                        flush=True,
-                    )
+                grid += [_run(args, setup, algorithm, k, seed, weighting) for seed in args.seeds]
+    sweep = Sweep(out)
+    todo = grid if args.rerun else [r for r in grid if not sweep.finished(r)]
+    summaries = {r.name: read_run(sweep.folder(r)).summary for r in grid if r not in todo}
+    if summaries:
+        print(f"{len(summaries)} finished runs read from {sweep.runs}", flush=True)
+    for run, s in sweep.execute(todo, progress=args.progress):
+        summaries[run.name] = s
+        print(
+            f"{run.labels['algorithm']:13s} {run.labels['weighting']:8s} "
+            f"K={run.labels['k']:<4d} seed={run.labels['seed']} "
+            f"min loss {s['min-train-loss']:.5f}  {s['wall-time']:.1f} s",
+            flush=True,
+        )
+    runs = [{**r.labels, "summary": summaries[r.name]} for r in grid]
 
     if setup.target_value is None:
         targets = {  # CentralSGD's best train loss after a round (round 0 is the initial model)
@@ -396,22 +400,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     print(table)
-    return 0
 
 
 def _write_curves(out: Path, runs: list[dict[str, Any]]) -> None:
     metrics = ("train-loss", "test-loss", "test-accuracy", "test-auc")
-    with (out / "curves.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["algorithm", "weighting", "k", "seed", "round", *metrics])
-        for r in runs:
-            lines = (Path(r["summary"]["run-folder"]) / "metrics.jsonl").read_text()
-            for line in lines.splitlines():
-                m = json.loads(line)
-                if "train-loss" not in m:  # a round without an evaluation
-                    continue
-                w.writerow([r["algorithm"], r["weighting"], r["k"], r["seed"],
-                            m["server-round"], *(m.get(key) for key in metrics)])  # fmt: skip
+    rows = [
+        {**{key: r[key] for key in ("algorithm", "weighting", "k", "seed")},
+         "round": m["server-round"], **{key: m.get(key) for key in metrics}}
+        for r in runs
+        for m in read_rows(r["summary"]["run-folder"])
+        if "train-loss" in m  # a round without an evaluation is left out
+    ]  # fmt: skip
+    write_csv(out / "curves.csv", rows, ["algorithm", "weighting", "k", "seed", "round", *metrics])
 
 
 def _write_rounds(
@@ -440,17 +440,12 @@ def _write_rounds(
             row["final-test-auc"] = s.get("test-auc")
             row["best-test-auc"] = max(series.values()) if series else None
         rows.append(row)
-    with (out / "rounds.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "rounds.csv", rows)
     return rows
 
 
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSetup) -> str:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["algorithm"], r["weighting"], r["k"])].append(r)
+    groups = group_by(rows, ("algorithm", "weighting", "k"))
 
     def cell(alg: str, weighting: str, k: int) -> tuple[str, float | None]:
         g = groups.get((alg, weighting, k)) or groups.get((alg, args.weightings[0], k))
@@ -470,12 +465,7 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSet
         "",
     ]
     order = [a for a in ORDER if any(r["algorithm"] == a for r in rows)]
-    lines.append("| | " + " | ".join(LABELS[a] for a in order) + " | FedSubAvg / FedAvg |")
-    lines.append("|---" * (len(order) + 2) + "|")
-    lines.append(
-        "| paper (Table 2) | " + " | ".join(setup.table2[a] for a in order)
-        + f" | {setup.ratio} |"
-    )  # fmt: skip
+    body = [["paper (Table 2)", *(setup.table2[a] for a in order), setup.ratio]]
     for weighting in args.weightings:
         cells = [cell(a, weighting, args.target_k) for a in order]
         sub = cell("fedsubavg", weighting, args.target_k)[1]
@@ -484,21 +474,15 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSet
             ratio = "–"
         else:  # FedAvg's rounds, or past the horizon
             ratio = f"{sub / avg:.2f}" if avg else f"< {sub / args.rounds:.2f}"
-        lines.append(
-            f"| ours, weighting={weighting} | " + " | ".join(c[0] for c in cells) + f" | {ratio} |"
-        )
+        body.append([f"ours, weighting={weighting}", *(c[0] for c in cells), ratio])
+    lines += markdown_table(["", *(LABELS[a] for a in order), "FedSubAvg / FedAvg"], body)
     ks = sorted({r["k"] for r in rows if r["algorithm"] == "fedsubavg"})
     if len(ks) > 1:
         lines += ["", "FedSubAvg's rounds to the same target by K (Table 3):", ""]
-        lines.append("| K | " + " | ".join(str(k) for k in ks) + " |")
-        lines.append("|---" * (len(ks) + 1) + "|")
-        lines.append("| paper | " + " | ".join(setup.table3.get(k, "–") for k in ks) + " |")
-        for weighting in args.weightings:
-            lines.append(
-                f"| ours, weighting={weighting} | "
-                + " | ".join(cell("fedsubavg", weighting, k)[0] for k in ks)
-                + " |"
-            )
+        body = [["paper", *(setup.table3.get(k, "–") for k in ks)]]
+        body += [[f"ours, weighting={weighting}", *(cell("fedsubavg", weighting, k)[0] for k in ks)]
+                 for weighting in args.weightings]  # fmt: skip
+        lines += markdown_table(["K", *(str(k) for k in ks)], body)
     return "\n".join(lines) + "\n"
 
 
@@ -522,49 +506,39 @@ def _curves(
 def _plots(
     out: Path, runs: list[dict[str, Any]], args: argparse.Namespace, setup: PaperSetup
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     metric = setup.target
     ylabel = "test AUC" if metric == "test-auc" else "train loss (10,000 training samples)"
-    figure = {"train-loss": "fig3a" if setup is SETUPS["movielens"] else "fig3b",
-              "test-auc": "fig3c"}[metric]  # fmt: skip
+    name = {"train-loss": "fig3a" if setup is SETUPS["movielens"] else "fig3b",
+            "test-auc": "fig3c"}[metric]  # fmt: skip
+    ks = sorted({r["k"] for r in runs if r["algorithm"] == "fedsubavg"})
     for weighting in args.weightings:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for i, alg in enumerate(LABELS):  # one colour per algorithm in every figure
-            c = _curves(runs, alg, weighting, args.target_k, metric)
-            if c is None:
-                continue
-            r, v = c
-            ax.plot(r, v.mean(axis=0), label=LABELS[alg], color=f"C{i}")
-            ax.fill_between(r, v.min(axis=0), v.max(axis=0), alpha=0.2, color=f"C{i}")
-        if setup.target_value is not None:
-            ax.axhline(setup.target_value, color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel("communication round")
-        ax.set_ylabel(ylabel)
-        init = "" if args.embedding_init == "random" else f", {args.embedding_init} embedding"
-        ax.set_title(f"{setup.title}\n{args.dataset}{init}, K={args.target_k}, {weighting}, "
-                     f"seeds {args.seeds}", fontsize=9)  # fmt: skip
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / f"{figure}_{weighting}_K{args.target_k}.png", dpi=120)
-        plt.close(fig)
-        ks = sorted({r["k"] for r in runs if r["algorithm"] == "fedsubavg"})
-        if len(ks) > 1:
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for k in ks:
-                c = _curves(runs, "fedsubavg", weighting, k, metric)
-                if c is not None:
-                    ax.plot(c[0], c[1].mean(axis=0), label=f"K={k}")
+        path = out / f"{name}_{weighting}_K{args.target_k}.png"
+        with figure(path, figsize=(6, 4), dpi=120) as (_, ax):
+            for i, alg in enumerate(LABELS):  # one colour per algorithm in every figure
+                c = _curves(runs, alg, weighting, args.target_k, metric)
+                if c is None:
+                    continue
+                r, v = c
+                ax.plot(r, v.mean(axis=0), label=LABELS[alg], color=f"C{i}")
+                ax.fill_between(r, v.min(axis=0), v.max(axis=0), alpha=0.2, color=f"C{i}")
+            if setup.target_value is not None:
+                ax.axhline(setup.target_value, color="grey", linestyle=":", linewidth=1)
             ax.set_xlabel("communication round")
             ax.set_ylabel(ylabel)
-            ax.set_title(f"FedSubAvg by K ({args.dataset}, {weighting})")
+            init = "" if args.embedding_init == "random" else f", {args.embedding_init} embedding"
+            ax.set_title(f"{setup.title}\n{args.dataset}{init}, K={args.target_k}, "
+                         f"{weighting}, seeds {args.seeds}", fontsize=9)  # fmt: skip
             ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / f"fig4_{weighting}.png", dpi=120)
-            plt.close(fig)
+        if len(ks) > 1:
+            with figure(out / f"fig4_{weighting}.png", figsize=(6, 4), dpi=120) as (_, ax):
+                for k in ks:
+                    c = _curves(runs, "fedsubavg", weighting, k, metric)
+                    if c is not None:
+                        ax.plot(c[0], c[1].mean(axis=0), label=f"K={k}")
+                ax.set_xlabel("communication round")
+                ax.set_ylabel(ylabel)
+                ax.set_title(f"FedSubAvg by K ({args.dataset}, {weighting})")
+                ax.legend()
 
 
 if __name__ == "__main__":

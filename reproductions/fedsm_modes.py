@@ -1,13 +1,13 @@
 """Reproductions of FedSM Algorithm 2 and of the amplification (Algorithm 3).
 
-Subcommands::
+Subcommands (``run_sim.py fedsm-modes``)::
 
-    python -m flower_app.sweeps.fedsm_modes alg2-curve --dataset movielens --data-dir /work/data \\
+    python run_sim.py fedsm-modes alg2-curve --dataset movielens --data-dir /work/data \\
         --k 200 --settings 1.0:200 --seeds 0 1 2 --out benchmarks/results/fedsm-alg2
-    python -m flower_app.sweeps.fedsm_modes amplification --dataset movielens \\
+    python run_sim.py fedsm-modes amplification --dataset movielens \\
         --data-dir /work/data --k 20 --clients 0.01 --elements 0.1 --eta 0.1 --seeds 0 1 2 \\
         --out benchmarks/results/fedsm-amplification/movielens
-    python -m flower_app.sweeps.fedsm_modes report --out benchmarks/results/fedsm-alg2
+    python run_sim.py fedsm-modes report --out benchmarks/results/fedsm-alg2
 
 ``alg2-curve`` runs Algorithm 2 (``fedsm-mode = alg2``) for every K:d setting, variant and
 seed, and writes ``curve.csv`` (one row per communication round: |S|, F(S), centralized
@@ -25,20 +25,35 @@ rounding), and writes ``amplification.csv`` and
 
 Every run goes through :func:`flower_app.experiment.run_direct` (the direct engine, the same
 math the Flower strategy runs; ``tests/test_fedsm_modes_flower.py`` checks both engines agree)
-and keeps its run folder under ``<out>/runs/``.
+and keeps its run folder under ``<out>/runs/``. Each run appends its rows as it finishes; a
+second call into the same ``--out`` runs only the (variant, setting, seed) or (method, seed)
+not yet in ``runs.csv`` / ``amplification.csv`` (:mod:`reproductions.sweep`).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flower_app.results import read_rows
 from flower_app.settings import help_text
-from flower_app.sweeps import data_overrides, runnable_datasets
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_dataset,
+    add_seeds,
+    add_sizes,
+    append_csv,
+    csv_keys,
+    data_overrides,
+    figure,
+    label_slug,
+    markdown_table,
+    run_command,
+    runnable_datasets,
+)
 
 __all__ = ["ALG2_VARIANTS", "DATASETS_RUN", "build_parser", "main"]
 
@@ -78,42 +93,8 @@ def _count(text: str) -> int | float:
     return float(text) if "." in text else int(text)
 
 
-def _run(config: dict[str, Any]) -> dict[str, Any]:
-    from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
-
-    return run_direct(AppConfig.from_run_config(config))
-
-
-def _rows(folder: str) -> list[dict[str, Any]]:
-    from flower_app.results import read_metrics
-
-    return read_metrics(Path(folder))
-
-
-def _append(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-
-
-def _read(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _base(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "dataset": args.dataset,
-        "k": args.k,
-        "output-dir": str(out / "runs"),
-        **data_overrides(args),
-    }
+def _base(args: argparse.Namespace) -> dict[str, Any]:
+    base: dict[str, Any] = {"dataset": args.dataset, "k": args.k, **data_overrides(args)}
     if args.matroid != "uniform":
         base["matroid"] = args.matroid
         base["partition-capacity"] = args.partition_capacity
@@ -125,7 +106,9 @@ def alg2_curve(args: argparse.Namespace) -> None:
     """Run Algorithm 2 for every setting, variant and seed; write the CSVs and figures."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    done = {(r["variant"], r["setting"], r["seed"]) for r in _read(out / "runs.csv")}
+    sweep = Sweep(out)
+    done = csv_keys(out / "runs.csv", ("variant", "setting", "seed"))
+    grid = []
     for variant in args.variants:
         for setting in args.settings:
             clients, pairs = (_count(x) for x in setting.split(":"))
@@ -133,7 +116,7 @@ def alg2_curve(args: argparse.Namespace) -> None:
                 if (variant, setting, str(seed)) in done:
                     continue
                 config = {
-                    **_base(args, out),
+                    **_base(args),
                     **ALG2_VARIANTS[variant],
                     "fedsm-mode": "alg2",
                     "fedsm-epsilon": args.epsilon,
@@ -141,41 +124,33 @@ def alg2_curve(args: argparse.Namespace) -> None:
                     "clients-per-round": clients,
                     "elements-per-client": pairs,
                     "seed": seed,
-                    "run-name": f"alg2-{_slug(variant)}-K{clients}-d{pairs}-s{seed}",
                 }
-                t0 = time.perf_counter()
-                summary = _run(config)
-                curve, run = _alg2_rows(summary, _rows(summary["run-folder"]))
-                ident = {
-                    "dataset": args.dataset,
-                    "variant": variant,
-                    "setting": setting,
-                    "clients-per-round": clients,
-                    "elements-per-client": pairs,
-                    "seed": seed,
-                }
-                _append(out / "curve.csv", CURVE_COLUMNS, [{**ident, **r} for r in curve])
-                by_k = [
-                    {**ident, "j": j + 1, "objective": o, "greedy": g}
-                    for j, (o, g) in enumerate(
-                        zip(summary["objective-by-k"], summary["greedy-by-k"], strict=False)
-                    )
-                ]
-                _append(out / "by-k.csv", BY_K_COLUMNS, by_k)
-                run.update(ident, **{"wall-time": time.perf_counter() - t0})
-                _append(out / "runs.csv", RUN_COLUMNS, [run])
-                print(
-                    f"{variant} K:d={setting} seed {seed}: {run['rounds']} rounds, "
-                    f"|S|={run['set-size']}, ratio {run['ratio-same-size']:.4f} "
-                    f"(vs greedy at k: {run['ratio-k']:.4f}), above greedy first 100: "
-                    f"{run['above-greedy-first-100']}",
-                    flush=True,
-                )
+                ident = {"dataset": args.dataset, "variant": variant, "setting": setting,
+                         "clients-per-round": clients, "elements-per-client": pairs,
+                         "seed": seed}  # fmt: skip
+                name = f"alg2-{label_slug(variant)}-K{clients}-d{pairs}-s{seed}"
+                grid.append(Run(name, config, ident))
+    for run, summary in sweep.execute(grid):
+        ident = run.labels
+        curve, row = _alg2_rows(summary, read_rows(summary["run-folder"]))
+        append_csv(out / "curve.csv", CURVE_COLUMNS, [{**ident, **r} for r in curve])
+        by_k = [
+            {**ident, "j": j + 1, "objective": o, "greedy": g}
+            for j, (o, g) in enumerate(
+                zip(summary["objective-by-k"], summary["greedy-by-k"], strict=False)
+            )
+        ]
+        append_csv(out / "by-k.csv", BY_K_COLUMNS, by_k)
+        row.update(ident, **{"wall-time": summary["run-wall-time"]})
+        append_csv(out / "runs.csv", RUN_COLUMNS, [row])
+        print(
+            f"{ident['variant']} K:d={ident['setting']} seed {ident['seed']}: "
+            f"{row['rounds']} rounds, |S|={row['set-size']}, ratio "
+            f"{row['ratio-same-size']:.4f} (vs greedy at k: {row['ratio-k']:.4f}), above "
+            f"greedy first 100: {row['above-greedy-first-100']}",
+            flush=True,
+        )
     report_alg2(out)
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()
 
 
 def _alg2_rows(summary: dict, rows: list[dict]) -> tuple[list[dict], dict]:
@@ -219,52 +194,44 @@ def _alg2_rows(summary: dict, rows: list[dict]) -> tuple[list[dict], dict]:
 
 
 def report_alg2(out: Path) -> None:
-    """Write ``alg2-objective.png``, ``alg2-size.png`` and ``alg2.md`` from the CSVs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write ``alg2-objective.png``, ``alg2-size.png``, ``alg2-by-k.png`` and ``alg2.md``."""
     import pandas as pd
 
     curve, runs = pd.read_csv(out / "curve.csv"), pd.read_csv(out / "runs.csv")
     k = int(runs["k"].iloc[0])
     dataset = runs["dataset"].iloc[0]
-    fig1, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    fig2, ax2 = plt.subplots(figsize=(7, 4.5))
+    means = {  # (variant, setting) -> objective and |S| by round, mean over seeds
+        f"Alg. 2 {variant}, K:d={setting}": sub.groupby("round")[["objective", "set-size"]].mean()
+        for (variant, setting), sub in curve.groupby(["variant", "setting"], sort=False)
+    }
     greedy = curve.groupby("round")["greedy-same-rounds"].first()
-    greedy_all = pd.Series(range(1, k + 1), index=range(1, k + 1), dtype=float)
-    for (variant, setting), sub in curve.groupby(["variant", "setting"], sort=False):
-        mean = sub.groupby("round")[["objective", "set-size"]].mean()
-        label = f"Alg. 2 {variant}, K:d={setting}"
-        for ax in axes:
-            ax.plot(mean.index, mean["objective"], label=label, lw=1.2)
-        ax2.plot(mean.index, mean["set-size"], label=label)
-    greedy_all = greedy.reindex(greedy_all.index).interpolate()
-    for ax, last in zip(axes, (40, int(curve["round"].max())), strict=True):
-        ax.plot(greedy_all.index[:last], greedy_all.values[:last], "k--", label="greedy")
-        ax.set_xlim(0, last + 1)
-        top = float(curve["objective"].max())
-        ax.set_ylim(top - (1.2 if last == 40 else 0.4), top + 0.03)
-        ax.set_xlabel("communication rounds (greedy: one element per round)")
-        ax.set_ylabel("F(S)")
+    greedy = greedy.reindex(range(1, k + 1)).interpolate()
+    with figure(out / "alg2-objective.png", 1, 2, figsize=(12, 4.5), dpi=130) as (_, axes):
+        for label, mean in means.items():
+            for ax in axes:
+                ax.plot(mean.index, mean["objective"], label=label, lw=1.2)
+        for ax, last in zip(axes, (40, int(curve["round"].max())), strict=True):
+            ax.plot(greedy.index[:last], greedy.values[:last], "k--", label="greedy")
+            ax.set_xlim(0, last + 1)
+            top = float(curve["objective"].max())
+            ax.set_ylim(top - (1.2 if last == 40 else 0.4), top + 0.03)
+            ax.set_xlabel("communication rounds (greedy: one element per round)")
+            ax.set_ylabel("F(S)")
+            ax.grid(alpha=0.3)
+        axes[0].set_title(f"{dataset}, r = {k}: first 40 rounds (mean over seeds)")
+        axes[1].set_title("full runs")
+        axes[1].legend(fontsize=7, loc="lower right")
+    with figure(out / "alg2-size.png", figsize=(7, 4.5), dpi=130) as (_, ax):
+        for label, mean in means.items():
+            ax.plot(mean.index, mean["set-size"], label=label)
+        ax.axhline(k, color="grey", lw=0.8)
+        ax.set_xlabel("communication rounds")
+        ax.set_ylabel("|S|")
+        ax.set_title(f"FedSM Alg. 2 on {dataset}: growth of S (mean over seeds)")
+        ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    axes[0].set_title(f"{dataset}, r = {k}: first 40 rounds (mean over seeds)")
-    axes[1].set_title("full runs")
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig1.tight_layout()
-    fig1.savefig(out / "alg2-objective.png", dpi=130)
-    plt.close(fig1)
-    ax2.axhline(k, color="grey", lw=0.8)
-    ax2.set_xlabel("communication rounds")
-    ax2.set_ylabel("|S|")
-    ax2.set_title(f"FedSM Alg. 2 on {dataset}: growth of S (mean over seeds)")
-    ax2.legend(fontsize=7)
-    ax2.grid(alpha=0.3)
-    fig2.tight_layout()
-    fig2.savefig(out / "alg2-size.png", dpi=130)
-    plt.close(fig2)
     if (out / "by-k.csv").exists():
-        _by_k_figure(pd.read_csv(out / "by-k.csv"), out / "alg2-by-k.png", plt)
+        _by_k_figure(pd.read_csv(out / "by-k.csv"), out / "alg2-by-k.png")
     agg = (
         runs.groupby(["variant", "setting"], sort=False)
         .agg(
@@ -279,40 +246,35 @@ def report_alg2(out: Path) -> None:
         )
         .reset_index()
     )
-    lines = [
-        "| variant | K:d | seeds | rounds | final \\|S\\| | F / greedy at same \\|S\\| | "
-        "F / greedy at k | runs above greedy for rounds 1-100 | first round below greedy "
-        "| MB up |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in agg.iterrows():
-        lines.append(
-            f"| {r['variant']} | {r['setting']} | {r['seeds']} | {r['rounds']:.1f} | "
-            f"{r['size']:.1f} | {r['ratio_size']:.4f} | {r['ratio_k']:.4f} | "
-            f"{r['above']:.0%} | {r['first_below']} | {r['mb_up'] / 1e6:.1f} |"
-        )
+    header = ["variant", "K:d", "seeds", "rounds", "final \\|S\\|",
+              "F / greedy at same \\|S\\|", "F / greedy at k",
+              "runs above greedy for rounds 1-100", "first round below greedy",
+              "MB up"]  # fmt: skip
+    lines = markdown_table(header, (
+        [r["variant"], r["setting"], r["seeds"], f"{r['rounds']:.1f}", f"{r['size']:.1f}",
+         f"{r['ratio_size']:.4f}", f"{r['ratio_k']:.4f}", f"{r['above']:.0%}",
+         r["first_below"], f"{r['mb_up'] / 1e6:.1f}"]
+        for _, r in agg.iterrows()
+    ))  # fmt: skip
     (out / "alg2.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def _by_k_figure(frame: Any, path: Path, plt: Any) -> None:
+def _by_k_figure(frame: Any, path: Path) -> None:
     """Plot F(S_j) / greedy F(S_j) against j, S_j the first j elements Alg. 2 added."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     frame = frame.assign(ratio=frame["objective"] / frame["greedy"])
-    for (variant, setting), sub in frame.groupby(["variant", "setting"], sort=False):
-        seeds = sub["seed"].nunique()
-        counts = sub.groupby("j")["ratio"].count()
-        mean = sub.groupby("j")["ratio"].mean()[counts == seeds]  # j reached by every seed
-        ax.plot(mean.index, mean.values, label=f"{variant}, K:d={setting}", lw=1.2)
-    ax.axhline(1.0, color="k", ls="--", lw=0.8)
-    ax.set_xlabel("j: first j elements added (order of addition)")
-    ax.set_ylabel("F(S_j) / greedy F(S_j)")
-    ax.set_title("FedSM Alg. 2: objective against k (mean over seeds)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4.5), dpi=130) as (_, ax):
+        for (variant, setting), sub in frame.groupby(["variant", "setting"], sort=False):
+            seeds = sub["seed"].nunique()
+            counts = sub.groupby("j")["ratio"].count()
+            mean = sub.groupby("j")["ratio"].mean()[counts == seeds]  # j reached by every seed
+            ax.plot(mean.index, mean.values, label=f"{variant}, K:d={setting}", lw=1.2)
+        ax.axhline(1.0, color="k", ls="--", lw=0.8)
+        ax.set_xlabel("j: first j elements added (order of addition)")
+        ax.set_ylabel("F(S_j) / greedy F(S_j)")
+        ax.set_title("FedSM Alg. 2: objective against k (mean over seeds)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
 
 
 # ----------------------------------------------------------------------------- amplification
@@ -320,7 +282,8 @@ def amplification(args: argparse.Namespace) -> None:
     """Run Alg. 1 (two budgets) and Alg. 3 on the same instance and seeds; write the table."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    done = {(r["method"], r["seed"]) for r in _read(out / "amplification.csv")}
+    sweep = Sweep(out)
+    done = csv_keys(out / "amplification.csv", ("method", "seed"))
     steps = round(1.0 / args.eta)
     n_clients, d = _count(args.clients), _count(args.elements)
 
@@ -348,47 +311,40 @@ def amplification(args: argparse.Namespace) -> None:
             "fedsm-surrogate": args.surrogate,
             "fedsm-rounding": rounding,
         }
-    for seed in args.seeds:
-        for method, override in methods.items():
-            if (method, str(seed)) in done:
-                continue
-            config = {
-                **_base(args, out),
-                **override,
-                "seed": seed,
-                "run-name": f"amp-{_slug(method)}-s{seed}",
-            }
-            t0 = time.perf_counter()
-            s = _run(config)
-            row = {
-                "dataset": args.dataset,
-                "method": method,
-                "k": args.k,
-                "clients-per-round": override["clients-per-round"],
-                "elements-per-client": override["elements-per-client"],
-                "eta": args.eta if "fedsm-mode" in override else "",
-                "seed": seed,
-                "objective": s["objective"],
-                "fractional-objective": s.get("fractional-objective", ""),
-                "greedy": s["greedy-objective"],
-                "ratio": s["ratio-to-greedy"],
-                "rounds": s["communication-rounds"],
-                "user-values": s["user-values"],
-                "bytes-up": s["bytes-up"],
-                "wall-time": time.perf_counter() - t0,
-                "run-folder": s["run-folder"],
-            }
-            _append(out / "amplification.csv", AMP_COLUMNS, [row])
-            print(f"{method} seed {seed}: ratio {row['ratio']:.4f}", flush=True)
+    grid = [
+        Run(f"amp-{label_slug(method)}-s{seed}", {**_base(args), **override, "seed": seed},
+            {"method": method, "override": override})  # fmt: skip
+        for seed in args.seeds
+        for method, override in methods.items()
+        if (method, str(seed)) not in done
+    ]
+    for run, s in sweep.execute(grid):
+        method, override = run.labels["method"], run.labels["override"]
+        row = {
+            "dataset": args.dataset,
+            "method": method,
+            "k": args.k,
+            "clients-per-round": override["clients-per-round"],
+            "elements-per-client": override["elements-per-client"],
+            "eta": args.eta if "fedsm-mode" in override else "",
+            "seed": run.config["seed"],
+            "objective": s["objective"],
+            "fractional-objective": s.get("fractional-objective", ""),
+            "greedy": s["greedy-objective"],
+            "ratio": s["ratio-to-greedy"],
+            "rounds": s["communication-rounds"],
+            "user-values": s["user-values"],
+            "bytes-up": s["bytes-up"],
+            "wall-time": s["run-wall-time"],
+            "run-folder": s["run-folder"],
+        }
+        append_csv(out / "amplification.csv", AMP_COLUMNS, [row])
+        print(f"{method} seed {row['seed']}: ratio {row['ratio']:.4f}", flush=True)
     report_amplification(out)
 
 
 def report_amplification(out: Path) -> None:
     """Write ``amplification.md`` and ``amplification.png`` from ``amplification.csv``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
 
     frame = pd.read_csv(out / "amplification.csv")
@@ -405,30 +361,27 @@ def report_amplification(out: Path) -> None:
         )
         .reset_index()
     )
-    lines = [
-        "| method | seeds | F(S) mean ± std | G(x) (Alg. 3, before rounding) | F / greedy | "
-        "rounds | values sent by users |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["method", "seeds", "F(S) mean ± std", "G(x) (Alg. 3, before rounding)",
+              "F / greedy", "rounds", "values sent by users"]  # fmt: skip
+    cells = []
     for _, r in agg.iterrows():
         frac = "" if pd.isna(r["fractional"]) else f"{r['fractional']:.5g}"
         std = 0.0 if pd.isna(r["std"]) else r["std"]
-        lines.append(
-            f"| {r['method']} | {r['seeds']} | {r['objective']:.5g} ± {std:.2g} | {frac} | "
-            f"{r['ratio']:.4f} | {r['rounds']:.0f} | {r['values']:.3g} |"
-        )
+        cells.append([r["method"], r["seeds"], f"{r['objective']:.5g} ± {std:.2g}", frac,
+                      f"{r['ratio']:.4f}", f"{r['rounds']:.0f}", f"{r['values']:.3g}"])  # fmt: skip
+    lines = markdown_table(header, cells)
     (out / "amplification.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    ax.barh(agg["method"], agg["ratio"], xerr=frame.groupby("method", sort=False)["ratio"].std())
-    lo = max(0.0, float(agg["ratio"].min()) - 0.05)
-    ax.set_xlim(lo, 1.0 + 0.01)
-    ax.set_xlabel("F(S) / centralized greedy (mean over seeds)")
-    ax.set_title(f"Amplification vs Alg. 1 on {frame['dataset'].iloc[0]}, k={frame['k'].iloc[0]}")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(out / "amplification.png", dpi=130)
-    plt.close(fig)
+    with figure(out / "amplification.png", figsize=(8, 3.8), dpi=130) as (_, ax):
+        spread = frame.groupby("method", sort=False)["ratio"].std()
+        ax.barh(agg["method"], agg["ratio"], xerr=spread)
+        lo = max(0.0, float(agg["ratio"].min()) - 0.05)
+        ax.set_xlim(lo, 1.0 + 0.01)
+        ax.set_xlabel("F(S) / centralized greedy (mean over seeds)")
+        ax.set_title(
+            f"Amplification vs Alg. 1 on {frame['dataset'].iloc[0]}, k={frame['k'].iloc[0]}"
+        )
+        ax.invert_yaxis()
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -437,14 +390,10 @@ DATASETS_RUN = runnable_datasets("fedsm")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="movielens", choices=DATASETS_RUN,
-                   help=help_text("dataset") + " (default: movielens)")  # fmt: skip
-    p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+    add_dataset(p, DATASETS_RUN, "movielens")
     p.add_argument("--k", type=int, required=True, help="r: the cardinality of S (k)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
-                   help="algorithm seeds (default: 0 1 2)")  # fmt: skip
-    p.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
-    p.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
+    add_seeds(p)
+    add_sizes(p)
     p.add_argument(
         "--matroid", default="uniform", choices=["uniform", "partition"], help=help_text("matroid")
     )
@@ -518,10 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a subcommand (see the module docstring); return the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _command(args: argparse.Namespace) -> None:
     if args.command == "alg2-curve":
         alg2_curve(args)
     elif args.command == "amplification":
@@ -532,7 +478,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_alg2(out)
         if (out / "amplification.csv").exists():
             report_amplification(out)
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand (see the module docstring); return the exit status."""
+    return run_command(build_parser(), _command, argv)
 
 
 if __name__ == "__main__":

@@ -6,21 +6,21 @@ Flower strategies run; ``fedsm-sweep --engine flower`` uses Flower's simulation 
 instead) and writes one run folder per run plus CSV tables and figures into its output folder.
 
 ``fedsm-sweep``, ``plot``
-    FedSM Algorithm 1 over a K x d x seed grid (:mod:`flower_app.sweeps.fedsm`).
+    FedSM Algorithm 1 over a K x d x seed grid (:mod:`reproductions.fedsm`).
 ``fedsm-modes``
     FedSM Algorithm 2 curves and the amplification (Algorithm 3) against Algorithm 1
-    (:mod:`flower_app.sweeps.fedsm_modes`).
+    (:mod:`reproductions.fedsm_modes`).
 ``fedcg``
     FedCG, FedCG+ and the federated discrete greedy, by preset
-    (:mod:`flower_app.sweeps.fedcg`).
+    (:mod:`reproductions.fedcg`).
 ``maxfl``
-    MaxFL and its seven baselines in the paper's settings (:mod:`flower_app.sweeps.maxfl`).
+    MaxFL and its seven baselines in the paper's settings (:mod:`reproductions.maxfl`).
 ``fedsubavg``
     FedSubAvg and the submodel baselines, Tables 2-3 and Figures 3-4
-    (:mod:`flower_app.sweeps.fedsubavg`).
+    (:mod:`reproductions.fedsubavg`).
 ``privacy``
     Utility against privacy: FedSM's shuffle-model DP, MaxFL's and FedSubAvg's Gaussian DP
-    (:mod:`flower_app.sweeps.privacy`).
+    (:mod:`reproductions.privacy`).
 """
 
 from __future__ import annotations
@@ -30,32 +30,33 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from flower_app.sweeps import fedsm
+from reproductions import fedsm
+from reproductions.sweep import run_command
 
 __all__ = ["FAMILY_SWEEPS", "build_parser", "main"]
 
 #: subcommand -> (module whose ``main(argv)`` runs it, one line of help)
 FAMILY_SWEEPS = {
     "fedsm-modes": (
-        "flower_app.sweeps.fedsm_modes",
+        "reproductions.fedsm_modes",
         "FedSM Algorithm 2 curves and the amplification (Algorithm 3) against Algorithm 1",
     ),
     "fedcg": (
-        "flower_app.sweeps.fedcg",
+        "reproductions.fedcg",
         "FedCG, FedCG+ and the federated discrete greedy on a preset (MovieLens-1M, DBLP "
         "stand-in): ratio to greedy by k",
     ),
     "maxfl": (
-        "flower_app.sweeps.maxfl",
+        "reproductions.maxfl",
         "MaxFL and its seven baselines in the paper's settings (Tables 1-4, EMNIST): "
         "accuracy and GM-Appeal",
     ),
     "fedsubavg": (
-        "flower_app.sweeps.fedsubavg",
+        "reproductions.fedsubavg",
         "FedSubAvg and the submodel baselines (Tables 2-3, Figures 3-4): rounds to target",
     ),
     "privacy": (
-        "flower_app.sweeps.privacy",
+        "reproductions.privacy",
         "utility against privacy: FedSM shuffle-model DP, MaxFL and FedSubAvg Gaussian DP",
     ),
 }
@@ -101,6 +102,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in FAMILY_SWEEPS:
         module = importlib.import_module(FAMILY_SWEEPS[argv[0]][0])
         return int(module.main(argv[1:]) or 0)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return fedsm.run_command(args, parser)
+    return run_command(build_parser(), fedsm.run_command, argv)

@@ -34,8 +34,6 @@ client over the rounds it took part in, no amplification) and against outsiders
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +41,19 @@ from typing import Any
 
 import numpy as np
 
-from flower_app.sweeps import runnable_datasets
+from flower_app.results import read_rows
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_dataset,
+    add_seeds,
+    figure,
+    group_by,
+    markdown_table,
+    run_command,
+    runnable_datasets,
+    write_csv,
+)
 
 __all__ = ["DATASETS_RUN", "build_parser", "main"]
 
@@ -56,14 +66,10 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def _run(config: dict[str, Any]) -> dict[str, Any]:
-    from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
-
-    summary = run_direct(AppConfig.from_run_config(config))
+def _fedsm_row(config: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """Return the dp.csv row of one run: its utility and the privacy its last round reports."""
     folder = Path(summary["run-folder"])
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r.get("server-round", 0) >= 1]
+    rows = [r for r in read_rows(folder) if r.get("server-round", 0) >= 1]
     last = rows[-1] if rows else {}
     eps = float(config.get("fedsm-dp-epsilon", 0.0))
     return {
@@ -85,34 +91,33 @@ def _run(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fedsm_dp(args: argparse.Namespace) -> int:
+def fedsm_dp(args: argparse.Namespace) -> None:
     """Run the ε′ × seed grid and write dp.csv, dp.md and dp.png into ``--out``."""
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     base = {
         "algorithm": "fedsm", "dataset": args.dataset, "data-dir": args.data_dir, "k": args.k,
         "clients-per-round": args.clients, "elements-per-client": args.elements,
-        "output-dir": str(out / "runs"), "dp-reproducible-noise": bool(args.reproducible_noise),
+        "dp-reproducible-noise": bool(args.reproducible_noise),
     }  # fmt: skip
-    rows = []
+    grid = []
     for seed in args.seeds:
         for eps in [0.0, *args.epsilons]:
-            config = {**base, "seed": seed, "run-name": f"eps{eps:g}-seed{seed}"}
+            config = {**base, "seed": seed}
             if eps:
                 config.update({"fedsm-dp-epsilon": float(eps), "fedsm-dp-delta": args.delta,
                                "secure-aggregation": True})  # fmt: skip
-            row = _run(config)
-            rows.append(row)
-            print(f"seed={seed} eps'={eps:g}: ratio to greedy {row['ratio-to-greedy']:.4f}",
-                  flush=True)  # fmt: skip
-    with open(out / "dp.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+            grid.append(Run(f"eps{eps:g}-seed{seed}", config, {"eps": eps}))
+    rows = []
+    for run, summary in Sweep(out).execute(grid):
+        row = _fedsm_row(run.config, summary)
+        rows.append(row)
+        print(f"seed={row['seed']} eps'={run.labels['eps']:g}: ratio to greedy "
+              f"{row['ratio-to-greedy']:.4f}", flush=True)  # fmt: skip
+    write_csv(out / "dp.csv", rows, COLUMNS)
     (out / "dp.md").write_text(report(rows, args.delta, args.reproducible_noise))
     plot(rows, out / "dp.png")
     print((out / "dp.md").read_text())
-    return 0
 
 
 def report(rows: list[dict[str, Any]], delta: float, reproducible: bool = False) -> str:
@@ -122,31 +127,28 @@ def report(rows: list[dict[str, Any]], delta: float, reproducible: bool = False)
     secure aggregation (shuffle bound; also what outsiders face), and against a server
     that sees the replies in the clear (local randomiser, δ = 0).
     """
-    lines = [
-        f"| ε′ per query (δ′ = {delta:g}) | seeds | ratio to greedy | bits per value | "
-        "flip p | queries (busiest client) | ε vs server, secure aggregation (basic) | "
-        "ε vs server, secure aggregation (advanced) | ε vs server, replies in the clear | "
-        "ε vs outsiders |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for eps, group in _groups(rows, "epsilon").items():
+    header = [f"ε′ per query (δ′ = {delta:g})", "seeds", "ratio to greedy", "bits per value",
+              "flip p", "queries (busiest client)", "ε vs server, secure aggregation (basic)",
+              "ε vs server, secure aggregation (advanced)", "ε vs server, replies in the clear",
+              "ε vs outsiders"]  # fmt: skip
+    body: list[list[Any]] = []
+    for eps, group in group_by(rows, "epsilon").items():
         ratios = [float(r["ratio-to-greedy"]) for r in group]
         sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        utility = f"{statistics.mean(ratios):.4f} ± {sd:.4f}"
         if eps == "none":
-            lines.append(f"| no DP | {len(group)} | {statistics.mean(ratios):.4f} ± {sd:.4f} "
-                         "| - | - | - | - | - | - | - |")  # fmt: skip
+            body.append(["no DP", len(group), utility, *["-"] * 7])
             continue
         mean = {k: statistics.mean(float(r[k]) for r in group)
                 for k in ("dp-bits-mean", "dp-flip-mean", "dp-queries", "dp-epsilon-basic",
                           "dp-epsilon-advanced", "dp-epsilon-local",
                           "dp-epsilon-outsider")}  # fmt: skip
-        lines.append(
-            f"| {eps:g} | {len(group)} | {statistics.mean(ratios):.4f} ± {sd:.4f} | "
-            f"{mean['dp-bits-mean']:.1f} | {mean['dp-flip-mean']:.3f} | "
-            f"{mean['dp-queries']:.0f} | {mean['dp-epsilon-basic']:,.0f} | "
-            f"{mean['dp-epsilon-advanced']:,.0f} | {mean['dp-epsilon-local']:,.0f} | "
-            f"{mean['dp-epsilon-outsider']:,.0f} |"
-        )
+        body.append([f"{eps:g}", len(group), utility, f"{mean['dp-bits-mean']:.1f}",
+                     f"{mean['dp-flip-mean']:.3f}", f"{mean['dp-queries']:.0f}",
+                     f"{mean['dp-epsilon-basic']:,.0f}", f"{mean['dp-epsilon-advanced']:,.0f}",
+                     f"{mean['dp-epsilon-local']:,.0f}",
+                     f"{mean['dp-epsilon-outsider']:,.0f}"])  # fmt: skip
+    lines = markdown_table(header, body)
     if reproducible:
         lines.append("")
         lines.append(NOTE_REPRODUCIBLE)
@@ -163,29 +165,21 @@ NOTE_REPRODUCIBLE = (
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Plot the ratio to greedy against ε′ (mean ± sd), the non-private ratio as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = _groups(rows, "epsilon")
+    groups = group_by(rows, "epsilon")
     eps = sorted(e for e in groups if e != "none")
     mean = [statistics.mean(float(r["ratio-to-greedy"]) for r in groups[e]) for e in eps]
     sd = [statistics.pstdev(float(r["ratio-to-greedy"]) for r in groups[e]) for e in eps]
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    ax.errorbar(eps, mean, yerr=sd, marker="o", capsize=3, label="FedSM Alg. 1, shuffle DP")
-    if "none" in groups:
-        plain = statistics.mean(float(r["ratio-to-greedy"]) for r in groups["none"])
-        ax.axhline(plain, color="grey", linestyle="--", label=f"no DP ({plain:.3f})")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("ε′ per sum query (one element, one round)")
-    ax.set_ylabel("F(S) / F(greedy)")
-    ax.set_title(f"{rows[0]['dataset']}: utility against privacy")
-    ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    with figure(path, figsize=(5.5, 3.6), dpi=130) as (_, ax):
+        ax.errorbar(eps, mean, yerr=sd, marker="o", capsize=3, label="FedSM Alg. 1, shuffle DP")
+        if "none" in groups:
+            plain = statistics.mean(float(r["ratio-to-greedy"]) for r in groups["none"])
+            ax.axhline(plain, color="grey", linestyle="--", label=f"no DP ({plain:.3f})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ε′ per sum query (one element, one round)")
+        ax.set_ylabel("F(S) / F(greedy)")
+        ax.set_title(f"{rows[0]['dataset']}: utility against privacy")
+        ax.legend(loc="lower right")
+        ax.grid(alpha=0.3)
 
 
 #: per family of the Gaussian-DP sweeps: key prefix, fixed run keys, where the final numbers
@@ -207,75 +201,74 @@ GAUSSIAN_SWEEPS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def gaussian_dp(args: argparse.Namespace, family: str) -> int:
+def gaussian_dp(args: argparse.Namespace, family: str) -> None:
     """Run the σ × seed grid of a learning family; write ``<output>.csv/.md/.png``."""
-    from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
-
     spec = GAUSSIAN_SWEEPS[family]
     out = Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    grid = []
     for seed in args.seeds:
         for noise in [0.0, *args.noise]:
             config = {
                 "algorithm": args.algorithm, "dataset": args.dataset, "data-dir": args.data_dir,
-                **spec["fixed"](args.rounds), "seed": seed, "output-dir": str(out / "runs"),
-                "run-name": f"noise{noise:g}-seed{seed}",
+                **spec["fixed"](args.rounds), "seed": seed,
                 "dp-reproducible-noise": bool(args.reproducible_noise),
             }  # fmt: skip
             if noise:
                 prefix = spec["prefix"]
                 config.update({"secure-aggregation": True, f"{prefix}-dp-noise": float(noise),
                                f"{prefix}-dp-clip": args.clip, f"{prefix}-dp-delta": args.delta})
-            summary = run_direct(AppConfig.from_run_config(config))
-            folder = Path(summary["run-folder"])
-            last = json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
-            final = summary.get(spec["nested"], {}) if spec["nested"] else summary
-            row = {
-                "dataset": args.dataset, "algorithm": args.algorithm,
-                "noise": noise if noise else "none", "clip": args.clip if noise else "",
-                "seed": seed, "rounds": args.rounds,
-                **{k: final.get(k) for k in spec["keys"]},
-                "dp-epsilon": last.get("dp-epsilon", ""),
-                "dp-epsilon-outsider": last.get("dp-epsilon-outsider", ""),
-                "dp-rounds-worst-client": last.get("dp-rounds-worst-client", ""),
-                "dp-delta": last.get("dp-delta", ""),
-                "reproducible-noise": bool(args.reproducible_noise) if noise else "",
-                "run-folder": str(folder),
-            }  # fmt: skip
-            rows.append(row)
-            shown = ", ".join(f"{k} {row[k]:.4f}" for k in spec["keys"][:2])
-            print(f"seed={seed} sigma={noise:g}: {shown}, eps {row['dp-epsilon']}", flush=True)
+            grid.append(Run(f"noise{noise:g}-seed{seed}", config, {"noise": noise}))
+    rows = []
+    for run, summary in Sweep(out).execute(grid):
+        noise, seed = run.labels["noise"], run.config["seed"]
+        folder = Path(summary["run-folder"])
+        last = read_rows(folder)[-1]
+        final = summary.get(spec["nested"], {}) if spec["nested"] else summary
+        row = {
+            "dataset": args.dataset, "algorithm": args.algorithm,
+            "noise": noise if noise else "none", "clip": args.clip if noise else "",
+            "seed": seed, "rounds": args.rounds,
+            **{k: final.get(k) for k in spec["keys"]},
+            "dp-epsilon": last.get("dp-epsilon", ""),
+            "dp-epsilon-honest-peers": last.get("dp-epsilon-honest-peers", ""),
+            "dp-epsilon-outsider": last.get("dp-epsilon-outsider", ""),
+            "dp-rounds-worst-client": last.get("dp-rounds-worst-client", ""),
+            "dp-delta": last.get("dp-delta", ""),
+            "reproducible-noise": bool(args.reproducible_noise) if noise else "",
+            "run-folder": str(folder),
+        }  # fmt: skip
+        rows.append(row)
+        shown = ", ".join(f"{k} {row[k]:.4f}" for k in spec["keys"][:2])
+        print(f"seed={seed} sigma={noise:g}: {shown}, eps {row['dp-epsilon']}", flush=True)
     name = spec["output"]
-    with open(out / f"{name}.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / f"{name}.csv", rows)
     (out / f"{name}.md").write_text(_metric_table(rows, args, spec["keys"]))
     _metric_plot(rows, out / f"{name}.png", args, spec["plot"])
     print((out / f"{name}.md").read_text())
-    return 0
 
 
 def _metric_table(rows: list[dict[str, Any]], args: argparse.Namespace, keys: list[str]) -> str:
     """Return a Markdown table of ``keys`` (mean ± sd over seeds) per σ, with the ε's.
 
-    ε against the server (the worst client over the rounds it took part in, no
-    amplification; with the worst client's rounds) first, then against outsiders
-    (amplified by sampling).
+    ε against the server as the nodes verify it (the worst client's own noise shares, no
+    amplification), then the figure if every other client is honest (with the worst
+    client's rounds), then against outsiders (amplified by sampling).
     """
-    lines = [
-        f"| σ (clip C = {args.clip:g}) | seeds | ε vs server at δ = {args.delta:g} "
-        "(worst client's rounds) | ε vs outsiders | " + " | ".join(keys) + " |",
-        "|---|---|---|---|" + "---|" * len(keys),
-    ]
-    for noise, group in _groups(rows, "noise").items():
-        server, outsider = "∞ (no DP)", "∞"
+    header = [f"σ (clip C = {args.clip:g})", "seeds",
+              f"ε vs server at δ = {args.delta:g} (each client's own share)",
+              "ε if the other clients are honest (worst client's rounds)", "ε vs outsiders",
+              *keys]  # fmt: skip
+    body = []
+    for noise, group in group_by(rows, "noise").items():
+        server, honest, outsider = "∞ (no DP)", "∞", "∞"
         if noise != "none":
             eps = statistics.mean(float(r["dp-epsilon"]) for r in group)
-            worst = statistics.mean(float(r["dp-rounds-worst-client"]) for r in group)
-            server = f"{eps:,.1f} ({worst:.1f})"
+            server = f"{eps:,.1f}"
+            if all(r.get("dp-epsilon-honest-peers") not in (None, "") for r in group):
+                peers = statistics.mean(float(r["dp-epsilon-honest-peers"]) for r in group)
+                worst = statistics.mean(float(r["dp-rounds-worst-client"]) for r in group)
+                honest = f"{peers:,.1f} ({worst:.1f})"
             outsider = f"{statistics.mean(float(r['dp-epsilon-outsider']) for r in group):,.1f}"
         cells = []
         for key in keys:
@@ -283,8 +276,8 @@ def _metric_table(rows: list[dict[str, Any]], args: argparse.Namespace, keys: li
             sd = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.4f} ± {sd:.4f}")
         name = "no DP" if noise == "none" else f"{noise:g}"
-        lines.append(f"| {name} | {len(group)} | {server} | {outsider} | " + " | ".join(cells)
-                     + " |")  # fmt: skip
+        body.append([name, len(group), server, honest, outsider, *cells])
+    lines = markdown_table(header, body)
     if args.reproducible_noise:
         lines += ["", NOTE_REPRODUCIBLE]
     return "\n".join(lines) + "\n"
@@ -295,37 +288,22 @@ def _metric_plot(
     keys: list[tuple[str, str]],
 ) -> None:  # fmt: skip
     """Plot each key (mean ± sd) against σ, the non-private value as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = _groups(rows, "noise")
+    groups = group_by(rows, "noise")
     sigmas = sorted(n for n in groups if n != "none")
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.6))
-    for ax, (key, label) in zip(np.atleast_1d(axes), keys, strict=True):
-        mean = [statistics.mean(float(r[key]) for r in groups[n]) for n in sigmas]
-        sd = [statistics.pstdev(float(r[key]) for r in groups[n]) for n in sigmas]
-        ax.errorbar(sigmas, mean, yerr=sd, marker="o", capsize=3)
-        if "none" in groups:
-            plain = statistics.mean(float(r[key]) for r in groups["none"])
-            ax.axhline(plain, color="grey", linestyle="--", label=f"no DP ({plain:.3f})")
-            ax.legend(loc="best")
-        ax.set_xscale("log")
-        ax.set_xlabel(f"noise multiplier σ (clip C = {args.clip:g})")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{args.algorithm} on {args.dataset}: utility against client-level DP")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
-def _groups(rows: list[dict[str, Any]], key: str) -> dict[Any, list[dict[str, Any]]]:
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row[key], []).append(row)
-    return groups
+    with figure(path, 1, len(keys), figsize=(5.2 * len(keys), 3.6), dpi=130) as (fig, axes):
+        for ax, (key, label) in zip(np.atleast_1d(axes), keys, strict=True):
+            mean = [statistics.mean(float(r[key]) for r in groups[n]) for n in sigmas]
+            sd = [statistics.pstdev(float(r[key]) for r in groups[n]) for n in sigmas]
+            ax.errorbar(sigmas, mean, yerr=sd, marker="o", capsize=3)
+            if "none" in groups:
+                plain = statistics.mean(float(r[key]) for r in groups["none"])
+                ax.axhline(plain, color="grey", linestyle="--", label=f"no DP ({plain:.3f})")
+                ax.legend(loc="best")
+            ax.set_xscale("log")
+            ax.set_xlabel(f"noise multiplier σ (clip C = {args.clip:g})")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"{args.algorithm} on {args.dataset}: utility against client-level DP")
 
 
 #: the torch tasks (Sent140 LSTM, Amazon DIN) refuse fsa-dp-noise > 0 (runners.fedsubavg_torch)
@@ -343,13 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     from flower_app.settings import help_text
 
     def dataset(p: argparse.ArgumentParser, command: str, default: str) -> None:
-        p.add_argument("--dataset", default=default, choices=DATASETS_RUN[command],
-                       help=help_text("dataset") + f" (default: {default})")  # fmt: skip
-        p.add_argument("--data-dir", default="", help=help_text("data-dir"))
+        add_dataset(p, DATASETS_RUN[command], default)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
-                       help="algorithm seeds (default: 0 1 2)")  # fmt: skip
+        add_seeds(p)
         p.add_argument("--out", required=True, help="results folder (run folders in <out>/runs/)")
         p.add_argument("--reproducible-noise", action="store_true",
                        help="research mode: DP noise keyed by the seed (no privacy against the "
@@ -415,10 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the subcommand and run it."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _command(args: argparse.Namespace) -> None:
     if args.command == "fedsm-dp":
-        return fedsm_dp(args)
-    return gaussian_dp(args, "maxfl" if args.command == "maxfl-dp" else "fedsubavg")
+        fedsm_dp(args)
+    else:
+        gaussian_dp(args, "maxfl" if args.command == "maxfl-dp" else "fedsubavg")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the subcommand and run it; return the exit status (2 on bad input)."""
+    return run_command(build_parser(), _command, argv)

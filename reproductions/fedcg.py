@@ -1,34 +1,44 @@
 """Reproductions of FedCG / FedCG+ / federated discrete greedy (Rafiey, ICML 2024).
 
-Two subcommands::
+Two subcommands (``run_sim.py fedcg``)::
 
-    python -m flower_app.sweeps.fedcg run --preset movielens --data-dir /work/data \\
+    python run_sim.py fedcg run --preset movielens --data-dir /work/data \\
         --out benchmarks/results/fedcg --jobs 2
-    python -m flower_app.sweeps.fedcg report --out benchmarks/results/fedcg
+    python run_sim.py fedcg report --out benchmarks/results/fedcg
 
 ``run`` executes every (variant, k, seed) of a preset on the direct engine (the same code
-the Flower strategy calls; a test checks both engines agree) and appends one row per run to
-``<out>/runs.csv`` as soon as it finishes; rows already there are skipped, so an
-interrupted sweep resumes. ``report`` writes ``<out>/table-<dataset>.csv`` (means and
-standard deviations over seeds), ``<out>/<dataset>.md`` (the same as a Markdown table) and
-``<out>/<dataset>.png`` (objective against k).
+the Flower strategy calls; a test checks both engines agree), keeps each run folder under
+``<out>/runs/`` and appends one row per run to ``<out>/runs.csv`` as soon as it finishes;
+rows already there are skipped, so an interrupted sweep resumes (:mod:`reproductions.sweep`).
+``report`` writes ``<out>/table-<dataset>.csv`` (means and standard deviations over seeds),
+``<out>/<dataset>.md`` (the same as a Markdown table) and ``<out>/<dataset>.png`` (objective
+against k).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flower_app.settings import help_text
-from flower_app.sweeps import data_overrides
+from reproductions.sweep import (
+    Run,
+    Sweep,
+    add_jobs,
+    add_sizes,
+    append_csv,
+    csv_keys,
+    data_overrides,
+    figure,
+    label_slug,
+    markdown_table,
+    run_command,
+)
 
 __all__ = ["PRESETS", "Variant", "build_parser", "main"]
 
@@ -184,16 +194,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def _run_one(run_config: dict[str, Any]) -> dict[str, Any]:
-    """Worker: one direct-engine run; returns its summary."""
-    from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = AppConfig.from_run_config({**run_config, "output-dir": tmp, "run-name": "run"})
-        return run_direct(cfg)
-
-
 def _row(preset: Preset, variant: Variant, k: int, seed: int, s: dict[str, Any]) -> dict:
     greedy = s["greedy-objective"]
 
@@ -226,15 +226,6 @@ def _row(preset: Preset, variant: Variant, k: int, seed: int, s: dict[str, Any])
     }
 
 
-def _done(path: Path) -> set[tuple[str, str, int, int]]:
-    if not path.exists():
-        return set()
-    with path.open() as fh:
-        return {
-            (r["dataset"], r["variant"], int(r["k"]), int(r["seed"])) for r in csv.DictReader(fh)
-        }
-
-
 def run(args: argparse.Namespace) -> None:
     """Run the preset's grid (skipping rows already in runs.csv) and append the rows."""
     preset = PRESETS[args.preset]
@@ -242,12 +233,12 @@ def run(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "runs.csv"
     base = {**preset.base, **data_overrides(args)}
-    label = "synthetic-dblp" if preset.dataset == "synthetic-dblp" else preset.dataset
-    done = _done(path)
+    label = preset.dataset
+    done = csv_keys(path, ("dataset", "variant", "k", "seed"))
     only = set(args.variants.split("|")) if args.variants else None
     ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else preset.ks
     seeds = {int(x) for x in args.seeds.split(",")} if args.seeds else None
-    jobs = []
+    grid = []
     for variant in preset.variants:
         if only is not None and variant.name not in only:
             continue
@@ -255,41 +246,33 @@ def run(args: argparse.Namespace) -> None:
             for seed in variant.seeds:
                 if seeds is not None and seed not in seeds:
                     continue
-                if (label, variant.name, k, seed) in done:
+                if (label, variant.name, str(k), str(seed)) in done:
                     continue
                 cfg = {**base, **variant.config, "k": k, "seed": seed}
                 if cfg["algorithm"] in ("fedcg", "fedcg-plus"):
                     cfg["fedcg-report-pipage"] = True  # the recorded pipage/greedy column
-                jobs.append((variant, k, seed, cfg))
-    print(f"{len(jobs)} runs to do ({len(done)} already in {path})", flush=True)
-    new = not path.exists()
-    with path.open("a", newline="") as fh, ProcessPoolExecutor(args.jobs) as pool:
-        writer = csv.DictWriter(fh, COLUMNS)
-        if new:
-            writer.writeheader()
-        futures = {pool.submit(_run_one, cfg): (v, k, seed) for v, k, seed, cfg in jobs}
-        t0 = time.perf_counter()
-        for i, fut in enumerate(as_completed(futures), 1):
-            variant, k, seed = futures[fut]
-            summary = fut.result()
-            row = _row(preset, variant, k, seed, summary)
-            row["dataset"] = label
-            writer.writerow(row)
-            fh.flush()
-            print(
-                f"[{i}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {variant.name} k={k} "
-                f"seed={seed}: ratio {row['ratio']:.4f}",
-                flush=True,
-            )
+                name = f"{label}-{label_slug(variant.name)}-k{k}-seed{seed}"
+                grid.append(Run(name, cfg, {"variant": variant, "k": k, "seed": seed}))
+    print(f"{len(grid)} runs to do ({len(done)} already in {path})", flush=True)
+    t0 = time.perf_counter()
+    for i, (job, summary) in enumerate(Sweep(out).execute(grid, args.jobs), 1):
+        variant, k, seed = job.labels["variant"], job.labels["k"], job.labels["seed"]
+        row = _row(preset, variant, k, seed, summary)
+        row["dataset"] = label
+        append_csv(path, COLUMNS, [row])
+        print(
+            f"[{i}/{len(grid)} {time.perf_counter() - t0:.0f}s] {variant.name} k={k} "
+            f"seed={seed}: ratio {row['ratio']:.4f}",
+            flush=True,
+        )
 
 
 def report(args: argparse.Namespace) -> None:
     """Write the per-dataset tables (CSV, Markdown) and plots from runs.csv."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
+
+    def fmt(value: float, digits: int = 4) -> str:
+        return "" if pd.isna(value) else f"{value:.{digits}f}"
 
     out = Path(args.out)
     frame = pd.read_csv(out / "runs.csv")
@@ -309,42 +292,31 @@ def report(args: argparse.Namespace) -> None:
             .reset_index()
         )
         agg.to_csv(out / f"table-{dataset}.csv", index=False)
-        lines = [
-            "| variant | k | seeds | rounds | greedy F | F(S) mean ± sd | F(S)/greedy | "
-            "F̂(x)/greedy | pipage/greedy | participants/round |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for d in agg.to_dict("records"):
-
-            def fmt(value: float, digits: int = 4) -> str:
-                return "" if pd.isna(value) else f"{value:.{digits}f}"
-
-            sd = d["objective-std"]
-            lines.append(
-                f"| {d['variant']} | {d['k']} | {d['seeds']} | {d['rounds']} | "
-                f"{d['greedy']:.4f} | {d['objective-mean']:.4f}"
-                f"{'' if pd.isna(sd) else f' ± {sd:.4f}'} | {fmt(d['ratio-mean'])} | "
-                f"{fmt(d['multilinear-ratio-mean'])} | {fmt(d['pipage-ratio-mean'])} | "
-                f"{fmt(d['mean-participants-mean'], 1)} |"
-            )
+        header = ["variant", "k", "seeds", "rounds", "greedy F", "F(S) mean ± sd",
+                  "F(S)/greedy", "F̂(x)/greedy", "pipage/greedy", "participants/round"]  # fmt: skip
+        lines = markdown_table(header, (
+            [d["variant"], d["k"], d["seeds"], d["rounds"], f"{d['greedy']:.4f}",
+             f"{d['objective-mean']:.4f}"
+             + ("" if pd.isna(d["objective-std"]) else f" ± {d['objective-std']:.4f}"),
+             fmt(d["ratio-mean"]), fmt(d["multilinear-ratio-mean"]),
+             fmt(d["pipage-ratio-mean"]), fmt(d["mean-participants-mean"], 1)]
+            for d in agg.to_dict("records")
+        ))  # fmt: skip
         (out / f"{dataset}.md").write_text("\n".join(lines) + "\n")
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        greedy = agg.groupby("k")["greedy"].mean()
-        ax.plot(greedy.index, greedy.values, "k--", marker="o", label="centralized greedy")
-        for name, sub in agg.groupby("variant", sort=False):
-            ax.errorbar(
-                sub["k"], sub["objective-mean"], yerr=sub["objective-std"].fillna(0),
-                marker=".", capsize=2, label=name,
-            )  # fmt: skip
-        ax.set_xlabel("k")
-        ax.set_ylabel("F(S) = mean over users of max rating in S" if dataset == "movielens"
-                      else "F(S) = fraction of users covered")  # fmt: skip
-        ax.set_title(f"FedCG family on {dataset} (mean over seeds)")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / f"{dataset}.png", dpi=120)
-        plt.close(fig)
+        with figure(out / f"{dataset}.png", figsize=(7, 4.5), dpi=120) as (_, ax):
+            greedy = agg.groupby("k")["greedy"].mean()
+            ax.plot(greedy.index, greedy.values, "k--", marker="o", label="centralized greedy")
+            for name, sub in agg.groupby("variant", sort=False):
+                ax.errorbar(
+                    sub["k"], sub["objective-mean"], yerr=sub["objective-std"].fillna(0),
+                    marker=".", capsize=2, label=name,
+                )  # fmt: skip
+            ax.set_xlabel("k")
+            ax.set_ylabel("F(S) = mean over users of max rating in S" if dataset == "movielens"
+                          else "F(S) = fraction of users covered")  # fmt: skip
+            ax.set_title(f"FedCG family on {dataset} (mean over seeds)")
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
         print(f"wrote {out / f'{dataset}.md'} and {out / f'{dataset}.png'}")
 
 
@@ -375,15 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", default=os.environ.get("FLOWER_APP_DATA", ""),
         help=help_text("data-dir") + " (default here: $FLOWER_APP_DATA)",
     )  # fmt: skip
-    p_run.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    add_jobs(p_run)
     p_run.add_argument("--ks", default="", help="comma-separated k (default: the preset's)")
     p_run.add_argument("--seeds", default="", help="comma-separated subset of the seeds")
     variants = sorted({v.name for p in PRESETS.values() for v in p.variants})
     p_run.add_argument("--variants", default="",
                        help="'|'-separated variant names (default: all of the preset's): "
                        + "; ".join(f"'{v}'" for v in variants).replace("%", "%%"))  # fmt: skip
-    p_run.add_argument("--num-users", type=int, default=0, help=help_text("num-users"))
-    p_run.add_argument("--num-elements", type=int, default=0, help=help_text("num-elements"))
+    add_sizes(p_run)
     p_rep = sub.add_parser(
         "report",
         help="tables and figures from <out>/runs.csv",
@@ -408,14 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success.
+        0 on success, 2 on bad input (:func:`reproductions.sweep.run_command`).
     """
-    args = build_parser().parse_args(argv)
-    if args.command == "run":
-        run(args)
-    else:
-        report(args)
-    return 0
+    return run_command(build_parser(), lambda a: run(a) if a.command == "run" else report(a), argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ For each: ``build_fab_from_disk`` (the packaging alone, in a fresh process, medi
 SuperLink of a private ``FLWR_HOME``: the CLI starts, packages, submits, and the SuperLink
 refuses the unknown key, so nothing runs. The FAB bytes of the three copies are compared.
 
-Usage: ``python benchmarks/packaging.py [--repeat 5] [--out docs/benchmarks/packaging.json]``
+(Named ``fab_packaging``, not ``packaging``: a script in this folder runs with the folder
+first on ``sys.path``, where a ``packaging.py`` shadows the installed ``packaging`` module.)
+
+Usage: ``python benchmarks/fab_packaging.py [--repeat 5] [--out docs/benchmarks/packaging.json]``
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def main() -> None:
         row["flwr-run-ratio-to-no-venv"] = round(row["flwr-run-median-s"] / ref, 2)
     digests = {row["fab-sha256"] for row in results.values()}
     report = {
-        "what": "flwr run . packaging, venv inside vs linked vs none (benchmarks/packaging.py)",
+        "what": "flwr run . packaging, venv inside vs linked vs none (benchmarks/fab_packaging.py)",
         "repeat": args.repeat,
         "load-average-1min-at-end": os.getloadavg()[0],
         "cpus": os.cpu_count(),
