@@ -328,15 +328,11 @@ def test_cohort_mode_keeps_the_recorded_results(tmp_path, config, nodes, recorde
 
 
 def test_discrete_greedy_refuses_a_clients_per_round_it_would_ignore(tmp_path) -> None:
-    """Users are sampled by κ (dgreedy-kappa): an explicit K is refused, not silently ignored."""
-    cfg = AppConfig.from_run_config(
-        {
-            "algorithm": "fed-discrete-greedy",
-            "clients-per-round": 0.5,
-            "k": 3,
-            "output-dir": str(tmp_path),
-        }
-    )
+    """Users are sampled by κ (dgreedy-kappa): an explicit K is refused, not silently ignored
+    (a rule of flower_app/settings/rules.py: refused when the config is made, before any run
+    folder is opened and before Flower starts)."""
+    run = {"algorithm": "fed-discrete-greedy", "clients-per-round": 0.5, "k": 3,
+           "output-dir": str(tmp_path)}  # fmt: skip
     with pytest.raises(ConfigError, match="'dgreedy-kappa'.*'clients-per-round' = 0.5"):
-        run_direct(cfg)
+        run_direct(AppConfig.from_run_config(run))
     assert not list(tmp_path.iterdir())  # refused before a run folder was opened

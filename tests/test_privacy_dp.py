@@ -177,11 +177,9 @@ def test_dp_noise_changes_the_estimates_and_more_epsilon_changes_them_less() -> 
 
 def test_dp_is_refused_where_it_is_not_implemented() -> None:
     from flower_app.config import AppConfig, ConfigError
-    from flower_app.runners.fedsm import fedsm_params
 
-    cfg = AppConfig.from_run_config({"fedsm-mode": "alg2", "fedsm-dp-epsilon": 1.0})
-    with pytest.raises(ConfigError, match="alg1"):
-        fedsm_params(cfg)
+    with pytest.raises(ConfigError, match="alg1"):  # the declared rule, when cfg is made
+        AppConfig.from_run_config({"fedsm-mode": "alg2", "fedsm-dp-epsilon": 1.0})
     with pytest.raises(ValueError, match="rng='per-user'"):
         FedSMRun(10, UniformMatroid(5, 2), 2, FedSMParams(rng="batched", dp_epsilon=1.0), 1.0)
 

@@ -262,8 +262,8 @@ def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> No
             assert nz.tobytes() not in blob
         # metrics: only the public ones, in the clear
         for rec in msg.content.config_records.values():
-            assert set(rec) <= {"pk", "destinations", "ciphertexts", "commitment", "layout",
-                                "nodes", "shares", "seed", "num-elements"}  # fmt: skip
+            assert set(rec) <= {"pk", "trust", "destinations", "ciphertexts", "commitment",
+                                "layout", "nodes", "shares", "seed", "num-elements"}  # fmt: skip
     # while the plain run's replies hold the reports themselves
     assert any(
         r.tobytes() in _payload_bytes(m) or r[r != 0].tobytes() in _payload_bytes(m)

@@ -74,7 +74,7 @@ from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, evaluator, probe_instance
-from flower_app.settings import SETTINGS
+from flower_app.settings.rules import raise_size_problems, submodular_instance
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
@@ -97,11 +97,7 @@ def client_weights(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem) -
     """Return p_i (None = uniform)."""
     if cfg.get("fedcg-client-weights") == "uniform":
         return None
-    if problem.objective is None:
-        raise ConfigError(
-            "fedcg-client-weights = 'data-size' needs every user's data size on the server; "
-            "with server-data = 'none' use 'uniform'"
-        )
+    assert problem.objective is not None  # server-data = 'none' is refused (settings.rules)
     sizes = np.diff(problem.objective.values.indptr).astype(np.float64)
     if sizes.sum() <= 0:
         raise ConfigError("fedcg-client-weights = 'data-size' needs at least one non-zero entry")
@@ -135,25 +131,17 @@ def discrete_server(
 ) -> DiscreteGreedyServer:
     """Build (and so validate) the discrete-greedy server state of a configuration.
 
-    Raises
-    ------
-    ConfigError
-        If ``clients-per-round`` is set: the discrete greedy samples each user with
-        probability κ_i = min(1, κ w_i) (``dgreedy-kappa``), so a K would be ignored.
+    ``clients-per-round`` is not read: the discrete greedy samples each user with
+    probability κ_i = min(1, κ w_i) (``dgreedy-kappa``); a config that sets it is refused
+    (:mod:`flower_app.settings.rules`).
     """
-    if cfg.clients_per_round != SETTINGS["clients-per-round"].default:
-        raise ConfigError(
-            f"fed-discrete-greedy samples each user with probability min(1, κ w_i) set by "
-            f"'dgreedy-kappa' (now {cfg.get('dgreedy-kappa')}); 'clients-per-round' = "
-            f"{cfg.clients_per_round!r} would be ignored: leave it at its default and set "
-            f"'dgreedy-kappa' instead"
-        )
     return DiscreteGreedyServer(
         problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed
     )
 
 
 def _server(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> Any:
+    raise_size_problems(cfg, submodular_instance(problem, matroid))
     if cfg.algorithm == "fed-discrete-greedy":
         return discrete_server(cfg, problem, matroid)
     return fedcg_server(cfg, problem, matroid)

@@ -65,6 +65,7 @@ from flower_app.experiment import (
 from flower_app.node_data import load_node_rows, node_partition
 from flower_app.problems import SubmodularProblem, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, probe_instance
+from flower_app.settings.rules import raise_size_problems, submodular_instance
 from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
@@ -96,10 +97,10 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
     FedSMParams
         The mode and its parameters.
 
-    Raises
-    ------
-    ConfigError
-        When ε or η do not fit the mode (checks across keys).
+    Notes
+    -----
+    ε's and η's ranges and the keys that go with ``fedsm-dp-epsilon`` are declared in
+    :mod:`flower_app.settings` (checked when ``cfg`` was made, and before Flower starts).
     """
     params = FedSMParams(
         mode=cfg.get("fedsm-mode"),
@@ -120,18 +121,6 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         dp_secure=bool(cfg.secure_aggregation),
         dp_reproducible=cfg.dp_reproducible_noise,
     )
-    if params.dp_epsilon and (params.mode != "alg1" or params.rng != "per-user"):
-        raise ConfigError(
-            "run_config 'fedsm-dp-epsilon' > 0 (shuffle-model DP) is implemented for "
-            "fedsm-mode = 'alg1' with fedsm-rng = 'per-user'"
-        )
-    if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
-        raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")
-    if params.mode == "amplified":
-        try:
-            params.steps()
-        except ValueError as err:
-            raise ConfigError(f"run_config 'fedsm-eta': {err}") from None
     return params
 
 
@@ -143,6 +132,7 @@ def _lam(problem: SubmodularProblem | RemoteProblem) -> float:
 
 
 def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> FedSMRun:
+    raise_size_problems(cfg, submodular_instance(problem, matroid))
     try:
         return FedSMRun(
             problem.n_users,

@@ -68,6 +68,7 @@ from flower_app.node_data import (
 from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
+from flower_app.settings.rules import Instance, raise_size_problems
 from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.exchange import exchange, messages_to
 from flower_app.strategies.records import to_metric_record
@@ -112,16 +113,6 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     if cfg.get("fsa-dp-noise") > 0:
         dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
                         reproducible=cfg.dp_reproducible_noise)  # fmt: skip
-        if cfg.algorithm == "central-sgd" or cfg.get("fsa-weighting") != "clients":
-            raise ConfigError(
-                "run_config 'fsa-dp-noise' > 0 (client-level DP) needs a federated algorithm "
-                "and fsa-weighting = 'clients' (sample-size weights have no bounded sensitivity)"
-            )
-        if not cfg.secure_aggregation:
-            raise ConfigError(
-                "run_config 'fsa-dp-noise' > 0 needs secure-aggregation = true: the clients "
-                "add the noise, so only a securely aggregated sum is private"
-            )
     return RunSpec(**spec_fields(cfg, local), dp=dp)
 
 
@@ -162,6 +153,7 @@ def resolved_config(
     ConfigError
         If ``fsa-clients-per-round`` does not fit the task's number of clients.
     """
+    raise_size_problems(cfg, Instance(task.name, users=task.n_clients))
     try:
         k = resolve_clients_per_round(clients_per_round, task.n_clients)
     except ValueError as err:
@@ -317,6 +309,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     started = time.perf_counter()
     spec = run_spec(cfg)
     problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+    raise_size_problems(cfg, Instance(cfg.dataset, users=problem.n_users))
     try:
         k = resolve_clients_per_round(spec.clients_per_round, problem.n_users)
     except ValueError as err:

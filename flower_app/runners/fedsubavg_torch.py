@@ -40,9 +40,10 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
     load_torch_task,
 )
 from flower_app.clients.torch_tasks import TorchTaskClient
-from flower_app.config import AppConfig, ConfigError
+from flower_app.config import AppConfig
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
+from flower_app.settings.rules import Instance, raise_size_problems
 from flower_app.strategies.fedsubavg import STRATEGIES
 
 __all__ = [
@@ -139,28 +140,12 @@ def _load(
 def torch_spec(cfg: AppConfig) -> TorchRunSpec:
     """Return the run of a torch-task configuration (the ``fsa-*`` keys).
 
-    Raises
-    ------
-    ConfigError
-        For options the torch tasks do not support yet (secure aggregation, DP,
-        ``server-data = 'none'``, resume).
+    Notes
+    -----
+    The options the torch tasks do not support yet (secure aggregation, DP, ``server-data =
+    'none'``, resume) and the embedding's fit to the dataset are refused by the rules of
+    :mod:`flower_app.settings.rules` when ``cfg`` is made.
     """
-    unsupported = {
-        "secure-aggregation": cfg.secure_aggregation,
-        "fsa-dp-noise": cfg.get("fsa-dp-noise") > 0,
-        "server-data = 'none'": cfg.server_data == "none",
-        "resume": cfg.resume,
-    }
-    if any(unsupported.values()):
-        names = [k for k, v in unsupported.items() if v]
-        raise ConfigError(f"{names} not supported on the torch tasks ({cfg.dataset}) yet")
-    init = cfg.get("fsa-embedding-init")
-    if init != "random" and "sent140" not in cfg.dataset:
-        raise ConfigError(f"fsa-embedding-init = {init!r} is for the Sent140 LSTM, not "
-                          f"{cfg.dataset} (use 'random')")  # fmt: skip
-    if init == "planted" and cfg.dataset != "synthetic-sent140":
-        raise ConfigError("fsa-embedding-init = 'planted' is for the stand-in "
-                          "synthetic-sent140 (real data: 'glove' or 'random')")  # fmt: skip
     local = TorchLocalConfig(
         iters=cfg.get("fsa-local-iters"),
         batch=cfg.get("fsa-batch-size"),
@@ -264,11 +249,9 @@ def make_client(cfg: AppConfig, context: Context) -> TorchTaskClient:
     pid = int(context.node_config.get("partition-id", 0))
     parts = int(context.node_config.get("num-partitions", 1))
     task = _cached_task(cfg)
-    if parts != task.n_clients:
-        raise ConfigError(
-            f"{task.name} has {task.n_clients} clients and runs one per node: start "
-            f"{task.n_clients} SuperNodes (options.num-supernodes), not {parts}"
-        )
+    raise_size_problems(
+        cfg, Instance(task.name, users=task.n_clients, nodes=parts, one_client_per_node=True)
+    )
     return TorchTaskClient(task, pid)
 
 
