@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
+from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
@@ -151,6 +152,7 @@ def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Ma
             fedsm_params(cfg),
             _lam(problem),
             seed=cfg.seed,
+            report_bound=declared_bound(cfg.report_bound, _lam(problem)),
         )
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -327,9 +329,14 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     rounds = DirectRounds(exp, progress, f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}")
-    run_modes_direct(exp.problem.objective, run, rounds.log)
+    # the one in-process node computes every report from the profiles committed at setup
+    committed, clipped = commit_profiles(exp.problem.objective, run.report_bound or 0.0)
+    run_modes_direct(committed, run, rounds.log, oracle=exp.problem.objective)
     rounds.close()
-    return _finish(exp, run, rounds.history)
+    summary = _finish(exp, run, rounds.history)
+    summary["profile-values-clipped"] = clipped
+    exp.writer.write_summary(summary)
+    return summary
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
