@@ -231,6 +231,7 @@ def gaussian_dp(args: argparse.Namespace, family: str) -> None:
             "seed": seed, "rounds": args.rounds,
             **{k: final.get(k) for k in spec["keys"]},
             "dp-epsilon": last.get("dp-epsilon", ""),
+            "dp-epsilon-honest-peers": last.get("dp-epsilon-honest-peers", ""),
             "dp-epsilon-outsider": last.get("dp-epsilon-outsider", ""),
             "dp-rounds-worst-client": last.get("dp-rounds-worst-client", ""),
             "dp-delta": last.get("dp-delta", ""),

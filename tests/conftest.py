@@ -142,7 +142,7 @@ GROUPS_VAR = "FLOWER_APP_XDIST_GROUPS"
 #: (2026-11-27 04:35, idle: the pair's group 640 s, the pins 316, the Ray group 216)
 LONGEST: dict[str, float] = {
     "rehearsal-pair": 700.0,  # the deploy tests on the nodes' real-data files
-    "rehearsal": 330.0,  # the other deploy tests (synthetic files, SecAgg+, the guide)
+    "rehearsal": 400.0,  # the other deploy tests (synthetic files, SecAgg+, the guide, its drills)
     "ray": 566.0,  # the tests on the run's Ray head
     "test_reproduction_pins.py": 415.0,
     "test_docs_blocks.py": 246.0,
@@ -152,7 +152,7 @@ LONGEST: dict[str, float] = {
     "test_resume.py": 128.0,
     "test_dp_against_server.py": 103.0,
     "test_examples_fmnist_maxfl.py": 101.0,
-    "test_deploy_guide.py": 83.0,
+    "test_deploy_guide.py": 150.0,
     "test_examples_fedsubavg.py": 78.0,
 }
 

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from flower_app import procfs
 from flower_app.config import AppConfig
 from flower_app.deploy import PeakRSS, make_node_keys
+from flower_app.deploy.credentials import read_public_keys
 from flower_app.deploy.processes import process_tree
 from flower_app.experiment import run_direct
+from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 
 pytestmark = pytest.mark.deploy
 
@@ -67,11 +70,28 @@ def test_nodes_are_separate_limited_devices_and_secure_aggregation_matches_direc
     reuse round 1's keys from a fresh ClientApp process), the protocol's cost recorded per
     round, and each node's whole process tree inside its cgroup.
 
+    With endorsed keys, the rehearsal's default: every SuperNode runs with its identity
+    (``secagg-identity-key``) and the federation's trusted identities
+    (``secagg-trusted-keys``) in its node_config. A node holding a trusted list refuses
+    every collect request whose new neighbours' run keys are not signed by a trusted
+    identity for this run and their node ids, and one that carries no endorsements at all
+    (``flower_app/privacy/secagg_client.py``); a node whose identity key cannot be read
+    refuses setup. So a completed SecAgg+ run on these nodes is one in which every run key
+    was checked against the identities the operator distributed.
+
     One run checks both (they were two runs of the same job: 2 rounds each on the
     rehearsal). The plain job on the nodes is compared with the direct engine by the
     resumed run of ``test_deploy_failures.py`` and run by the guide's commands
     (``test_deploy_guide.py``)."""
     reh, fed = synthetic, synthetic.federation
+    assert fed.identities is not None and fed.trusted_keys is not None  # endorsed: default
+    trusted = read_public_keys(fed.trusted_keys)
+    for i in range(reh.nodes):
+        argv = " ".join(procfs.argv(fed.nodes[i].pid) or [])
+        assert f'{IDENTITY_KEY}="{fed.identities[i].private_key.resolve()}"' in argv, argv
+        assert f'{TRUSTED_KEYS}="{fed.trusted_keys.resolve()}"' in argv, argv
+        assert fed.identities[i].public_key.read_bytes() in trusted
+    assert len(set(trusted)) == reh.nodes
     hosts = [fed.host_of(i) for i in range(reh.nodes)]
     if reh.namespaced:  # else the rehearsal said why (root, ip) and fell back to loopback
         assert len({h.address for h in hosts} | {fed.host}) == reh.nodes + 1
@@ -93,6 +113,7 @@ def test_nodes_are_separate_limited_devices_and_secure_aggregation_matches_direc
     assert len(metrics) == FEDSM["k"]
     for t, row in enumerate(metrics):
         assert row["bad-replies"] == 0 and row["secagg-nodes"] == row["nodes"] >= 3
+        assert row["secagg-nodes-endorsed"] == row["secagg-nodes"]  # no node trusted first use
         assert row["secagg-sessions"] == 1 and row["secagg-bytes-up"] > 0
         setup = row["nodes"] if t == 0 else 0  # keys once per run
         assert row["secagg-messages"] == 2 * (setup + row["nodes"] + row["secagg-unmask-nodes"])

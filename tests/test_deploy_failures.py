@@ -5,21 +5,26 @@ holding only its exported MovieLens-1M file, FedSM with ``server-data='none'`` t
 run``:
 
 * SuperNode 0 is SIGKILLed (its process only, as the kernel's OOM killer or ``kill -9``
-  would) in round 3 and, once it is back, SuperNode 1 gets SIGTERM in round 5. Each node's
-  superexec and ClientApp follow their parent within seconds (Flower's ``--parent-pid``
-  watch: nothing is left in the node's cgroup); the run records each lost node once per
-  round with its users, says ``degraded``, and uses both nodes again after they are
-  restarted under the same key (the killed one once the SuperLink lists it offline, the
-  terminated one at once: it deactivated itself). With ``node-return-wait`` the round after
-  a loss waits for the restarted node, so the last round is served by both whatever the
-  machine's load.
-* The SuperLink and the ServerApp it runs are SIGKILLed after round 3, while a node serves a
-  message; the SuperLink is started again on its database: it has the same registrations,
-  node ids and past runs, the nodes (still running) reconnect by themselves, and
-  ``resume=true`` with ``server-data='none'`` finishes with the direct engine's S (the
-  simulation's: ``test_movielens_fedsm.py``) with no node killed for memory; afterwards no
-  node holds a ClientApp (the one left waiting for its message's content when the SuperLink
-  died is gone). This run is also the rehearsal's FedSM-on-MovieLens-1M run.
+  would, and not reaped by the test) in round 3: the rehearsal's supervisor reaps it at
+  once and stops its superexec (and a ClientApp in flight) within seconds, so nothing of
+  the dead node is left; the restart drill (``restart_node``) brings it back on its device
+  with exactly one superexec, its whole tree inside its cgroup's limits. Once it is back,
+  SuperNode 1 gets SIGTERM in round 5 and is restarted the same way (at once: it
+  deactivated itself). The run records each lost node once per round with its users, says
+  ``degraded``, and uses both nodes again under the same key. With ``node-return-wait`` the
+  round after a loss waits for the restarted node, so the last round is served by both
+  whatever the machine's load.
+* The SuperLink alone is SIGKILLed after round 3, while a node serves a message: the
+  supervisor stops its superexec and the run's ServerApp within seconds (the ServerApp runs
+  in a session of its own and outlived the SuperLink by 45 min before). The restart drill
+  (``restart_superlink``) starts it again on its database: it has the same registrations,
+  node ids and past runs, the nodes (still running) reconnect by themselves, ``flwr ls``
+  lists the killed run as ``finished:failed`` (``running`` before the kill; while the
+  SuperLink is down ``flwr ls`` cannot connect), and ``resume=true`` with
+  ``server-data='none'`` finishes with the direct engine's S (the simulation's:
+  ``test_movielens_fedsm.py``) with no node killed for memory; afterwards no node holds a
+  ClientApp (the one left waiting for its message's content when the SuperLink died is
+  gone). This run is also the rehearsal's FedSM-on-MovieLens-1M run.
 
 Markers ``deploy`` and ``realdata`` (FLOWER_APP_DATA with ml-1m/).
 """
@@ -36,8 +41,12 @@ import pytest
 
 from flower_app.config import AppConfig
 from flower_app.deploy.processes import process_tree
+from flower_app.deploy.rehearsal import EDGE_DEVICE
 from flower_app.experiment import run_direct
 from tests.support.deployment import BackgroundRun, data_root, rows
+
+#: seconds within which nothing of a dead node may be left (the supervisor takes < 1 s idle)
+GONE_WITHIN = 10.0
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]
 
@@ -92,6 +101,22 @@ def _clientapps(pid: int) -> list[int]:
     return out
 
 
+def _exactly_one_superexec_inside_limits(rehearsal, index: int) -> None:
+    """The node runs once: one SuperNode and one superexec, its whole tree in its cgroup,
+    whose limits are the device's."""
+    fed = rehearsal.federation
+    procs = rehearsal.node_processes(index)
+    programs = sorted(procs.values())
+    assert programs.count("flower-superexec") == 1, procs
+    assert programs.count("flower-supernode") == 1, procs
+    host = fed.host_of(index)
+    if host.cgroup is not None:
+        tree = {p for p in process_tree(fed.nodes[index].pid) if _running(p)}
+        assert tree <= set(host.cgroup.pids()), (tree, host.cgroup.pids())
+        assert host.cgroup.limits() == (EDGE_DEVICE.memory, EDGE_DEVICE.cpus)
+    host.check(fed.nodes[index].pid)  # and in its namespace
+
+
 def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
     fed = ml1m.federation
     # node-return-wait: a round waits (up to 600 s) for the nodes that went offline to be
@@ -102,26 +127,36 @@ def test_killed_and_terminated_nodes_are_recorded_and_used_again(ml1m) -> None:
     config = {**FEDSM, "data-dir": str(data_root()), "k": 6, "run-name": "node-failures",
               "min-reply-fraction": 0.25, "node-return-wait": 600.0}  # fmt: skip
     run = BackgroundRun(fed, config)
-    # SIGKILL of the SuperNode process alone: its superexec and ClientApp exit by themselves
+    # SIGKILL of the SuperNode process alone, from outside (the test does not reap it):
+    # the supervisor must, and must stop its superexec (and ClientApp) within seconds
     run.wait_for_round(2)
-    tree = process_tree(fed.nodes[0].pid)
-    os.kill(fed.nodes[0].pid, signal.SIGKILL)
-    fed.nodes[0].popen.wait(timeout=30)
-    _wait_gone(tree)
+    dead = fed.nodes[0]
+    tree = process_tree(dead.pid)
+    os.kill(dead.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _wait_gone(tree, timeout=GONE_WITHIN)
+    assert dead.ended.wait(GONE_WITHIN) and dead.death is not None
+    assert time.monotonic() - killed < GONE_WITHIN
+    assert not Path(f"/proc/{dead.pid}").exists()  # reaped: no zombie for Flower to trust
+    assert ml1m.node_processes(0) == {}  # nothing of the dead node in its cgroup
+    assert "flower-superexec" in dead.death.left.values(), dead.death.describe()
+    assert dead.death.cause == "killed by SIGKILL" and not dead.death.expected
     # the SuperLink refuses the same key until it lists the dead session offline: the
     # round that loses the node ends with Flower's "Node Unavailable" for it, sent once it
-    # does (~40-60 s: heartbeats); `flwr supernode ls` confirms it
+    # does (~40-60 s: heartbeats); the restart drill waits for that and restarts it on its
+    # device: the node runs once, inside its limits
     run.wait_for_loss(fed.node_ids[0], timeout=300)
-    fed.wait_status(0, "offline", timeout=180)
-    fed.start_node(0, **fed.node_configs[0])
+    ml1m.restart_node(0)
+    _exactly_one_superexec_inside_limits(ml1m, 0)
     # SIGTERM of the SuperNode process alone: it deactivates itself; back at once
     run.wait_for_round(4)
-    tree = process_tree(fed.nodes[1].pid)
-    os.kill(fed.nodes[1].pid, signal.SIGTERM)
-    fed.nodes[1].popen.wait(timeout=60)
-    _wait_gone(tree)
-    fed.wait_status(1, "offline", timeout=30)
-    fed.start_node(1, **fed.node_configs[1])
+    stopped = fed.nodes[1]
+    tree = process_tree(stopped.pid)
+    os.kill(stopped.pid, signal.SIGTERM)
+    _wait_gone(tree, timeout=60)
+    ml1m.restart_node(1)
+    assert stopped.death is not None and stopped.death.left_cleanly
+    _exactly_one_superexec_inside_limits(ml1m, 1)
     back = max(r["server-round"] for r in rows(run.folder))
     result = run.result()
     assert result.status == "finished:completed", result.output[-3000:] + result.details
@@ -154,24 +189,41 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     run = BackgroundRun(fed, config)
     run.wait_for_round(3)
     runs = fed.runs()  # the SuperLink's runs (this one running) before it is killed
+    killed_run = [r for r, status in runs.items() if status == "running"]
+    assert len(killed_run) == 1, runs
     deadline = time.monotonic() + 300  # kill it while a node serves a message (the worst case)
     while not any(_clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)):
         assert time.monotonic() < deadline and run.thread.is_alive(), "no message in flight"
         time.sleep(0.05)
-    server_side = fed.kill_superlink()  # SuperLink, superexec, flwr-serverapp: SIGKILL
-    assert len(server_side) >= 3
-    _wait_gone(server_side)
+    link = fed.superlink
+    tree = process_tree(link.pid)
+    death = ml1m.kill_superlink()  # SIGKILL of the SuperLink process alone
+    # the supervisor stopped what it left: its superexec and the run's ServerApp (which
+    # runs in a session of its own: the SuperLink's process group does not hold it)
+    assert {"flower-superexec", "flwr-serverapp"} <= set(death.left.values()), death.describe()
+    assert death.seconds < GONE_WITHIN
+    _wait_gone(tree, timeout=GONE_WITHIN)
+    assert not Path(f"/proc/{link.pid}").exists()  # reaped
     assert not (run.folder / "summary.json").exists()
+    down = fed.flwr("ls", fed.connection, "--format", "json", timeout=120)
+    assert '"success": false' in down.stdout and "unavailable" in down.stdout, down.stdout
     # what the nodes hold while the SuperLink is away: a ClientApp whose message content
     # never arrived waits (heartbeating) for it
     apps = {i: _clientapps(fed.nodes[i].pid) for i in range(ml1m.nodes)}
     print("ClientApps running while the SuperLink is down:", apps)
-    fed.start_superlink()
-    nodes = fed.wait_online(timeout=180, restarts=0)  # the nodes reconnect by themselves
-    online = {int(r["node-id"]) for r in nodes if r["status"] == "online"}
-    assert online == set(fed.node_ids.values()), nodes  # the same ids, from its database
+    ml1m.restart_superlink()  # returns once every running node is online again
+    online = {int(r["node-id"]) for r in fed.supernodes() if r["status"] == "online"}
+    assert online == set(fed.node_ids.values())  # the same ids, from its database
     assert all(fed.nodes[i].alive() for i in range(ml1m.nodes))  # the nodes survived it
-    assert set(runs) <= set(fed.runs())  # its database kept the runs
+    after, since = fed.runs(), time.time() - death.noticed
+    assert set(runs) <= set(after)  # its database kept the runs
+    # `flwr ls` lists the killed run `running` until the ServerApp's task token expires,
+    # 2 x 30 s after its last heartbeat (heartbeats every 17.5-22.5 s: 37-60 s after the
+    # kill), and `finished:failed` from then on (docs/deployment.md, node failures)
+    status = after[killed_run[0]]
+    print(f"flwr ls of the killed run {since:.0f} s after the kill: {status}")
+    assert status == "running" if since < 37 else status == "finished:failed" if since > 61 else (
+        status in ("running", "finished:failed"))  # fmt: skip
     run.thread.join(timeout=300)  # `flwr run` of the killed run returns (its run failed)
     assert not run.thread.is_alive(), "flwr run of the killed run did not return"
     assert run.run is None or run.run.status != "finished:completed"
@@ -194,6 +246,8 @@ def test_superlink_and_serverapp_killed_then_resumed_to_the_same_set(ml1m, tmp_p
     while left := {i: a for i in range(ml1m.nodes) if (a := _clientapps(fed.nodes[i].pid))}:
         assert time.monotonic() < deadline, f"ClientApps left after the run: {left}"
         time.sleep(0.5)
+    time.sleep(max(0.0, death.noticed + 62 - time.time()))  # the resumed run took longer
+    assert fed.runs()[killed_run[0]] == "finished:failed"
     report = ml1m.cgroup_report()
     assert all(r["oom-kills"] == 0 for r in report.values()), report
     print("resumed from round", summary["resumed-from-round"], json.dumps(report))

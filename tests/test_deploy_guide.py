@@ -2,8 +2,9 @@
 
 Each command of the guide's ``bash`` blocks is one of:
 
-* run **as written** here (certificates, node keys, ``flwr config ls`` and the connection
-  appended to ``~/.flwr/config.toml`` in a fresh home; the rehearsal command with SIGTERM);
+* run **as written** here (certificates, node keys, identities and the trusted list,
+  ``flwr config ls`` and the connection appended to ``~/.flwr/config.toml`` in a fresh home;
+  the rehearsal command, its failure drills, and SIGTERM);
 * run **as written against the rehearsal's SuperLink** (``flwr supernode register/ls/
   unregister``, ``flwr run . edge``, ``flwr ls edge``: a connection named ``edge`` points to
   it; only ``NODE_ID`` is filled in);
@@ -31,8 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.deploy.credentials import Certificates, NodeKey
+from flower_app import procfs
+from flower_app.deploy.credentials import Certificates, NodeKey, read_public_keys
+from flower_app.deploy.isolation import Cgroup
 from flower_app.deploy.processes import connection_toml, superlink_command, supernode_command
+from flower_app.deploy.rehearsal import EDGE_DEVICE
+from flower_app.deploy.supervisor import marked, program
+from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 from flower_app.simulation import PROJECT
 
 GUIDE = PROJECT / "docs" / "deployment.md"
@@ -43,7 +49,10 @@ COVERED = {
     "python -m flower_app.deploy certs": "run as written",
     "python -m flower_app.deploy node-keys": "run as written",
     "python -m flower_app.deploy connection": "run as written",
+    "python -m flower_app.deploy identity-keys": "run as written",
+    "python -m flower_app.deploy trusted-keys": "run as written",
     "python -m flower_app.deploy rehearse": "run as written (SIGTERM)",
+    "python -m flower_app.deploy drill": "run as written on the rehearse command",
     "flwr config ls": "run as written",
     "mkdir -p": "not run (it would create /var/lib/flower on the test machine)",
     "flower-superlink": "= superlink_command()",
@@ -100,7 +109,9 @@ def test_superlink_and_supernode_lines_are_what_the_rehearsal_starts() -> None:
     assert shlex.split(_one("flower-superlink")) == ["flower-superlink", *ours[1:]]
     key = NodeKey(Path("keys/edge-01-0"), Path("keys/edge-01-0.pub"))
     config = {"partition-id": 0, "num-partitions": 4,
-              "data-path": "/var/lib/flower/data/node-0.parquet"}  # fmt: skip
+              "data-path": "/var/lib/flower/data/node-0.parquet",
+              IDENTITY_KEY: "/var/lib/flower/identity/edge-01-0.key",
+              TRUSTED_KEYS: "/var/lib/flower/federation.pem"}  # fmt: skip
     ours = supernode_command("superlink.example.org:9092", Path("certs/ca.crt"), key, config, 9094)
     assert shlex.split(_one("flower-supernode")) == ["flower-supernode", *ours[1:]]
 
@@ -130,6 +141,10 @@ def test_credentials_and_connection_commands_run_as_written(tmp_path) -> None:
     _shell(_one("python -m flower_app.deploy node-keys"), tmp_path, env)
     assert (tmp_path / "certs" / "server.pem").exists()
     assert (tmp_path / "keys" / "edge-01-0.pub").exists()
+    _shell(_one("python -m flower_app.deploy identity-keys"), tmp_path, env)
+    _shell(_one("python -m flower_app.deploy trusted-keys"), tmp_path, env)
+    assert read_public_keys(tmp_path / "federation.pem") == [
+        (tmp_path / "identity" / "edge-01-0.pub").read_bytes()]  # fmt: skip
     append = _one("python -m flower_app.deploy connection")
     failed = subprocess.run(["bash", "-c", append], cwd=tmp_path, env=env, capture_output=True)
     assert failed.returncode != 0  # the guide's order matters: no ~/.flwr yet
@@ -165,15 +180,38 @@ def test_operator_commands_run_as_written_on_the_rehearsal(rehearsal, node_expor
     assert fed.runs()[run_id] == "finished:completed"  # the same list, as JSON
 
 
+def _drill(action: str, out: Path, cwd: Path) -> tuple[str, float]:
+    """Run the guide's ``drill ACTION`` line as written, with the rehearsal's ``--out``."""
+    line = _one(f"python -m flower_app.deploy drill --out /tmp/rehearsal {action}")
+    start = time.monotonic()
+    text = _shell(line.replace("/tmp/rehearsal", str(out)), cwd, _fresh_env(cwd))
+    return text, time.monotonic() - start
+
+
+def _node_processes(cgroup: Cgroup) -> list[str]:
+    """The programs running in a node's cgroup now (zombies left out)."""
+    return sorted(program(p) for p in cgroup.pids() if procfs.alive(p))
+
+
 @pytest.mark.deploy
-def test_rehearse_command_prints_the_run_line_and_cleans_up_on_sigterm(tmp_path) -> None:
-    """The guide's rehearsal command (2 nodes instead of 4, a small synthetic export): it
-    prints the Flower version and the ``flwr run`` line; SIGTERM stops every process it
-    started and removes its network namespaces and cgroups."""
+def test_rehearse_command_runs_the_failure_drills_and_cleans_up_on_sigterm(tmp_path) -> None:
+    """The guide's rehearsal command (2 nodes instead of 4, a small synthetic export) and its
+    failure drills, as written (``--out`` this test's folder).
+
+    It prints the Flower version and the ``flwr run`` line. ``drill ... kill-node 1``
+    SIGKILLs SuperNode 1's process alone: within seconds nothing of the node is left (the
+    SuperNode reaped, no zombie; its superexec stopped; its cgroup empty; no process with
+    its marker). ``kill-superlink`` and ``restart-superlink`` bring the SuperLink back on its
+    database with SuperNode 0 online again. ``restart-node 1`` brings node 1 back on its
+    device, once the SuperLink has let the dead session go: exactly one SuperNode and one
+    superexec in its cgroup, with the device's limits. SIGTERM then stops every process
+    the rehearsal started, the restarted ones too, and removes its namespaces and cgroups.
+    """
     line = _one("python -m flower_app.deploy rehearse")
     args = shlex.split(line)[3:]
+    out = tmp_path / "rehearsal"
     args[args.index("--nodes") + 1] = "2"
-    args[args.index("--out") + 1] = str(tmp_path / "rehearsal")
+    args[args.index("--out") + 1] = str(out)
     args[args.index("--export") + 1] = "synthetic-facility-location"
     args[args.index("--data-dir") + 1] = ""
     args += ["--export-options", "--num-users 40 --num-elements 60"]
@@ -182,6 +220,7 @@ def test_rehearse_command_prints_the_run_line_and_cleans_up_on_sigterm(tmp_path)
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: list[str] = []
+    pids: set[int] = set()
     try:
         deadline = time.monotonic() + 300
         while not any("Ctrl-C" in x for x in lines):
@@ -190,15 +229,46 @@ def test_rehearse_command_prints_the_run_line_and_cleans_up_on_sigterm(tmp_path)
         text = "".join(lines)
         assert re.search(r"^flwr \d+\.\d+\.\d+; SuperLink", text, re.M), text
         assert "flwr run " in text and " --stream" in text
-        tag = re.search(r"namespace (fa-\d+)-link", text)
-        pids = [int(p) for p in re.findall(r"pid (\d+)\)", text)]
-        assert len(pids) == 2
+        assert "secure aggregation: endorsed keys" in text  # the default
+        tag = re.search(r"namespace (fa-\d+-r\d+)-link", text)
+        started = [int(p) for p in re.findall(r"pid (\d+)\)", text)]
+        assert len(started) == 3  # the SuperLink and two SuperNodes
+        pids |= set(started)
+        node1 = started[2]
+        cgroup = Cgroup.find(f"{tag.group(1)}-node1") if tag else None
+
+        said, took = _drill("kill-node", out, tmp_path)
+        assert took < 20, took  # the answer comes once the supervisor has cleaned up
+        assert "killed by SIGKILL" in said and "flower-superexec" in said, said
+        assert "SuperNode 1: no process left" in said, said
+        assert not Path(f"/proc/{node1}").exists()  # reaped: not a zombie
+        if tag is not None:
+            assert not marked(f"{tag.group(1)}/supernode-1/", prefix=True)
+        if cgroup is not None:
+            assert _node_processes(cgroup) == []
+
+        said, _ = _drill("kill-superlink", out, tmp_path)
+        assert "superlink" in said and "flower-superexec" in said, said
+        said, _ = _drill("restart-superlink", out, tmp_path)
+        assert "online again: SuperNodes [0]" in said, said
+        said, took = _drill("restart-node", out, tmp_path)
+        assert "SuperNode 1 back" in said, said
+        print(f"restart-node 1 took {took:.0f} s:", said)
+        if cgroup is not None:  # the node runs once, inside its device's limits
+            assert _node_processes(cgroup) == ["flower-superexec", "flower-supernode"]
+            assert cgroup.limits() == (EDGE_DEVICE.memory, EDGE_DEVICE.cpus)
+        said, _ = _drill("status", out, tmp_path)
+        assert said.count("ended: ") == 2, said
+        now = [ln for ln in said.splitlines() if not ln.startswith("ended: ")]  # what runs
+        pids |= {int(p) for ln in now for p in re.findall(r"pid (\d+)\)", ln)}
     finally:
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, rest
-    assert all(not Path(f"/proc/{p}").exists() for p in pids)
+    assert len(pids) == 5  # the first three, the restarted SuperLink and SuperNode 1
+    assert all(not procfs.alive(p) for p in pids), [p for p in pids if procfs.alive(p)]
     if tag is not None:  # namespaced: nothing of it is left
+        assert not marked(f"{tag.group(1)}/", prefix=True)
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert tag.group(1) not in left
         find = ["find", "/sys/fs/cgroup", "-maxdepth", "4", "-name", f"{tag.group(1)}-*"]

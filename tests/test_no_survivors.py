@@ -3,7 +3,7 @@ a real `flwr run`'s SuperLink and an in-process Flower run going is stopped from
 SIGTERM to its process group (what `timeout` sends), and no process of it is left.
 
 Survivors are looked for by the rule the watchdog stops them by
-(:func:`flower_app.process_sweep.run_processes`: the run's token in ``/proc/PID/environ``, a
+(:func:`tests.support.process_sweep.run_processes`: the run's token in ``/proc/PID/environ``, a
 working directory or open file under the run's scratch folders, or descent from such a
 process), never by a program name: other checkouts' SuperLinks and Ray run on this machine
 too. The token alone missed Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``):
@@ -58,6 +58,18 @@ def test_in_process_run_on_the_ray_head(flower_cli, tmp_path):
 '''
 
 
+#: the inner run's processes the test looks for among the run's (by the sweep's rule): the
+#: real `flwr run`'s SuperLink, the Ray head's raylet and its agents
+CHECKED = ("flower-superlink", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _commands(token: str) -> str:
+    """The command lines of the run's processes now, joined."""
+    return " ".join(
+        " ".join(procfs.argv(pid) or []) for pid in process_sweep.run_processes(token)
+    )
+
+
 def _wait(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -106,12 +118,20 @@ def test_sigterm_to_a_test_run_leaves_no_process_behind(tmp_path: Path) -> None:
             "the inner run's processes up",
         )
         assert inner.poll() is None, (tmp_path / "inner.log").read_text()[-4000:]
-        started = process_sweep.run_processes(token)
-        commands = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                            for pid in started if Path(f"/proc/{pid}").exists())
         # the Ray head's agents are the run's too, whether or not their environment still
-        # shows the token (a SIGTERM'd CI run left them behind when only that was looked at)
-        for what in ("flower-superlink", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+        # shows the token (a SIGTERM'd CI run left them behind when only that was looked
+        # at). Ray starts them after its head is up, so they may come seconds after the
+        # inner test's marker (a CI run looked at once and missed `ray::DashboardAgent`):
+        # wait, bounded, until every process checked for is there, then act
+        commands = _commands(token)
+        deadline = time.monotonic() + 300
+        while not all(what in commands for what in CHECKED):
+            assert inner.poll() is None, (tmp_path / "inner.log").read_text()[-4000:]
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+            commands = _commands(token)
+        for what in CHECKED:
             assert what in commands, (what, commands)
 
         os.killpg(inner.pid, signal.SIGTERM)  # as `timeout` does: the whole process group

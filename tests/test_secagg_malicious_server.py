@@ -752,6 +752,10 @@ def test_keys_endorsed_by_trusted_identities_refuse_substituted_and_invented_nod
     fed.setup()
     ident = {v: (fed.setup_replies[v]["identity"], fed.setup_replies[v]["endorsement"])
              for v in fed.nodes}  # fmt: skip
+    assert {fed.setup_replies[v]["trust"] for v in fed.nodes} == {"endorsed"}
+    tofu = Federation(3)
+    tofu.setup()
+    assert {tofu.setup_replies[v]["trust"] for v in tofu.nodes} == {"first-use"}
 
     def endorsed(s: Session, node: int, keys=None, ids=None) -> dict[str, Any]:
         keys = keys or {v: fed.keys[v] for v in s.ring[node]}

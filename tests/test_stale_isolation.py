@@ -1,7 +1,8 @@
 """Namespaces and cgroups an exited process left behind are removed; a live process's stay.
 
-A rehearsal names its network namespaces and cgroups ``fa-<pid>-...`` after the process that
-made them; one killed without closing leaves them. Real objects (``ip netns``, the machine's
+A rehearsal names its network namespaces and cgroups ``fa-<pid>-r<n>-...`` after the process
+that made them (``r<n>``: its n-th rehearsal, so that two in one process differ); one killed
+without closing leaves them. Real objects (``ip netns``, the machine's
 cgroup hierarchy), no mocks: one set named after a process that has exited (with a process
 of ours still inside its cgroup and namespace, and a veth link to the other set), one named
 after a process that runs; each of the three sweepers (:func:`remove_stale` itself, a new
@@ -46,10 +47,11 @@ def _ip(*args: str) -> str:
 
 
 class Made:
-    """A namespace and a cgroup ``fa-<pid>-stale`` (each where the probe says it can be)."""
+    """A namespace and a cgroup ``fa-<pid>-r1-stale``, named as a rehearsal's (each where the
+    probe says it can be)."""
 
     def __init__(self, pid: int, support: Support) -> None:
-        self.name = f"fa-{pid}-stale"
+        self.name = f"fa-{pid}-r1-stale"
         self.namespace: str | None = None
         self.cgroup: Cgroup | None = None
         if support.namespaces:

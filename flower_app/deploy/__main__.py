@@ -1,4 +1,7 @@
-"""Command line: ``python -m flower_app.deploy {certs,node-keys,connection,rehearse} ...``.
+"""Command line: ``python -m flower_app.deploy COMMAND ...``.
+
+Commands: ``certs``, ``node-keys``, ``identity-keys``, ``trusted-keys``, ``connection``,
+``rehearse``, ``drill``.
 
 Examples
 --------
@@ -6,10 +9,13 @@ Examples
 
     python -m flower_app.deploy certs --out certs --host superlink.example.org --host 192.0.2.10
     python -m flower_app.deploy node-keys --out keys --count 4
+    python -m flower_app.deploy identity-keys --out identity --count 1 --prefix edge-01
+    python -m flower_app.deploy trusted-keys --out federation.pem identity/*.pub
     python -m flower_app.deploy connection --name edge --address 192.0.2.10:9092 \\
         --root-certificates certs/ca.crt >> ~/.flwr/config.toml
     python -m flower_app.deploy rehearse --nodes 4 --memory 1G --cpus 0.5 \\
         --export movielens --data-dir /data --out /tmp/rehearsal
+    python -m flower_app.deploy drill --out /tmp/rehearsal kill-node 1
 """
 
 from __future__ import annotations
@@ -18,7 +24,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from flower_app.deploy.credentials import make_certificates, make_node_keys
+from flower_app.deploy.credentials import (
+    make_certificates,
+    make_identity_keys,
+    make_node_keys,
+    write_trusted_keys,
+)
+from flower_app.deploy.drills import ACTIONS
 from flower_app.deploy.processes import connection_toml
 from flower_app.deploy.rehearsal import EDGE_DEVICE
 
@@ -52,6 +64,24 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--count", type=int, required=True, help="number of key pairs")
     keys.add_argument("--prefix", default="supernode", help="file name prefix (supernode)")
     keys.add_argument("--start", type=int, default=0, help="index of the first pair (0)")
+
+    ids = sub.add_parser(
+        "identity-keys",
+        help="secure-aggregation identities (EC P-384, PEM): NAME-i.key (node_config "
+        "secagg-identity-key, stays on the node) and NAME-i.pub (goes into trusted-keys)",
+    )
+    ids.add_argument("--out", type=Path, required=True, help="output folder")
+    ids.add_argument("--count", type=int, required=True, help="number of identities")
+    ids.add_argument("--prefix", default="identity", help="file name prefix (identity)")
+    ids.add_argument("--start", type=int, default=0, help="index of the first identity (0)")
+
+    trusted = sub.add_parser(
+        "trusted-keys",
+        help="the federation's trusted identities: every node's identity public key in one "
+        "PEM file (node_config secagg-trusted-keys on every node)",
+    )
+    trusted.add_argument("--out", type=Path, required=True, help="the file to write")
+    trusted.add_argument("public_keys", type=Path, nargs="+", help="identity public keys (PEM)")
 
     conn = sub.add_parser(
         "connection", help="print a [superlink.NAME] entry for $FLWR_HOME/config.toml"
@@ -103,10 +133,27 @@ def _parser() -> argparse.ArgumentParser:
         help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the nodes (Flower's default: 1 s)",
     )  # fmt: skip
     rehearse.add_argument(
+        "--tofu", action="store_true",
+        help="no identities: the nodes trust secure-aggregation keys on first use (safe only "
+        "if the server relayed keys honestly when the nodes first met; a restarted or new "
+        "node is a first meeting again). Default: endorsed keys",
+    )  # fmt: skip
+    rehearse.add_argument(
         "--run", metavar="RUN_CONFIG",
         help='run this --run-config once (e.g. "k=10 server-data=\'none\'"), print its '
         "status, and stop; without it the federation runs until Ctrl-C or SIGTERM",
     )  # fmt: skip
+    drill = sub.add_parser(
+        "drill",
+        help="a failure drill on a running rehearse (same --out): kill-node N, restart-node N, "
+        "kill-superlink, restart-superlink, status",
+    )
+    drill.add_argument("--out", type=Path, required=True, help="the rehearsal's --out folder")
+    drill.add_argument("action", choices=list(ACTIONS), help="what to do")
+    drill.add_argument("node", type=int, nargs="?", help="node index (kill-node, restart-node)")
+    drill.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the answer (600)"
+    )
     return parser
 
 
@@ -114,8 +161,9 @@ def _rehearse(args: argparse.Namespace) -> int:
     """Run ``rehearse``; everything started is stopped however this ends."""
     import shlex
     import signal
-    import threading
+    import time
 
+    from flower_app.deploy.drills import Control
     from flower_app.deploy.isolation import parse_memory
     from flower_app.deploy.rehearsal import EdgeDevice, Rehearsal
 
@@ -149,7 +197,9 @@ def _rehearse(args: argparse.Namespace) -> int:
             print(f"error: {args.data} holds no node-0.* file", file=sys.stderr)
             return 2
         data = (args.data, ext[0].lstrip("."))
-    rehearsal = Rehearsal(args.out, args.nodes, device, not args.loopback, node_env)
+    rehearsal = Rehearsal(args.out, args.nodes, device, not args.loopback, node_env,
+                          endorsed=not args.tofu)  # fmt: skip
+    control: Control | None = None
     try:
         rehearsal.start(data)
         for line in rehearsal.describe():
@@ -158,9 +208,13 @@ def _rehearse(args: argparse.Namespace) -> int:
         print("  " + rehearsal.run_line())
         sys.stdout.flush()
         if args.run is None:
+            control = Control(args.out, rehearsal)
+            print(f"failure drills: python -m flower_app.deploy drill --out {args.out} "
+                  "{kill-node,restart-node} N | {kill-superlink,restart-superlink,status}")
             print("Ctrl-C (or SIGTERM) stops everything", flush=True)
-            threading.Event().wait()
-            return 0
+            while True:  # drills run here, in the main thread (restarted processes die with it)
+                control.serve()
+                time.sleep(0.2)
         from flwr.common.config import parse_config_args  # flwr run's own parser
 
         config = parse_config_args([args.run])
@@ -173,8 +227,27 @@ def _rehearse(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        if control is not None:
+            control.close()
         print("stopping the rehearsal", file=sys.stderr, flush=True)
         rehearsal.stop()
+
+
+def _drill(args: argparse.Namespace) -> int:
+    """Run ``drill``: 0 done, 1 the drill failed, 2 no rehearsal answers."""
+    from flower_app.deploy.drills import DrillError, request
+
+    if ACTIONS[args.action] and args.node is None:
+        print(f"error: {args.action} needs a node index", file=sys.stderr)
+        return 2
+    try:
+        ok, lines = request(args.out, args.action, args.node, args.timeout)
+    except DrillError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,8 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "node-keys":
             for key in make_node_keys(args.out, args.count, args.prefix, args.start):
                 print(f"{key.private_key}  {key.public_key}")
+        elif args.command == "identity-keys":
+            for ident in make_identity_keys(args.out, args.count, args.prefix, args.start):
+                print(f"{ident.private_key}  {ident.public_key}")
+        elif args.command == "trusted-keys":
+            path = write_trusted_keys(args.out, args.public_keys)
+            print(f"{path}: {len(args.public_keys)} identities (node_config secagg-trusted-keys)")
         elif args.command == "rehearse":
             return _rehearse(args)
+        elif args.command == "drill":
+            return _drill(args)
         else:
             root = args.root_certificates
             print(connection_toml(args.name, args.address, root), end="")

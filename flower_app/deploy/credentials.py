@@ -12,6 +12,14 @@ binary needed:
   OpenSSH private key on a NIST P-384 curve (``flower-supernode --auth-supernode-private-key``)
   and its OpenSSH public key (``flwr supernode register KEY.pub``), i.e. what
   ``ssh-keygen -t ecdsa -b 384 -N ""`` makes.
+* :func:`make_identity_keys` writes each SuperNode's **identity** for secure aggregation: a
+  P-384 private key in PEM (PKCS#8, node_config ``secagg-identity-key``) and its public key
+  in PEM; :func:`write_trusted_keys` concatenates the federation's identity public keys into
+  the file every node trusts (node_config ``secagg-trusted-keys``). With both, a node signs
+  its secure-aggregation run key and accepts a neighbour's key only if a trusted identity
+  signed it (``docs/privacy.md``, "How nodes know each other's keys"): the server can
+  neither substitute keys nor invent nodes. An identity is not the node's authentication
+  key (that one signs requests to the SuperLink, in OpenSSH format); they are kept apart.
 """
 
 from __future__ import annotations
@@ -27,7 +35,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Certificates", "NodeKey", "make_certificates", "make_node_keys"]
+__all__ = [
+    "Certificates",
+    "IdentityKey",
+    "NodeKey",
+    "make_certificates",
+    "make_identity_keys",
+    "make_node_keys",
+    "read_public_keys",
+    "write_trusted_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,24 @@ class NodeKey:
         OpenSSH private key (``--auth-supernode-private-key``); stays on the node.
     public_key : pathlib.Path
         OpenSSH public key (``flwr supernode register``); goes to the SuperLink operator.
+    """
+
+    private_key: Path
+    public_key: Path
+
+
+@dataclass(frozen=True)
+class IdentityKey:
+    """One SuperNode's identity for secure aggregation's endorsed keys.
+
+    Attributes
+    ----------
+    private_key : pathlib.Path
+        P-384 private key, PEM (PKCS#8, mode 0600): node_config ``secagg-identity-key``;
+        stays on the node.
+    public_key : pathlib.Path
+        Its public key, PEM: goes into the federation's trusted-key file
+        (:func:`write_trusted_keys`), out of band (never through the SuperLink).
     """
 
     private_key: Path
@@ -257,3 +292,114 @@ def make_node_keys(
             )
         )
     return keys
+
+
+def make_identity_keys(
+    out: Path, count: int, prefix: str = "identity", start: int = 0
+) -> list[IdentityKey]:
+    """Write ``count`` identity key pairs for secure aggregation (EC P-384, PEM).
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        Output folder (created); existing files are overwritten.
+    count : int
+        Number of identities (one per SuperNode).
+    prefix : str, optional
+        File name prefix: identity ``i`` is ``{prefix}-{i}.key`` (private, mode 0600) and
+        ``{prefix}-{i}.pub`` (public).
+    start : int, optional
+        Index of the first identity (to add nodes later).
+
+    Returns
+    -------
+    list of IdentityKey
+        The pairs written, in index order.
+
+    Raises
+    ------
+    ValueError
+        If ``count`` is not positive.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for i in range(start, start + count):
+        key = ec.generate_private_key(ec.SECP384R1())
+        public = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        pairs.append(
+            IdentityKey(
+                private_key=_write(out / f"{prefix}-{i}.key", _key_pem(key), private=True),
+                public_key=_write(out / f"{prefix}-{i}.pub", public),
+            )
+        )
+    return pairs
+
+
+def read_public_keys(path: Path) -> list[bytes]:
+    """Return the P-384 public keys (PEM) a file holds, in order.
+
+    Raises
+    ------
+    ValueError
+        If the file holds no PEM public key, or one that is not on P-384 (the curve
+        Flower's signatures and the nodes' checks use).
+    """
+    text = Path(path).read_bytes()
+    marker = b"-----BEGIN PUBLIC KEY-----"
+    blocks = [marker + part for part in text.split(marker)[1:]]
+    keys = []
+    for block in blocks:
+        try:
+            key = serialization.load_pem_public_key(block.strip() + b"\n")
+        except ValueError as err:
+            raise ValueError(f"{path}: a block is not a PEM public key ({err})") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
+            raise ValueError(f"{path}: a key is not an EC P-384 public key")
+        keys.append(
+            key.public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    if not keys:
+        raise ValueError(f"{path}: no PEM public key in it")
+    return keys
+
+
+def write_trusted_keys(out: Path, public_keys: list[Path]) -> Path:
+    """Write the federation's trusted identities: every identity public key, concatenated.
+
+    Every SuperNode gets this file (node_config ``secagg-trusted-keys``); a node then
+    accepts a neighbour's secure-aggregation key only if one of these identities signed it.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The file to write (its folder is created; an existing file is replaced).
+    public_keys : list of pathlib.Path
+        Identity public keys (PEM; a file may hold several), one per node of the federation.
+
+    Returns
+    -------
+    pathlib.Path
+        ``out``.
+
+    Raises
+    ------
+    ValueError
+        If a file holds no P-384 PEM public key, or two files hold the same key (an identity
+        stands for one node).
+    """
+    keys: list[bytes] = []
+    for path in public_keys:
+        for key in read_public_keys(path):
+            if key in keys:
+                raise ValueError(f"{path}: the same identity is listed twice")
+            keys.append(key)
+    if not keys:
+        raise ValueError("give at least one identity public key")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return _write(out, b"".join(keys))

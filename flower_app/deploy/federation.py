@@ -7,6 +7,16 @@ by default; given :class:`~flower_app.deploy.isolation.Devices`, the SuperLink a
 SuperNode run on a device of their own (network namespace, cgroup limits), with the ports
 ``docs/deployment.md`` uses (9092, 9094): that is the edge-device rehearsal
 (:mod:`flower_app.deploy.rehearsal`).
+
+Every process it starts is supervised (:mod:`flower_app.deploy.supervisor`): reaped the
+moment it ends, whatever it left (a SuperNode's superexec and ClientApps, a SuperLink's
+superexec and ServerApp) stopped within seconds. The failure drills are methods:
+:meth:`SecureFederation.kill_node` / :meth:`~SecureFederation.restart_node` and
+:meth:`~SecureFederation.kill_superlink` / :meth:`~SecureFederation.restart_superlink`
+restart a process where it ran (its device's namespace and cgroup limits, key, node id,
+environment and node_config). By default every SuperNode also gets an identity for secure
+aggregation and the federation's trusted identities in its node_config (endorsed keys,
+``docs/privacy.md``); ``endorsed=False`` leaves the nodes trusting keys on first use.
 """
 
 from __future__ import annotations
@@ -22,8 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flower_app.deploy.credentials import Certificates, NodeKey, make_certificates, make_node_keys
-from flower_app.deploy.isolation import Devices, Host
+from flower_app.deploy.credentials import (
+    Certificates,
+    IdentityKey,
+    NodeKey,
+    make_certificates,
+    make_identity_keys,
+    make_node_keys,
+    write_trusted_keys,
+)
+from flower_app.deploy.isolation import Devices, Host, new_tag
 from flower_app.deploy.processes import (
     BIN,
     ManagedProcess,
@@ -38,6 +56,9 @@ from flower_app.deploy.processes import (
     wait_for_listen,
     write_connection,
 )
+from flower_app.deploy.supervisor import Death, Supervisor, stop_marked
+from flower_app.privacy.ledger import LEDGER_FILE
+from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 from flower_app.simulation import FlwrRun, LocalSimulation
 
 __all__ = ["SecureFederation"]
@@ -51,6 +72,17 @@ GUIDE_PORT, GUIDE_CLIENTAPPIO_PORT = 9092, 9094
 #: ``flwr`` process (~2.5 CPU-s of imports on a 2-core machine), and Flower itself only
 #: notices a dead node after a heartbeat period of 30 s
 LS_POLL = 2.0
+#: seconds after a SuperNode died without leaving (SIGKILL, a crash) by which its SuperLink
+#: must list it offline: Flower 1.42 counts a node online until HEARTBEAT_PATIENCE (2) x
+#: its heartbeat interval (30 s) after its last heartbeat, and refuses the same key until
+#: then (exit 305, "Failed to activate SuperNode"); plus 1 s for the two clocks' reads
+OFFLINE_AFTER = 2 * 30.0 + 1.0
+#: seconds between two starts of a SuperNode that was refused (systemd's RestartSec=5)
+RESTART_SEC = 5.0
+#: what a SuperNode logs once the SuperLink accepted it (``flwr/supernode``)
+ACTIVATED = "SuperNode ID:"
+REFUSED = "Failed to activate SuperNode"
+
 
 class SecureFederation:
     """A SuperLink with TLS, SuperNode authentication and ``--database``, plus SuperNodes.
@@ -77,6 +109,14 @@ class SecureFederation:
     die_with_parent : bool, optional
         Every process started here gets SIGTERM if the thread that started it ends (see
         :func:`~flower_app.deploy.processes.start_process`): start them from the main thread.
+    endorsed : bool, optional
+        Give every SuperNode an identity key and the federation's trusted identities
+        (node_config ``secagg-identity-key``, ``secagg-trusted-keys``): secure aggregation
+        then accepts only run keys endorsed by a trusted identity (default True). False:
+        the nodes trust keys on first use, safe only if the server relayed keys honestly
+        when the nodes first met (a restarted or new node is a first meeting again).
+    say : callable, optional
+        Where the supervisor says what ended (default: stderr).
     """
 
     def __init__(
@@ -90,11 +130,17 @@ class SecureFederation:
         cpus: float | None = None,
         node_env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
+        endorsed: bool = True,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.root, self.num_nodes, self.connection = root, num_nodes, connection
         self.die_with_parent = die_with_parent
         self.devices, self.memory, self.cpus = devices, memory, cpus
         self.node_env = dict(node_env or {})
+        #: the name stem of this federation's process markers (its devices' tag if any)
+        self.tag = devices.tag if devices is not None else new_tag("fed")
+        self.supervisor = Supervisor(say)
+        self._incarnations = 0
         self.link: Host = devices.link if devices is not None else Host(host, label="superlink")
         self.namespaced = self.link.namespaced
         self.host = self.link.address if self.namespaced else host
@@ -104,6 +150,15 @@ class SecureFederation:
         self.logs = root / "logs"
         self.certificates: Certificates = make_certificates(root / "certs", [self.host])
         self.keys: list[NodeKey] = make_node_keys(root / "keys", num_nodes)
+        #: each node's identity for secure aggregation (None: keys trusted on first use)
+        self.identities: list[IdentityKey] | None = None
+        #: the federation's trusted identities, a copy on every node in practice
+        self.trusted_keys: Path | None = None
+        if endorsed:
+            self.identities = make_identity_keys(root / "identities", num_nodes)
+            self.trusted_keys = write_trusted_keys(
+                root / "identities" / "federation.pem", [k.public_key for k in self.identities]
+            )
         self.database = root / "superlink" / "state.db"
         self.database.parent.mkdir(parents=True, exist_ok=True)
         self.cli = LocalSimulation(root / "home", root / "runs")
@@ -134,6 +189,25 @@ class SecureFederation:
         return self.hosts[index]
 
     # ------------------------------------------------------------------ processes
+    def _start(self, name: str, cmd: list[str], env: dict[str, str], host: Host,
+               cwd: Path | None = None) -> ManagedProcess:  # fmt: skip
+        """Start and supervise a process on ``host`` (marked ``<tag>/<name>/<n>``)."""
+        self._incarnations += 1
+        proc = start_process(
+            name, cmd, self.logs, env, cwd=cwd, host=host, die_with_parent=self.die_with_parent,
+            marker=f"{self.tag}/{name}/{self._incarnations}",
+        )  # fmt: skip
+        self.supervisor.watch(proc, host.cgroup)
+        return proc
+
+    def _ended(self, proc: ManagedProcess | None, timeout: float = 60.0) -> Death | None:
+        """Wait until a previous process has ended and its leftovers are stopped."""
+        if proc is None:
+            return None
+        if proc.alive():
+            raise RuntimeError(f"{proc.name} (pid {proc.pid}) is still running")
+        return self.supervisor.wait(proc, timeout)
+
     def start(
         self,
         timeout: float = 60.0,
@@ -160,11 +234,13 @@ class SecureFederation:
         a server certificate without ``127.0.0.1``) would leave every ``flwr run`` waiting
         forever; here it fails within ``timeout`` with the SuperLink's log.
         """
+        self._ended(self.superlink)
+        if self.devices is not None:
+            self.devices.restore(self.link)
         cmd = superlink_command(self.certificates, self.database, self.port, self.listen)
-        self.superlink = start_process(
-            "superlink", cmd, self.logs, flwr_env(self.root / "superlink-home"),
+        self.superlink = self._start(
+            "superlink", cmd, flwr_env(self.root / "superlink-home"), self.link,
             cwd=self.database.parent,  # the ServerApp's cwd: a relative output-dir lands here
-            host=self.link, die_with_parent=self.die_with_parent,
         )  # fmt: skip
         wait_for_listen(self.superlink, self.port, timeout)
         deadline = time.monotonic() + timeout
@@ -180,20 +256,32 @@ class SecureFederation:
             time.sleep(0.1)
         return self.superlink
 
-    def kill_superlink(self) -> list[int]:
-        """SIGKILL the SuperLink and the ServerApp it runs (a crash of machine A's software).
+    def kill_superlink(self, timeout: float = 60.0) -> Death:
+        """SIGKILL the SuperLink process alone (a crash of machine A's software).
 
-        Its process group gets SIGKILL, then every process of its tree as seen just before
-        (by PID: a process that left the group dies too). Returns the PIDs killed.
+        The supervisor reaps it and stops what it left, its superexec and the ServerApp of
+        a run in flight, within seconds; the returned :class:`Death` lists them.
         """
-        if self.superlink is None:
-            return []
-        tree = process_tree(self.superlink.pid)
-        self.superlink.kill()
-        for pid in tree[1:]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return tree
+        if self.superlink is None or not self.superlink.alive():
+            raise RuntimeError("the SuperLink is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.superlink.pid, signal.SIGKILL)
+        return self.supervisor.wait(self.superlink, timeout)
+
+    def restart_superlink(self, timeout: float = 180.0) -> ManagedProcess:
+        """Start the SuperLink again where it ran, on its database; wait for the nodes.
+
+        A running SuperLink is stopped first (SIGTERM). Its namespace must still exist
+        (:meth:`~flower_app.deploy.isolation.Devices.restore`). The running SuperNodes
+        reconnect by themselves (same node ids, from the database): this returns once the
+        SuperLink lists every one of them online.
+        """
+        if self.superlink is not None and self.superlink.alive():
+            self.superlink.stop()
+        self.start_superlink(timeout)
+        running = [i for i, proc in self.nodes.items() if i >= 0 and proc.alive()]
+        self.wait_nodes(running, "online", timeout)
+        return self.superlink
 
     def register(self, key: NodeKey, timeout: float = 60.0) -> int:
         """Register a public key with ``flwr supernode register`` (retried until ready)."""
@@ -215,14 +303,20 @@ class SecureFederation:
         ``key`` (e.g. an unregistered one) gets a device of its own.
         """
         if key is None:
+            self._ended(self.nodes.get(index))  # never two SuperNodes with one key
             self.node_configs[index] = dict(node_config)
             host, folder = self.host_of(index), self.node_dir(index)
+            if self.devices is not None:
+                self.devices.restore(host)
         else:
             extra = 100 + sum(1 for i in self.hosts if i >= 100)
             host, folder = self.host_of(extra), self.node_dir(extra)
         config: dict[str, int | float | str] = {
             "partition-id": index,
             "num-partitions": self.num_nodes,
+            **self.secagg_config(index),
+            # the node's privacy ledger on its own disk: one budget across every run
+            LEDGER_FILE: str((folder / "privacy-ledger.json").resolve()),
             **node_config,
         }
         cmd = supernode_command(
@@ -236,11 +330,17 @@ class SecureFederation:
         env = flwr_env(folder / "home")
         env["FLOWER_APP_CACHE"] = str(folder / "cache")
         env.update(self.node_env)
-        proc = start_process(
-            name, cmd, self.logs, env, host=host, die_with_parent=self.die_with_parent
-        )
+        proc = self._start(name, cmd, env, host)
         self.nodes[index if key is None else -1 - len(self.nodes)] = proc
         return proc
+
+    def secagg_config(self, index: int) -> dict[str, str]:
+        """Node ``index``'s node_config for endorsed secure-aggregation keys ({} for TOFU)."""
+        if self.identities is None or self.trusted_keys is None or index >= len(self.identities):
+            return {}
+        # absolute: the node's ClientApps read them, from whatever their working folder is
+        return {IDENTITY_KEY: str(self.identities[index].private_key.resolve()),
+                TRUSTED_KEYS: str(self.trusted_keys.resolve())}  # fmt: skip
 
     def stop_node(self, index: int, graceful: bool = True) -> int | None:
         """Stop SuperNode ``index`` and return its exit code.
@@ -250,6 +350,67 @@ class SecureFederation:
         """
         proc = self.nodes[index]
         return proc.stop() if graceful else proc.kill()
+
+    def kill_node(self, index: int, timeout: float = 60.0) -> Death:
+        """SIGKILL SuperNode ``index``'s process alone (as the OOM killer or ``kill -9``).
+
+        The supervisor reaps it and stops its superexec and ClientApps within seconds; the
+        returned :class:`Death` lists them.
+        """
+        proc = self.nodes[index]
+        if not proc.alive():
+            raise RuntimeError(f"SuperNode {index} is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        return self.supervisor.wait(proc, timeout)
+
+    def restart_node(self, index: int, timeout: float = 240.0) -> ManagedProcess:
+        """Start SuperNode ``index`` again where it ran; return once the SuperLink took it.
+
+        Its device is checked and rebuilt where needed (namespace, cgroup, limits:
+        :meth:`~flower_app.deploy.isolation.Devices.restore`), and it gets the same key (so
+        the same node id), environment and node_config. A running node is stopped first
+        (SIGTERM). After a death that did not deactivate the node (SIGKILL, a crash) the
+        SuperLink refuses the key until it lists the old session offline, at most
+        :data:`OFFLINE_AFTER` s after the death: the restart waits until then, and starts
+        it again every :data:`RESTART_SEC` s while it is refused (what ``Restart=always``
+        does). Accepted means its log says ``SuperNode ID:`` (no ``flwr`` process needed).
+
+        Raises
+        ------
+        RuntimeError
+            If it is not accepted within ``timeout`` s, or exits for another reason (the
+            message holds its log's end).
+        IsolationError
+            If it cannot be started inside its namespace and cgroup.
+        """
+        deadline = time.monotonic() + timeout
+        old = self.nodes.get(index)
+        if old is not None and old.alive():
+            old.stop()
+        death = self._ended(old)
+        if death is not None and not death.left_cleanly:
+            wait = death.noticed + OFFLINE_AFTER - time.time()
+            if wait > 0:
+                self.supervisor.say(
+                    f"supervisor: restarting SuperNode {index} in {wait:.0f} s, once the "
+                    f"SuperLink lists its old session offline ({death.cause}: heartbeats stop)"
+                )
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        while True:
+            proc = self.start_node(index, **self.node_configs.get(index, {}))
+            while proc.alive() and ACTIVATED not in proc.output():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(self._not_online(index, f"not accepted in {timeout:g} s"))
+                time.sleep(0.2)
+            if proc.alive():
+                return proc
+            self.supervisor.wait(proc)
+            if REFUSED not in proc.output():
+                raise RuntimeError(self._not_online(index, f"exited ({proc.death.cause})"))
+            if time.monotonic() + RESTART_SEC > deadline:
+                raise RuntimeError(self._not_online(index, f"still refused after {timeout:g} s"))
+            time.sleep(RESTART_SEC)
 
     def wait_online(self, timeout: float = 60.0, restarts: int = 1) -> list[dict[str, Any]]:
         """Wait until every registered node is online; return ``flwr supernode ls`` rows.
@@ -292,14 +453,22 @@ class SecureFederation:
 
     def wait_status(self, index: int, status: str, timeout: float = 180.0) -> None:
         """Wait until the SuperLink lists node ``index`` with ``status`` (e.g. offline)."""
+        self.wait_nodes([index], status, timeout)
+
+    def wait_nodes(self, indices: list[int], status: str, timeout: float = 180.0) -> None:
+        """Wait until the SuperLink lists every node of ``indices`` with ``status``."""
         deadline = time.monotonic() + timeout
-        node_id = self.node_ids[index]
         while True:
-            rows = {int(r["node-id"]): str(r["status"]).lower() for r in self.supernodes()}
-            if rows.get(node_id) == status:
+            try:
+                rows = {int(r["node-id"]): str(r["status"]).lower() for r in self.supernodes()}
+            except RuntimeError:  # the SuperLink is not answering yet
+                rows = {}
+            wrong = {i: rows.get(self.node_ids[i]) for i in indices
+                     if rows.get(self.node_ids[i]) != status}  # fmt: skip
+            if not wrong:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node {index} ({node_id}) is {rows.get(node_id)}, not {status}")
+                raise RuntimeError(f"nodes {wrong} (index: status) are not {status}")
             time.sleep(LS_POLL)
 
     def _not_online(self, index: int, why: str) -> str:
@@ -339,8 +508,17 @@ class SecureFederation:
         )
 
     def stop(self) -> None:
-        """Stop every SuperNode, then the SuperLink (each by its own process group)."""
-        for proc in self.nodes.values():
+        """Stop every SuperNode, then the SuperLink (each by its own process group).
+
+        The current ones, restarted or not (earlier ones have ended and were cleaned up);
+        then every process still carrying one of this federation's markers is killed by PID.
+        """
+        procs = [*self.nodes.values(), *([self.superlink] if self.superlink else [])]
+        for proc in procs:
             proc.stop()
-        if self.superlink is not None:
-            self.superlink.stop()
+        for proc in procs:
+            with contextlib.suppress(TimeoutError):
+                self.supervisor.wait(proc, 30.0)
+        left, _ = stop_marked(f"{self.tag}/", prefix=True)
+        if left:
+            self.supervisor.say(f"supervisor: stopped what was left: {left}")

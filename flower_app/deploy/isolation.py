@@ -12,10 +12,16 @@ SuperNode a device of its own:
   ``cpu.max``, or the v1 ``memory`` and ``cpu`` controllers where the machine mounts those),
   holding the SuperNode and everything it starts (superexec, ClientApps).
 
-Every namespace and cgroup is named ``fa-<pid>-...`` after the process that made it, and
+Every namespace and cgroup is named ``fa-<pid>-r<n>-...``: ``<pid>`` is the process that
+made it, ``r<n>`` the ``n``-th set of devices that process made (:func:`new_tag`), so two
+rehearsals in one process (a notebook, ``pytest -n 0``) have names of their own; and
 :meth:`Devices.close` removes exactly those (killing, by PID, any process still left in one
-of its cgroups). Both need root; :func:`probe` says what is available and why not, and the
-rehearsal then falls back to loopback and/or no limits.
+of its cgroups). A process is started on a device by joining the cgroup first and then the
+namespace (``ip netns exec`` mounts a sysfs of the namespace, without the cgroup hierarchy:
+joining the cgroup from inside it fails with "No such file or directory"), and
+:meth:`Host.check` makes sure it got there: a process outside its device's cgroup or
+namespace is an error, never a run without limits. Both need root; :func:`probe` says what
+is available and why not, and the rehearsal then falls back to loopback and/or no limits.
 
 A process that dies without closing (SIGKILL, a test run stopped from outside) leaves its
 namespaces, their veth links and addresses, and its cgroups behind. :func:`remove_stale`
@@ -25,7 +31,7 @@ or namespace, then removes the cgroup directory and deletes the namespace (``ip 
 delete``; its veth ends, and so its links and addresses, go with it). Objects whose
 ``<pid>`` is alive are never touched: they belong to a running rehearsal, perhaps another
 checkout's. It runs when a :class:`Devices` is made (before it makes its own objects) and
-in the test run's watchdog (:mod:`flower_app.process_sweep`) once it has stopped the run's
+in the test run's watchdog (``tests/support/process_sweep.py``) once it has stopped the run's
 processes. The PID is read in this machine's PID namespace; a PID that a new process has
 taken keeps its stale objects until that process has ended too (never the other way round).
 """
@@ -33,11 +39,13 @@ taken keeps its stale objects until that process has ended too (never the other 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +59,7 @@ __all__ = [
     "IsolationError",
     "Stale",
     "Support",
+    "new_tag",
     "owner_pid",
     "parse_memory",
     "probe",
@@ -61,7 +70,30 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: CPU quota period (µs) for cgroup ``cpu.max`` / ``cpu.cfs_period_us``
 CPU_PERIOD_US = 100_000
 #: the name of every namespace and cgroup made here: ``fa-<pid of its maker>-<label>``
+#: (a :class:`Devices`' label starts with its ``r<n>``, :func:`new_tag`)
 OWNED_NAME = re.compile(r"fa-([1-9][0-9]{0,9})-[A-Za-z0-9_.-]+")
+#: where ``ip netns`` keeps its named namespaces (a bind mount of each namespace's nsfs file)
+NETNS_DIRS = (Path("/run/netns"), Path("/var/run/netns"))
+_SEQUENCE = itertools.count(1)
+_SEQUENCE_LOCK = threading.Lock()
+
+
+def new_tag(kind: str = "r") -> str:
+    """Return a name stem no namespace or cgroup of this machine uses: ``fa-<pid>-<kind><n>``.
+
+    ``<n>`` counts up per process (and skips a stem an earlier process of the same PID left
+    behind), so every :class:`Devices` (and every :func:`probe`) of one process has names
+    of its own, and :func:`owner_pid` still names the process that made them.
+    """
+    while True:
+        with _SEQUENCE_LOCK:
+            tag = f"fa-{os.getpid()}-{kind}{next(_SEQUENCE)}"
+        names = _namespace_names() + [
+            p.name for top, _ in _cgroup_hierarchies(CGROUP_ROOT)
+            for p in _owned_cgroups(top, STALE_SEARCH_DEPTH)
+        ]  # fmt: skip
+        if not any(n == tag or n.startswith(f"{tag}-") for n in names):
+            return tag
 #: how deep :func:`remove_stale` looks below a cgroup hierarchy's root (v1 puts a device's
 #: cgroup under its maker's own cgroup, e.g. ``memory/<service>/<session>/fa-<pid>-node0``)
 STALE_SEARCH_DEPTH = 6
@@ -153,25 +185,22 @@ class Cgroup:
         IsolationError
             If neither is usable here (the reason is in the message).
         """
-        quota = max(1000, int(round(cpus * CPU_PERIOD_US)))
         controllers = root / "cgroup.controllers"
         if controllers.exists() and {"memory", "cpu"} <= set(controllers.read_text().split()):
             path = root / name
+            cgroup = cls(name, [path], 2, memory, cpus)
             try:
                 enabled = (root / "cgroup.subtree_control").read_text().split()
                 missing = [c for c in ("memory", "cpu") if c not in enabled]
                 if missing:
                     (root / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
                 path.mkdir()
-                (path / "memory.max").write_text(str(memory))
-                with contextlib.suppress(OSError):
-                    (path / "memory.swap.max").write_text("0")
-                (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+                cgroup.apply()
             except OSError as err:
                 with contextlib.suppress(OSError):
                     path.rmdir()
                 raise IsolationError(f"cgroup v2 {path}: {err}") from err
-            return cls(name, [path], 2, memory, cpus)
+            return cgroup
         mem_root, cpu_root = _v1_dir("memory", root), _v1_dir("cpu", root)
         if mem_root is None or cpu_root is None:
             raise IsolationError(
@@ -181,21 +210,114 @@ class Cgroup:
         mem = mem_root / _own_v1_path("memory").lstrip("/") / name
         cpu = cpu_root / _own_v1_path("cpu").lstrip("/") / name
         made: list[Path] = []
+        cgroup = cls(name, [mem, cpu], 1, memory, cpus)
         try:
             for path in (mem, cpu):
                 path.mkdir()
                 made.append(path)
-            (mem / "memory.limit_in_bytes").write_text(str(memory))
-            with contextlib.suppress(OSError):
-                (mem / "memory.memsw.limit_in_bytes").write_text(str(memory))
-            (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+            cgroup.apply()
         except OSError as err:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
                     path.rmdir()
             raise IsolationError(f"cgroup v1 {mem} / {cpu}: {err}") from err
-        return cls(name, [mem, cpu], 1, memory, cpus)
+        return cgroup
+
+    def apply(self) -> None:
+        """Write the memory limit and CPU quota (again) into the cgroup's directories.
+
+        Raises
+        ------
+        OSError
+            If the kernel refuses a value (or a directory is gone).
+        """
+        quota = max(1000, int(round(self.cpus * CPU_PERIOD_US)))
+        if self.version == 2:
+            path = self.dirs[0]
+            (path / "memory.max").write_text(str(self.memory))
+            with contextlib.suppress(OSError):
+                (path / "memory.swap.max").write_text("0")
+            (path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            return
+        mem, cpu = self.dirs
+        (mem / "memory.limit_in_bytes").write_text(str(self.memory))
+        with contextlib.suppress(OSError):
+            (mem / "memory.memsw.limit_in_bytes").write_text(str(self.memory))
+        (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+        (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def limits(self) -> tuple[int, float]:
+        """Return the memory limit (bytes) and CPU quota (cores) the kernel holds now."""
+        if self.version == 2:
+            memory = int((self.dirs[0] / "memory.max").read_text().split()[0])
+            quota, period = (self.dirs[0] / "cpu.max").read_text().split()[:2]
+        else:
+            memory = int((self.dirs[0] / "memory.limit_in_bytes").read_text())
+            quota = (self.dirs[1] / "cpu.cfs_quota_us").read_text().strip()
+            period = (self.dirs[1] / "cpu.cfs_period_us").read_text().strip()
+        return memory, int(quota) / int(period)
+
+    def exists(self) -> bool:
+        """Return whether every directory of the cgroup is there."""
+        return all(d.is_dir() for d in self.dirs)
+
+    def restore(self) -> bool:
+        """Make the cgroup's missing directories again and re-apply its limits.
+
+        Returns
+        -------
+        bool
+            True if a directory had to be made again.
+
+        Raises
+        ------
+        IsolationError
+            If it cannot be made or limited.
+        """
+        made = False
+        try:
+            for d in self.dirs:
+                if not d.is_dir():
+                    d.mkdir()
+                    made = True
+            self.apply()
+        except OSError as err:
+            raise IsolationError(f"cgroup {self.name}: cannot restore it: {err}") from err
+        return made
+
+    def holds(self, pid: int) -> bool:
+        """Return whether process ``pid`` is in the cgroup (in every one of its directories)."""
+        for d in self.dirs:
+            try:
+                if str(pid) not in (d / "cgroup.procs").read_text().split():
+                    return False
+            except OSError:
+                return False
+        return True
+
+    @classmethod
+    def find(cls, name: str, root: Path = CGROUP_ROOT) -> Cgroup | None:
+        """Return the existing cgroup ``name`` (as :meth:`create` made it), limits read back.
+
+        None if it is not there (v2: ``root/name``; v1: a directory of that name in both
+        the memory and the cpu hierarchies, up to :data:`STALE_SEARCH_DEPTH` levels down).
+        """
+        hierarchies = _cgroup_hierarchies(root)
+        version = hierarchies[0][1] if hierarchies else 2
+        dirs = [p for top, _ in hierarchies for p in _owned_cgroups(top, STALE_SEARCH_DEPTH)
+                if p.name == name]  # fmt: skip
+        if version == 1:  # the memory directory first, as create() orders them
+            dirs.sort(key=lambda d: not (d / "memory.limit_in_bytes").exists())
+            if len(dirs) == 1 and (dirs[0] / "cpu.cfs_quota_us").exists():
+                dirs = dirs * 2  # memory and cpu mounted together
+        if not dirs or len(dirs) != (1 if version == 2 else 2):
+            return None
+        found = cls(name, dirs, version, 0, 0.0)
+        try:
+            found.memory, found.cpus = found.limits()
+        except (OSError, ValueError):
+            return None
+        return found
 
     def enter_shell(self) -> str:
         """Return ``echo $$ > .../cgroup.procs`` for every directory of the cgroup."""
@@ -227,7 +349,7 @@ class Cgroup:
         return 0
 
     def set_cpus(self, cpus: float) -> None:
-        """Change the CPU quota (cores) of the running cgroup."""
+        """Change the CPU quota (cores) of the running cgroup (and what :meth:`apply` writes)."""
         quota = max(1000, int(round(cpus * CPU_PERIOD_US)))
         if self.version == 2:
             (self.dirs[0] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
@@ -305,6 +427,39 @@ class Host:
         """True when the host is a network namespace of its own."""
         return bool(self.prefix)
 
+    @property
+    def namespace(self) -> str | None:
+        """The name of the host's network namespace (None on loopback)."""
+        return self.prefix[-1] if self.prefix else None
+
+    def check(self, pid: int) -> None:
+        """Make sure process ``pid`` runs in this host's cgroup and network namespace.
+
+        Raises
+        ------
+        IsolationError
+            If it is outside either (the message says where it is instead).
+        """
+        if self.cgroup is not None and not self.cgroup.holds(pid):
+            try:
+                where = Path(f"/proc/{pid}/cgroup").read_text().strip().replace("\n", "; ")
+            except OSError:
+                where = "unknown (it has exited)"
+            raise IsolationError(
+                f"process {pid} is not in cgroup {self.cgroup.name} of {self.label} (its cgroups: "
+                f"{where}): it would run without the device's memory and CPU limits"
+            )
+        if self.namespace is not None:
+            try:
+                theirs = os.stat(f"/proc/{pid}/ns/net")
+                ours = _namespace_stat(self.namespace)
+            except OSError as err:
+                raise IsolationError(f"process {pid}: network namespace unknown ({err})") from err
+            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+                raise IsolationError(
+                    f"process {pid} is not in network namespace {self.namespace} of {self.label}"
+                )
+
     def command(self, cmd: list[str]) -> list[str]:
         """Return ``cmd`` wrapped to run on this host (in its namespace and cgroup).
 
@@ -316,6 +471,14 @@ class Host:
         if self.cgroup is None:
             return full
         return ["/bin/sh", "-c", f'{self.cgroup.enter_shell()} && exec "$@"', "sh", *full]
+
+
+def _namespace_stat(name: str) -> os.stat_result:
+    """Return the ``stat`` of named namespace ``name`` (``ip netns``' bind mount of it)."""
+    for folder in NETNS_DIRS:
+        with contextlib.suppress(OSError):
+            return os.stat(folder / name)
+    raise FileNotFoundError(f"no network namespace {name} in {', '.join(map(str, NETNS_DIRS))}")
 
 
 # ----------------------------------------------------------------------------- probe
@@ -344,9 +507,9 @@ def probe(tag: str | None = None) -> Support:
     Parameters
     ----------
     tag : str, optional
-        Name stem (default ``fa-<pid>-probe``).
+        Name stem (default ``fa-<pid>-probe<n>``, :func:`new_tag`).
     """
-    tag = tag or f"fa-{os.getpid()}-probe"
+    tag = tag or new_tag("probe")
     why: list[str] = []
     namespaces = False
     if os.geteuid() != 0:
@@ -529,10 +692,13 @@ class Devices:
     Parameters
     ----------
     tag : str, optional
-        Name stem of every namespace and cgroup (default ``fa-<pid>``).
+        Name stem of every namespace and cgroup (default ``fa-<pid>-r<n>``: of its own for
+        every :class:`Devices` of the process, :func:`new_tag`).
     subnet : str, optional
         The first three octets of the private /24 (default ``10.231.<20 + pid % 200>``).
-        The SuperLink is ``.1``, device ``i`` is ``.(10 + i)``.
+        The SuperLink is ``.1``, device ``i`` is ``.(10 + i)``. The network lives inside
+        the namespaces only (the bridge is in the SuperLink's), so two :class:`Devices`
+        may use the same subnet.
     namespaces : bool, optional
         False: every host is loopback (only cgroups, if any, are made).
 
@@ -548,7 +714,7 @@ class Devices:
     ) -> None:
         self.stale = remove_stale()
         pid = os.getpid()
-        self.tag = tag or f"fa-{pid}"
+        self.tag = tag or new_tag()
         self.subnet = subnet or f"10.231.{20 + pid % 200}"
         self.namespaces = namespaces
         self._netns: list[str] = []
@@ -579,7 +745,12 @@ class Devices:
             self._cgroups.append(cgroup)
         if not self.namespaces:
             return Host("127.0.0.1", [], cgroup, label)
-        ns, link = f"{self.tag}-{label}", f"{self.tag}-link"
+        address = self._wire(index)
+        return Host(address, ["ip", "netns", "exec", f"{self.tag}-{label}"], cgroup, label)
+
+    def _wire(self, index: int) -> str:
+        """Make device ``index``'s namespace and its veth link to the bridge; return its address."""
+        ns, link = f"{self.tag}-node{index}", f"{self.tag}-link"
         self._add_ns(ns)
         veth = f"veth{index}"
         _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", veth,
@@ -589,7 +760,50 @@ class Devices:
         address = f"{self.subnet}.{10 + index}"
         _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-        return Host(address, ["ip", "netns", "exec", ns], cgroup, label)
+        return address
+
+    def restore(self, host: Host) -> list[str]:
+        """Make what is missing of ``host``'s device again, before a process restarts there.
+
+        Its cgroup is made again if its directory is gone and its limits are written again
+        (a restarted node gets the device's memory and CPU, whatever changed them); a node's
+        network namespace that is gone is made again with its link and address (a stale
+        veth end in the SuperLink's namespace is removed first).
+
+        Returns
+        -------
+        list of str
+            What had to be made again (empty when everything was there).
+
+        Raises
+        ------
+        IsolationError
+            If something cannot be made, or the SuperLink's namespace is gone (every node's
+            link hangs on its bridge: start a new rehearsal).
+        """
+        rebuilt: list[str] = []
+        if host.cgroup is not None:
+            if host.cgroup.restore():
+                rebuilt.append(f"cgroup {host.cgroup.name}")
+            if host.cgroup not in self._cgroups:
+                self._cgroups.append(host.cgroup)
+        ns = host.namespace
+        if ns is None or ns in _namespace_names():
+            return rebuilt
+        if host is self.link or not host.label.startswith("node"):
+            raise IsolationError(
+                f"network namespace {ns} ({host.label}) is gone: every node's link hangs on it; "
+                "stop this rehearsal and start a new one"
+            )
+        index = int(host.label[4:])
+        if ns in self._netns:
+            self._netns.remove(ns)
+        link = f"{self.tag}-link"
+        with contextlib.suppress(IsolationError):  # its peer went with the namespace, or not
+            _run(["ip", "-n", link, "link", "del", f"veth{index}"])
+        self._wire(index)
+        rebuilt.append(f"network namespace {ns}")
+        return rebuilt
 
     def cgroups(self) -> list[Cgroup]:
         """Return the cgroups made so far."""

@@ -33,11 +33,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from flower_app import procfs
 from flower_app.deploy.credentials import Certificates, NodeKey
-from flower_app.deploy.isolation import Host
+from flower_app.deploy.isolation import Host, IsolationError
+
+if TYPE_CHECKING:
+    from flower_app.deploy.supervisor import Death
 
 __all__ = [
+    "MARKER_VAR",
     "ManagedProcess",
     "PeakRSS",
     "connection_toml",
@@ -57,6 +63,12 @@ __all__ = [
 
 #: flower-superlink, flower-supernode and flwr of this interpreter's environment
 BIN = Path(sys.executable).parent
+#: environment variable that marks a started process and everything it starts (Flower's
+#: superexec, ClientApps and ServerApps inherit it): ``<tag>/<name>/<incarnation>``, how
+#: :mod:`flower_app.deploy.supervisor` finds what a dead process left behind
+MARKER_VAR = "FLOWER_APP_DEPLOY_PROCESS"
+#: seconds a process may take to get from its wrapper (cgroup, namespace) to its command
+PLACEMENT_TIMEOUT = 60.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -363,12 +375,28 @@ class ManagedProcess:
     popen : subprocess.Popen
         The process.
     log : pathlib.Path
-        Its combined stdout/stderr.
+        Its combined stdout/stderr (appended to by every process of that name).
+    offset : int
+        Where this process's part of ``log`` starts.
+    marker : str or None
+        Its :data:`MARKER_VAR` value (inherited by what it starts).
+    ended : threading.Event
+        Set once a :class:`~flower_app.deploy.supervisor.Supervisor` has reaped the process
+        and stopped whatever it left behind.
+    death : Death or None
+        What the supervisor recorded when it ended.
+    stopping : bool
+        True once :meth:`stop` was called (its end is expected, not a failure).
     """
 
     name: str
     popen: subprocess.Popen
     log: Path
+    offset: int = 0
+    marker: str | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+    death: Death | None = None
+    stopping: bool = False
 
     @property
     def pid(self) -> int:
@@ -380,20 +408,32 @@ class ManagedProcess:
         return self.popen.poll() is None
 
     def output(self) -> str:
-        """Return what the process has logged so far."""
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """Return what this process has logged so far (not earlier ones of the same name)."""
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as fh:
+            fh.seek(self.offset)
+            return fh.read().decode(errors="replace")
+
+    def _signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the process group, unless its leader was reaped.
+
+        A reaped leader's PID, and so the group's id, may be another process's by now.
+        """
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
 
     def kill(self) -> int | None:
         """Kill the process group at once (SIGKILL: a crash or power loss); return the code."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         return self.popen.wait(timeout=30)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """Stop the process group (SIGTERM, then SIGKILL after ``timeout``); return the code."""
+        self.stopping = True
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
+            self._signal_group(sig)
             try:
                 return self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -409,6 +449,7 @@ def start_process(
     cwd: Path | None = None,
     host: Host | None = None,
     die_with_parent: bool = False,
+    marker: str | None = None,
 ) -> ManagedProcess:
     """Start ``cmd`` in a new session with its output in ``log_dir/name.log``.
 
@@ -431,28 +472,80 @@ def start_process(
         The process gets SIGTERM when the *thread* that started it ends (``setpriv
         --pdeathsig``, where installed): a test session or script killed outright does
         not leave it running (its own children follow it: Flower's ``--parent-pid``).
+    marker : str, optional
+        Put into its environment as :data:`MARKER_VAR` (what it starts inherits it).
 
     Returns
     -------
     ManagedProcess
         The started process (the process group's leader: stopping it stops the group).
+
+    Raises
+    ------
+    IsolationError
+        If the process did not get into ``host``'s cgroup and network namespace (it is
+        killed first): a process never runs outside the device it was started on.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
+    target = cmd[0]
     if die_with_parent and (setpriv := shutil.which("setpriv")):
         cmd = [setpriv, "--pdeathsig", "TERM", *cmd]
     if host is not None:
         cmd = host.command(cmd)
+    env = dict(env)
+    if marker is not None:
+        env[MARKER_VAR] = marker
     with log.open("a") as fh:
+        offset = fh.tell()
         popen = subprocess.Popen(
             cmd,
-            env=dict(env),
+            env=env,
             cwd=cwd,
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return ManagedProcess(name, popen, log)
+    proc = ManagedProcess(name, popen, log, offset=offset, marker=marker)
+    if host is not None and (host.cgroup is not None or host.namespaced):
+        _check_placement(proc, host, target)
+    return proc
+
+
+def _check_placement(proc: ManagedProcess, host: Host, target: str) -> None:
+    """Wait until ``proc`` runs ``target`` (past its wrappers), then check where it runs.
+
+    Its cgroup and namespace (:meth:`~flower_app.deploy.isolation.Host.check`): outside
+    either, it is killed and :class:`IsolationError` raised.
+    """
+    deadline = time.monotonic() + PLACEMENT_TIMEOUT
+    while True:
+        argv = procfs.argv(proc.pid) or []
+        if target in argv[:2]:  # a script runs as [interpreter, script, ...]
+            break
+        if proc.popen.poll() is not None or time.monotonic() > deadline:
+            if proc.popen.poll() is None:  # still in its wrapper
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.popen.wait(timeout=30)
+            code = proc.popen.returncode
+            why = "still in its wrapper" if code is None else f"exited with code {code}"
+            cgroup = host.cgroup.name if host.cgroup is not None else "-"
+            tail = "\n".join(proc.output().splitlines()[-10:])
+            raise IsolationError(
+                f"{proc.name} did not start on {host.label} (cgroup {cgroup}, namespace "
+                f"{host.namespace or '-'}): {why} before running {target}; end of its log:\n{tail}"
+            )
+        time.sleep(0.01)
+    try:
+        host.check(proc.pid)
+    except IsolationError:
+        if proc.popen.poll() is not None:  # it has already exited: no process runs unlimited
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.popen.wait(timeout=30)
+        raise
 
 
 def _children(pid: int) -> list[int]:

@@ -13,10 +13,20 @@ device of its own:
   memory and CPU of an :class:`EdgeDevice`;
 * the operator's ``flwr`` CLI, in the SuperLink's namespace (machine A of the guide).
 
+By default every SuperNode also gets an identity key for secure aggregation and the
+federation's trusted identities (endorsed keys: ``docs/privacy.md``); ``endorsed=False``
+(``rehearse --tofu``) leaves them trusting keys on first use.
+
 It prints the ``flwr run`` line, and on exit (also SIGTERM or Ctrl-C) stops every process it
-started by its process group and removes its namespaces and cgroups. Where namespaces or
-cgroups cannot be made (not root, no ``ip``, no memory/cpu cgroup controllers) it says so
-and falls back to loopback and/or no limits. The ``deploy`` tests run on it.
+started by its process group and removes its namespaces and cgroups. It supervises what it
+starts (:mod:`flower_app.deploy.supervisor`): a SuperNode or SuperLink that dies is reaped at
+once and what it left (superexec, ClientApps, ServerApp) is stopped within seconds, with a
+line saying so. The failure drills (:meth:`Rehearsal.kill_node`,
+:meth:`Rehearsal.restart_node`, :meth:`Rehearsal.kill_superlink`,
+:meth:`Rehearsal.restart_superlink`; ``python -m flower_app.deploy drill`` for a running
+``rehearse``) restart a process where it ran. Where namespaces or cgroups cannot be made
+(not root, no ``ip``, no memory/cpu cgroup controllers) it says so and falls back to
+loopback and/or no limits. The ``deploy`` tests run on it.
 """
 
 from __future__ import annotations
@@ -31,8 +41,11 @@ from typing import Any
 
 import flwr
 
+from flower_app import procfs
 from flower_app.deploy.federation import SecureFederation
 from flower_app.deploy.isolation import Devices, probe
+from flower_app.deploy.processes import ManagedProcess, process_tree
+from flower_app.deploy.supervisor import Death, program
 from flower_app.simulation import PROJECT, toml_value
 
 __all__ = ["EDGE_DEVICE", "EdgeDevice", "Rehearsal"]
@@ -88,6 +101,9 @@ class Rehearsal:
         Processes get SIGTERM when the thread that started them ends (default True: a
         killed test session or command leaves nothing running; start and restart nodes
         from the main thread).
+    endorsed : bool, optional
+        Every SuperNode gets an identity and the trusted identities for secure aggregation
+        (default); False: keys trusted on first use (:class:`SecureFederation`).
     """
 
     def __init__(
@@ -99,6 +115,7 @@ class Rehearsal:
         node_env: dict[str, str] | None = None,
         say: Any = None,
         die_with_parent: bool = True,
+        endorsed: bool = True,
     ) -> None:
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         root.mkdir(parents=True, exist_ok=True)
@@ -131,6 +148,8 @@ class Rehearsal:
                 cpus=None if self.device is None else self.device.cpus,
                 node_env=node_env,
                 die_with_parent=die_with_parent,
+                endorsed=endorsed,
+                say=self.say,
             )
         except BaseException:
             self.close_devices()
@@ -215,6 +234,60 @@ class Rehearsal:
         if running:
             fed.wait_online(timeout)
 
+    # ------------------------------------------------------------------ failure drills
+    def kill_node(self, index: int) -> Death:
+        """SIGKILL SuperNode ``index``'s process alone (the OOM killer, ``kill -9``).
+
+        Returns once the supervisor has reaped it and stopped what it left (its superexec,
+        a ClientApp in flight): the :class:`~flower_app.deploy.supervisor.Death` lists them.
+        """
+        return self.federation.kill_node(index)
+
+    def restart_node(self, index: int, timeout: float = 240.0) -> ManagedProcess:
+        """Start SuperNode ``index`` again on its device; return once the SuperLink took it.
+
+        Same namespace and address, cgroup and limits (rebuilt where missing), key and node
+        id, environment, data and node_config
+        (:meth:`~flower_app.deploy.federation.SecureFederation.restart_node`: after a
+        SIGKILL this waits until the SuperLink has listed the dead session offline, ≤ 61 s
+        after the death).
+        """
+        return self.federation.restart_node(index, timeout)
+
+    def kill_superlink(self) -> Death:
+        """SIGKILL the SuperLink's process alone; return once what it left is stopped.
+
+        Its superexec and a run's ServerApp: listed in the returned Death.
+        """
+        return self.federation.kill_superlink()
+
+    def restart_superlink(self, timeout: float = 180.0) -> ManagedProcess:
+        """Start the SuperLink again in its namespace on its database.
+
+        Returns once every running SuperNode is online again (they reconnect by themselves,
+        under the same node ids).
+        """
+        return self.federation.restart_superlink(timeout)
+
+    @property
+    def deaths(self) -> list[Death]:
+        """Every process end the supervisor saw, in order."""
+        return list(self.federation.supervisor.deaths)
+
+    def node_processes(self, index: int) -> dict[int, str]:
+        """Return SuperNode ``index``'s live processes now (PID -> program).
+
+        Its cgroup's processes (when limited), else its SuperNode's process tree.
+        """
+        fed = self.federation
+        host = fed.host_of(index)
+        if host.cgroup is not None:
+            pids = host.cgroup.pids()
+        else:
+            proc = fed.nodes.get(index)
+            pids = process_tree(proc.pid) if proc is not None and proc.alive() else []
+        return {pid: program(pid) for pid in pids if procfs.alive(pid)}
+
     def reset_peaks(self) -> None:
         """Start the nodes' cgroup peak memory over (before a measured run)."""
         for host in self.federation.hosts.values():
@@ -236,10 +309,11 @@ class Rehearsal:
     def describe(self) -> list[str]:
         """Return what was started, a line each (printed by the command line)."""
         fed = self.federation
+        link = f"pid {fed.superlink.pid}" if fed.superlink is not None else "not started"
         lines = [
-            f"flwr {flwr.__version__}; SuperLink (TLS, node authentication, database) at "
-            f"{fed.address}"
-            + (f" in network namespace {fed.link.prefix[-1]}" if fed.namespaced else ""),
+            f"flwr {flwr.__version__}; SuperLink (TLS, node authentication, database; {link}) "
+            f"at {fed.address}"
+            + (f" in network namespace {fed.link.namespace}" if fed.namespaced else ""),
         ]
         for i in range(self.nodes):
             host = fed.host_of(i)
@@ -258,6 +332,12 @@ class Rehearsal:
             )
         if self.device is not None:
             lines.append(f"edge device: {self.device.describe()}")
+        trust = (
+            f"endorsed keys (identities in {fed.trusted_keys.parent}, trusted list "
+            f"{fed.trusted_keys.name})" if fed.trusted_keys is not None
+            else "keys trusted on first use (TOFU)"
+        )  # fmt: skip
+        lines.append(f"secure aggregation: {trust}")
         return lines
 
     def cgroup_report(self) -> dict[str, dict[str, float]]:

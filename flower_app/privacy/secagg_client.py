@@ -409,7 +409,9 @@ def _setup(context: Context, nid: int, state: _NodeState) -> dict[str, Any]:
             state.keys["identity"] = public_key_to_bytes(identity.public_key())
             state.keys["endorsement"] = sign_message(identity, message)
         state.save(keys=True)
-    reply = {"pk": state.keys["pk"]}
+    # how this node checks its neighbours' keys (its operator's choice), for the run's record
+    trusts = "endorsed" if context.node_config.get(TRUSTED_KEYS) else "first-use"
+    reply: dict[str, Any] = {"pk": state.keys["pk"], "trust": trusts}
     if "identity" in state.keys:
         reply.update(identity=state.keys["identity"], endorsement=state.keys["endorsement"])
     return reply

@@ -3,12 +3,15 @@
 * ``rehearsal`` (session): the edge-device rehearsal the ``deploy`` tests share — a TLS +
   node-authentication SuperLink with a database and 3 SuperNodes, each in its own network
   namespace with the memory and CPU limits of :data:`~flower_app.deploy.rehearsal.EDGE_DEVICE`
-  (loopback and no limits where the machine has neither, said once on stderr). A test gives
-  the nodes their data with ``rehearsal.provision(node_export(...), ext)`` (a no-op when they
-  already hold it), so tests on the same data share the running nodes.
+  (loopback and no limits where the machine has neither, said once on stderr), each with its
+  secure-aggregation identity and the federation's trusted identities (endorsed keys, the
+  default). A test gives the nodes their data with ``rehearsal.provision(node_export(...),
+  ext)`` (a no-op when they already hold it), so tests on the same data share the running
+  nodes.
 * ``rehearsal_pair`` (session): the same with 2 SuperNodes, for the runs on the nodes'
-  real-data files (none aggregates securely); on another test worker than ``rehearsal``
-  (``tests/conftest.py``, ``SHARED``).
+  real-data files (none aggregates securely) and the failure drills; on another test worker
+  than ``rehearsal`` (``tests/conftest.py``, ``SHARED``), or beside it in one process
+  (``-n 0``: each rehearsal's namespaces and cgroups have names of their own).
 * ``node_export`` (session): ``node_export(dataset, nodes=3, **options) -> folder`` of
   ``python -m flower_app.export`` for ``nodes`` nodes, made once per session.
 * ``deployment`` (module): an insecure SuperLink and 2 SuperNodes on loopback (no TLS, no
@@ -17,6 +20,8 @@
 Everything is stopped by process group (and every namespace and cgroup removed) when the
 session ends, however it ends: each process also gets SIGTERM if the test process dies
 (``setpriv --pdeathsig``), and Flower's own ``--parent-pid`` takes its children with it.
+While the session runs, each rehearsal's supervisor reaps a process that dies and stops what
+it left (:mod:`flower_app.deploy.supervisor`).
 """
 
 from __future__ import annotations
