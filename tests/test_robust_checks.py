@@ -12,6 +12,7 @@ from flower_app.algorithms.fedsm.core import user_report_sum
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
+from flower_app.algorithms.robust.guard import UserGuard
 from flower_app.algorithms.robust.reports import ReportTally, refusal_reason
 from flower_app.algorithms.robust.sums import (
     ReportOverflowError,
@@ -166,10 +167,11 @@ def _discrete_server(report_bound: float | None) -> DiscreteGreedyServer:
     return server
 
 
-def test_discrete_greedy_refuses_a_wrapping_node_by_name() -> None:
-    """One node sends 2^63 − 1 on the best element: refused as an overflow, counted in the
-    round's record; the honest node's sum decides."""
-    server = _discrete_server(report_bound=None)
+@pytest.mark.parametrize("report_bound", [None, 5.0])
+def test_discrete_greedy_refuses_a_wrapping_node_by_name(report_bound) -> None:
+    """One node sends 2^63 − 1 on the best element: refused as an overflow (whether or not
+    the range is checked), counted in the round's record; the honest node's sum decides."""
+    server = _discrete_server(report_bound=report_bound)
     honest = (np.array([9, 7, 1, 0, 0, 0], dtype=np.int64) * int(FIXED_POINT_SCALE), 12)
     evil = (np.array([INT64_MAX, 0, 0, 0, 0, 0], dtype=np.int64), 1)
     total, participants, tally = server.accept([honest, evil])
@@ -210,3 +212,22 @@ def test_fedsm_total_is_clipped_to_what_its_users_could_send() -> None:
     total[3] = 1.0
     row = run.update(total, plan.users.size)
     assert row["values-clipped"] == 1 and row["element"] == 3
+
+
+def test_user_guard_refuses_clips_and_books_claims() -> None:
+    """Out of range or outside the draw: refused whole; past the budget: clipped; the
+    claims on the selected element are booked once it is known; the tally resets per round."""
+    guard = UserGuard(4, 5.0)
+    draw = np.array([2, 3, 5])
+    assert guard.check(0, np.array([2, 3]), np.array([5.0, 1.0]), draw) is not None
+    assert guard.check(1, np.array([7]), np.array([1.0]), draw) is None  # not in its draw
+    assert guard.check(2, np.array([2]), np.array([9.0]), draw) is None  # above λ
+    row = guard.settle(2)
+    assert row["refused-draw"] == 1 and row["refused-range"] == 1 and row["values-clipped"] == 0
+    np.testing.assert_allclose(guard.budget.spent, [5.0, 0, 0, 0])
+    # user 0 spent its budget on element 2: its next claim is clipped to (almost) nothing
+    vals = guard.check(0, np.array([3, 5]), np.array([4.0, 4.0]), draw)
+    assert vals is not None and vals.max() < 1e-6
+    row = guard.settle(3)
+    assert row["values-clipped"] == 2 and row["reports-clipped"] == 1
+    assert row["reports-refused"] == 0

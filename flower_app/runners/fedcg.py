@@ -393,8 +393,9 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     else:
         objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
     return ContinuousClient(
-        objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache
-    )
+        objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache,
+        report_bound=cfg.report_bound,
+    )  # fmt: skip
 
 
 def summary_line(summary: dict) -> str:

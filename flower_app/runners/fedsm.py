@@ -350,7 +350,8 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     if path is not None:
         rows = load_node_rows(path, cfg.dataset)
         return SubmodularClient(rows.objective, rows.first_user, rows.n_users_total, pid, parts,
-                                reproducible_noise=cfg.dp_reproducible_noise)
+                                reproducible_noise=cfg.dp_reproducible_noise,
+                                report_bound=cfg.report_bound)  # fmt: skip
     return _client(cfg, pid, parts)
 
 
@@ -359,4 +360,5 @@ def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> Submodula
     problem = load_problem(cfg)
     objective, first = cohort_objective(problem, partition_id, num_partitions)
     return SubmodularClient(objective, first, problem.n_users, partition_id, num_partitions,
-                            reproducible_noise=cfg.dp_reproducible_noise)
+                            reproducible_noise=cfg.dp_reproducible_noise,
+                            report_bound=cfg.report_bound)  # fmt: skip

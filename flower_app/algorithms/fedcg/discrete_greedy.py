@@ -291,11 +291,12 @@ class DiscreteGreedyServer:
     ) -> tuple[np.ndarray, int, ReportTally]:
         """Sum the nodes' fixed-point reports, refusing those no honest users could send.
 
-        A report is refused (left out of the sum, its participants not counted) when a
-        value exceeds ``participants · max(λ, O_e/κ)`` in fixed point (with
-        :attr:`report_bound` λ and the histogram set), or when adding it would wrap the int64
-        sum around (:class:`~flower_app.algorithms.robust.sums.ReportOverflowError`). The
-        tally goes into the next :meth:`select`'s record.
+        A report is refused (left out of the sum, its participants not counted) when adding
+        it would wrap the int64 sum around (``refused-overflow``,
+        :class:`~flower_app.algorithms.robust.sums.ReportOverflowError`), or when a value
+        exceeds ``participants · max(λ, O_e/κ)`` in fixed point (``refused-range``; with
+        :attr:`report_bound` λ and the histogram set). The tally goes into the next
+        :meth:`select`'s record.
 
         Parameters
         ----------
@@ -321,16 +322,17 @@ class DiscreteGreedyServer:
             if vec.shape != (m,) or vec.dtype.kind not in "iu" or count < 0:
                 tally.refuse("malformed")
                 continue
+            try:
+                added = checked_int_add(total, vec)
+            except ReportOverflowError:
+                tally.refuse("overflow")
+                continue
             if cap is not None:
                 reason = node_reason(vec, np.floor(cap * int(count)))
                 if reason is not None:
                     tally.refuse(reason)
                     continue
-            try:
-                total = checked_int_add(total, vec)
-            except ReportOverflowError:
-                tally.refuse("overflow")
-                continue
+            total = added
             participants += int(count)
         self._checks = tally.row()
         return total, participants, tally

@@ -9,6 +9,8 @@ module              what it holds
                     refused and clipped reports (the ``metrics.jsonl`` entries)
 ``budget``          the per-user claim budget across a run (what one user may claim on the
                     elements selected)
+``guard``           one run's per-user checks and budgets together, for a party that sees
+                    single users' reports (a node; the server for one-user replies)
 ``node_bounds``     what the server checks on a node's sum (cohort mode, secure aggregation)
 ``profiles``        the declared range in force, and the users' profiles committed (clipped
                     to it) at setup
