@@ -7,13 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flower_app.algorithms.fedcg.discrete_greedy import FIXED_POINT_SCALE, DiscreteGreedyServer
+from flower_app.algorithms.fedcg.discrete_greedy import (
+    FIXED_POINT_SCALE,
+    DiscreteGreedyServer,
+    discrete_report_sum,
+)
 from flower_app.algorithms.fedsm.core import user_report_sum
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
 from flower_app.algorithms.robust.guard import UserGuard
-from flower_app.algorithms.robust.reports import ReportTally, refusal_reason
+from flower_app.algorithms.robust.reports import ReportTally, coin_refusals, refusal_reason
 from flower_app.algorithms.robust.sums import (
     ReportOverflowError,
     checked_int_add,
@@ -231,3 +235,20 @@ def test_user_guard_refuses_clips_and_books_claims() -> None:
     row = guard.settle(3)
     assert row["values-clipped"] == 2 and row["reports-clipped"] == 1
     assert row["reports-refused"] == 0
+
+
+def test_coins_of_the_discrete_greedy_are_recomputed() -> None:
+    """Every user discrete_report_sum lets take part passes the coin check; the others fail."""
+    rm = synthetic_facility_location(300, 30, seed=4)
+    obj = FacilityLocation(rm.values)
+    kappa_i = np.linspace(0.05, 1.0, obj.n_users)
+    ids = np.arange(obj.n_users)
+    for t in (1, 2, 3):
+        refused = coin_refusals(9, t, ids, kappa_i)
+        # the users whose reports are summed are exactly those with a coin
+        part = np.flatnonzero(~refused)
+        _, count = discrete_report_sum(obj, [], UniformMatroid(30, 3), kappa_i, 9, t, ids)
+        assert count == part.size
+        assert not refused[kappa_i >= 1.0].any()
+        assert 0 < part.size < obj.n_users
+    assert coin_refusals(9, 1, np.array([3]), np.array([0.0]))[0]

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["REASONS", "ReportTally", "refusal_reason"]
+from flower_app.algorithms.common.streams import first_uniforms
+
+__all__ = ["REASONS", "ReportTally", "coin_refusals", "refusal_reason"]
 
 #: why a report is refused, in the order the checks run
 REASONS = ("malformed", "range", "draw", "coin", "overflow")
@@ -117,3 +119,37 @@ def refusal_reason(
         if not inside.all():
             return "draw"
     return None
+
+
+def coin_refusals(
+    seed: int, server_round: int, users: np.ndarray, kappa_i: np.ndarray
+) -> np.ndarray:
+    """Return which of these discrete-greedy reporters had no participation coin this round.
+
+    User i takes part in round t iff the first uniform of ``default_rng([seed, t, i])`` is
+    below its probability κ_i (:func:`~flower_app.algorithms.fedcg.discrete_greedy.
+    discrete_report_sum`), so whoever knows κ_i (committed at setup) can recompute the coin.
+
+    Parameters
+    ----------
+    seed, server_round : int
+        Key the coins.
+    users : numpy.ndarray
+        Global ids of the users who sent a report this round.
+    kappa_i : numpy.ndarray
+        Their committed participation probabilities.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool mask: True for a report whose coin did not come up (refuse it: ``"coin"``).
+    """
+    users = np.asarray(users, dtype=np.int64)
+    kappa_i = np.asarray(kappa_i, dtype=np.float64)
+    if users.shape != kappa_i.shape:
+        raise ValueError("one committed κ_i per user is needed")
+    out = kappa_i <= 0
+    flip = np.flatnonzero((kappa_i > 0) & (kappa_i < 1))
+    if flip.size:
+        out[flip] = first_uniforms(seed, server_round, users[flip]) >= kappa_i[flip]
+    return out
