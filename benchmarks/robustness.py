@@ -7,7 +7,8 @@ user's real ratings, and each attacked run is compared with the clean run of the
 algorithm, seed and k (F(S)/F(S_clean)); the clean run is also compared with centralized
 greedy.
 
-The attacks (each in the strongest form that passes every check in force):
+The attacks (``max-value`` and ``overflow`` are sent as they are, to show what the checks
+refuse; the others take the strongest form that passes every check in force):
 
 ``max-value``
     the largest value the server accepts on useless elements (FedSM: 1e140 on every
@@ -28,6 +29,9 @@ The attacks (each in the strongest form that passes every check in force):
     wraps around, so they are never chosen); the others report honestly.
 ``collude``
     FedCG: every dishonest user sends the same base of k useless elements every round.
+``absent``
+    the dishonest users send nothing: the noise floor of F(S)/F(S_clean) for that b (the
+    algorithms' own randomness, with the same users missing).
 
 The defences (``--defence``):
 
@@ -42,11 +46,27 @@ The defences (``--defence``):
     FedSM and the discrete greedy: each user's profile is fixed at setup and the node
     computes every report from it (values above λ clipped at setup): a dishonest user can
     only choose its profile, so its reports are consistent with S across rounds.
+``mom``
+    FedSM: ``checks``, and the estimate is the median over 5 seeded groups of the round's
+    users of each group's own estimate (median of means).
+``node``
+    discrete greedy: the dishonest users are one dishonest node; the server checks only its
+    sum (``DiscreteGreedyServer.accept``: overflow, participants · max(λ, O_e/κ)), which it
+    fills to that bound on the useless elements.
+``verify``
+    FedCG: verified rounding, the discrete greedy with ``checks`` over the 2k elements of
+    largest x instead of greedy rounding.
 
-Usage (a quick look, then the full grid)::
+Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{json,md}``
+(about 2.5 h on the shared 2-core machine, most of it FedCG)::
 
-    FLOWER_APP_DATA=/work/data nice -n 10 .venv/bin/python benchmarks/robustness.py --quick
-    FLOWER_APP_DATA=/work/data nice -n 10 .venv/bin/python benchmarks/robustness.py \\
+    export FLOWER_APP_DATA=/abs/DATA   # holds ml-1m/
+    nice -n 10 .venv/bin/python benchmarks/robustness.py --quick
+    B="nice -n 10 .venv/bin/python benchmarks/robustness.py"; R=benchmarks/results
+    $B --algorithms fedsm dgreedy --out $R/robust-v2
+    $B --algorithms fedcg --attacks collude --out $R/robust-fedcg-v1
+    $B --algorithms fedcg --attacks absent --defences off --out $R/robust-fedcg-absent
+    $B --report $R/robust-v2.json $R/robust-fedcg-v1.json $R/robust-fedcg-absent.json \\
         --out docs/benchmarks/robustness
 """
 
@@ -482,6 +502,10 @@ def run_fedcg(inst: Instance, k: int, seed: int, attack: Attack | None, defence:
     return run_dgreedy(inst, k, seed, attack, "checks", matroid=restricted)
 
 
+#: the defence each algorithm's page recommends (the worst case over attacks is shown)
+CHOSEN = {"fedsm": "commitment", "dgreedy": "checks", "fedcg": "verify"}
+#: what identifies a row
+CELL = ("algorithm", "attack", "fraction", "k", "seed", "defence")
 TITLES = {
     "fedsm": "FedSM Algorithm 1",
     "dgreedy": "Federated discrete greedy",
@@ -522,6 +546,23 @@ def one_run(
         "seconds": time.perf_counter() - t0,
         **out,
     }
+
+
+def rows_json(rows: list[dict[str, Any]]) -> str:
+    """The rows as JSON, one per line, floats to 6 significant digits (seconds to 0.1),
+    the refusal reasons that did not occur left out."""
+
+    def short(row: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, value in row.items():
+            if key.startswith("refused-") and not value:
+                continue
+            if isinstance(value, float):
+                value = round(value, 1) if key == "seconds" else float(f"{value:.6g}")
+            out[key] = value
+        return out
+
+    return "[\n" + ",\n".join(json.dumps(short(r)) for r in rows) + "\n]\n"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -580,6 +621,22 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 out.append(f"| {defence} | {attack} | " + " | ".join(cells)
                            + f" | {refused} | {clipped} |")
         out.append("")
+        chosen = CHOSEN.get(algorithm)
+        if chosen and any(r["defence"] == chosen for r in mine):
+            out.append(
+                f"Worst over every attack (absent excluded) and seed, defence `{chosen}`:\n"
+            )
+            out.append("| " + " | ".join(head) + " |")
+            out.append("|" + "---:|" * len(head))
+            cells = []
+            for k in ks:
+                for f in fractions:
+                    vals = [r["ratio-to-clean"] for r in mine if r["defence"] == chosen
+                            and r["attack"] not in ("clean", "absent")
+                            and r["k"] == k and r["fraction"] == f]  # fmt: skip
+                    cells.append(f"{min(vals):.3f}" if vals else "-")
+            out.append("| " + " | ".join(cells) + " |")
+            out.append("")
     return "\n".join(out)
 
 
@@ -601,8 +658,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.report is not None:
         sources = args.report or [args.out.with_suffix(".json")]
-        rows = [row for src in sources for row in json.loads(src.read_text())]
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        keyed = {}
+        for src in sources:  # a cell measured twice (e.g. a clean run): the last one
+            for row in json.loads(src.read_text()):
+                cell = tuple(row[key] for key in CELL)
+                keyed[cell] = row
+        rows = list(keyed.values())
+        args.out.with_suffix(".json").write_text(rows_json(rows))
         args.out.with_suffix(".md").write_text(markdown(rows))
         return
     if args.quick:
@@ -637,7 +699,7 @@ def main(argv: list[str] | None = None) -> None:
                                 f"clipped={row['values-clipped']} ({row['seconds']:.1f} s)",
                                 flush=True,
                             )
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(rows_json(rows))
     args.out.with_suffix(".md").write_text(markdown(rows))
 
 
