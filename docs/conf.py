@@ -53,7 +53,8 @@ napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 autodoc_member_order = "bysource"
-autodoc_typehints = "none"
+autodoc_typehints = "signature"
+autodoc_typehints_format = "short"
 autodoc_default_options = {"show-inheritance": True}
 
 html_theme = "furo"

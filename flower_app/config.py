@@ -17,61 +17,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flower_app.registry import ALGORITHMS, DATASETS
-from flower_app.settings import MATROIDS, SETTINGS, ConfigError, parse, problems
+from flower_app.settings import MATROIDS, SETTINGS, ConfigError, defaults, parse, problems
+from flower_app.settings.rules import rule_problems
 
 if TYPE_CHECKING:
     from flower_app.privacy import SecureAggregation
 
-#: the families whose strategies take ``secure-aggregation`` = true
-SECURE_FAMILIES = ("fedsm", "maxfl", "fedcg", "fedsubavg")
-#: algorithms of those families that refuse it (their step is not a function of a sum)
-NOT_SECURE = ("mwfed", "central-sgd")
-
-__all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError"]
+__all__ = ["DATASETS", "MATROIDS", "AppConfig", "ConfigError", "fresh_run_name"]
 
 
 def combination_problems(values: Mapping[str, Any]) -> list[str]:
     """Return the problems of valid keys that do not go together (one line each).
+
+    The rules are declared in :mod:`flower_app.settings.rules` (:data:`~flower_app.
+    settings.rules.RULES`).
 
     Parameters
     ----------
     values : Mapping
         Every key's validated value (:func:`flower_app.settings.parse`).
     """
-    found = []
-    family = ALGORITHMS[values["algorithm"]].family
-    if values["server-data"] == "none" and (
-        family not in ("fedsm", "fedcg", "fedsubavg") or values["algorithm"] == "central-sgd"
-    ):
-        found.append(
-            f"run_config 'server-data' = 'none' is implemented for the submodular families "
-            f"(fedsm, fedcg) and the federated FedSubAvg family, not for "
-            f"{values['algorithm']!r} ({family})"
-        )
-    if values["resume"] and (
-        values["algorithm"] == "central-sgd"
-        or family not in ("fedsm", "fedcg", "maxfl", "fedsubavg")
-    ):
-        found.append(
-            "run_config 'resume' = true is implemented for every federated algorithm (not "
-            "central-sgd, which trains inside the ServerApp), not for algorithm "
-            f"{values['algorithm']!r}"
-        )
-    if values["secure-aggregation"] and (
-        family not in SECURE_FAMILIES or values["algorithm"] in NOT_SECURE
-    ):
-        found.append(
-            f"run_config 'secure-aggregation' = true is implemented for the "
-            f"{', '.join(SECURE_FAMILIES)} families (except {', '.join(NOT_SECURE)}: "
-            f"their steps need every client's reply), not yet for "
-            f"{values['algorithm']!r} ({family})"
-        )
-    if values["resume"] and not values["run-name"]:
-        found.append(
-            "run_config 'resume' = true needs the interrupted run's 'run-name' (and the "
-            "same 'output-dir'): the run folder holds its checkpoint"
-        )
-    return found
+    return rule_problems(values)
 
 
 @dataclass(frozen=True)
@@ -241,6 +207,10 @@ class AppConfig:
             frac_bits=self.secagg_frac_bits,
         )
 
+    def to_values(self) -> dict[str, Any]:
+        """Return every declared key's value (another family's at its default), for rules."""
+        return {**defaults(), **self.to_dict()}
+
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration with kebab-case keys (as written to config.json)."""
         out = {key.replace("_", "-"): value for key, value in asdict(self).items()}
@@ -257,10 +227,35 @@ class AppConfig:
         """Return a family key's validated, typed value (e.g. ``cfg.get("fsa-lr")``)."""
         return dict(self.extra)[key]
 
-    def run_folder(self) -> Path:
-        """Return the absolute run folder: ``output_dir / run_name``."""
+    def output_root(self) -> Path:
+        """Return the absolute parent of run folders.
+
+        ``output-dir``, else ``$FLOWER_APP_OUTPUT`` of *this* process, else
+        ``~/flower_app_runs``. Under ``flwr run`` the ServerApp's environment is the
+        SuperLink's, fixed when it started; ``flower-app run`` therefore resolves this in the
+        caller's environment and passes it as ``output-dir`` (docs/running.md).
+        """
         root = self.output_dir or os.environ.get("FLOWER_APP_OUTPUT", "") or "~/flower_app_runs"
-        name = self.run_name or (
-            f"{self.algorithm}-{self.dataset}-seed{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-        return Path(root).expanduser().resolve() / name
+        return Path(root).expanduser().resolve()
+
+    def run_folder(self) -> Path:
+        """Return the absolute run folder: ``output_root() / run_name``.
+
+        Without a ``run-name`` the name is ``<algorithm>-<dataset>-seed<seed>-<time>``, with
+        ``-2``, ``-3``, ... added when a folder of that name exists (two runs started in the
+        same second keep both).
+        """
+        root = self.output_root()
+        if self.run_name:
+            return root / self.run_name
+        name = f"{self.algorithm}-{self.dataset}-seed{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return root / fresh_run_name(root, name)
+
+
+def fresh_run_name(root: Path, name: str) -> str:
+    """Return ``name``, or ``name-2``, ``name-3``, ...: the first that is not in ``root``."""
+    taken, k = name, 1
+    while (Path(root) / taken).exists():
+        k += 1
+        taken = f"{name}-{k}"
+    return taken

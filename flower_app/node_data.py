@@ -524,7 +524,7 @@ def read_groups(path: str | os.PathLike[str], n_elements: int | None = None) -> 
     """
     file = Path(path).expanduser()
     try:
-        with open(file, encoding="utf-8", newline="") as fh:
+        with open(file, encoding="utf-8-sig", newline="") as fh:  # a byte-order mark dropped
             rows = list(csv.reader(fh))
         if not rows or [c.strip() for c in rows[0]] != ["element", "group"]:
             raise ValueError("the header must be element,group")

@@ -1,5 +1,8 @@
 """The run folder: ``config.json``, ``metrics.jsonl`` (one line per round), ``summary.json``.
 
+A run folder is never overwritten: a new run refuses a folder that holds a run
+(:func:`claim_run_folder`); ``resume = true`` is the only way to write into one.
+
 Written as the run goes: the config first, each round's line as soon as the round ends
 (flushed), the summary last, so an interrupted run keeps every finished round. A resumable
 strategy also leaves ``checkpoint.npz`` after every round (its state as plain data: arrays and
@@ -43,7 +46,10 @@ __all__ = [
     "CHECKPOINT",
     "ResumeError",
     "RunFolder",
+    "RunFolderError",
     "RunWriter",
+    "claim_run_folder",
+    "held_run",
     "read_rows",
     "read_run",
     "run_session",
@@ -92,6 +98,57 @@ class ResumeError(ValueError):
     """A run folder cannot be resumed (no checkpoint, or a different configuration)."""
 
 
+class RunFolderError(ValueError):
+    """A new run's folder already holds a run: it is never overwritten."""
+
+
+#: files that mark a folder as holding a run (a new run refuses such a folder)
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
+
+
+def held_run(folder: Path) -> str | None:
+    """Return what shows that ``folder`` holds a run, or None (no folder, no run file).
+
+    E.g. ``"config.json, metrics.jsonl (10 rows)"``: the :data:`RUN_FILES` present.
+    """
+    held = [name for name in RUN_FILES if (Path(folder) / name).exists()]
+    if not held:
+        return None
+    rows = Path(folder) / "metrics.jsonl"
+    if rows.is_file():
+        with rows.open("rb") as fh:
+            count = sum(1 for line in fh if line.strip())
+        held[held.index("metrics.jsonl")] = f"metrics.jsonl ({count} rows)"
+    return ", ".join(held)
+
+
+def claim_run_folder(folder: Path) -> None:
+    """Make ``folder`` a new run's: create it, refuse it if it holds a run.
+
+    ``config.json`` is created exclusively (``open(..., "x")``), so of two runs started with
+    the same folder at once one gets it and the other is refused.
+
+    Raises
+    ------
+    RunFolderError
+        Naming the folder and what it holds.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    held = held_run(folder)
+    try:
+        if held is None:
+            (folder / "config.json").open("x").close()
+    except FileExistsError:
+        held = "config.json"
+    if held is not None:
+        raise RunFolderError(
+            f"run folder {folder} already holds a run ({held}); a run folder is never "
+            "overwritten: choose another run_config 'run-name' (or 'output-dir'), or resume = "
+            "true to continue that run"
+        )
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert numpy types, paths and non-finite floats to plain JSON values."""
     if isinstance(value, dict):
@@ -121,7 +178,8 @@ class RunWriter:
     Parameters
     ----------
     folder : pathlib.Path
-        Run folder (created; an existing ``metrics.jsonl`` is replaced).
+        Run folder (created). A new run refuses a folder that holds a run
+        (:func:`claim_run_folder`); only ``resume`` writes into one.
     config : dict
         Written to ``config.json`` at once.
     resume : bool, optional
@@ -136,6 +194,8 @@ class RunWriter:
 
     Raises
     ------
+    RunFolderError
+        Without ``resume``: the folder holds a run.
     ResumeError
         With ``resume``: no checkpoint in the folder, a configuration that differs (the
         keys are named), or a checkpoint that cannot be read (an older version's pickle,
@@ -153,7 +213,10 @@ class RunWriter:
         self._session_start = time.time() if started is None else started
         self._elapsed_before = 0.0  # earlier sessions' time (a resumed run)
         self._sessions = 1
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        else:
+            claim_run_folder(self.folder)
         #: the loaded checkpoint (``resume``), else None
         self.checkpoint: dict[str, Any] | None = None
         kept: list[dict[str, Any]] = []

@@ -28,7 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_app.config import AppConfig, ConfigError
-from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.cohort.base import CohortStrategy
 from flower_app.strategies.discovery import CohortQueries, DiscoveryError, cohort_of
 from flower_app.strategies.exchange import exchange
 from flower_app.strategies.replies import float_metric, int_metric
@@ -201,7 +201,7 @@ def federated_objective(
     """Return F(S) = Σ_nodes Σ_i f_i(S) / n by one ``evaluate`` exchange, or None.
 
     Every node answers with its cohort's ``objective-sum`` (the cohort-mode evaluate
-    contract of :class:`~flower_app.strategies.fedsm.FedSMStrategy`). None (logged) when a
+    contract of :class:`~flower_app.strategies.cohort.fedsm.FedSMCohorts`). None (logged) when a
     node fails or the users that answered are not all n.
     """
     sel = np.asarray(list(selected), dtype=np.int64)
@@ -239,7 +239,7 @@ def federated_objective(
 
 
 def evaluator(
-    grid: Grid, strategy: RoundStrategy, n_users: int, timeout: float
+    grid: Grid, strategy: CohortStrategy, n_users: int, timeout: float
 ) -> Callable[[Sequence[int]], float | None]:
     """Return ``S -> F(S)`` by federated evaluation over the nodes the strategy discovered."""
 

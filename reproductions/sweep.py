@@ -146,6 +146,23 @@ class Sweep:
         """Return whether ``run`` has finished: its folder holds ``summary.json``."""
         return (self.folder(run) / "summary.json").is_file()
 
+    def set_aside(self, run: Run) -> Path | None:
+        """Move an earlier folder of ``run`` aside before it runs again; return where to.
+
+        A run folder is never overwritten: an interrupted run (no ``summary.json``) or one
+        asked for again keeps its files, renamed ``<name>.previous-<k>`` (said on stderr).
+        """
+        folder = self.folder(run)
+        if not folder.exists() or not any(folder.iterdir()):
+            return None
+        k = 1
+        while folder.with_name(f"{folder.name}.previous-{k}").exists():
+            k += 1
+        target = folder.with_name(f"{folder.name}.previous-{k}")
+        folder.rename(target)
+        print(f"{folder}: an earlier run's folder, kept as {target.name}", file=sys.stderr)
+        return target
+
     def execute(
         self,
         runs: Sequence[Run],
@@ -175,6 +192,8 @@ class Sweep:
             The run and its summary.
         """
         (self.runs).mkdir(parents=True, exist_ok=True)
+        for run in runs:
+            self.set_aside(run)
         if jobs <= 1:
             for run in runs:
                 yield run, worker(self.run_config(run), **options)

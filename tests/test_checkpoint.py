@@ -38,7 +38,7 @@ from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, Gaussia
 from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.checkpoint import CheckpointError, CheckpointType
 from flower_app.checkpoint_types import FAMILIES
-from flower_app.strategies import FedSMStrategy
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from tests.test_hostile_replies import N_COHORT, SCENARIOS, M
 
@@ -214,10 +214,9 @@ def test_registered_types_come_back_equal() -> None:
     assert again_p.rank == partition.rank and np.array_equal(again_p.groups, partition.groups)
 
 
-def _fedsm(params: FedSMParams, k: int) -> FedSMStrategy:
-    return FedSMStrategy(k=k, seed=3, cohorts=True, n_users=N_COHORT,
-                         matroid=UniformMatroid(M, k), params=params, lam=1.0,
-                         discovery_timeout=0.5)  # fmt: skip
+def _fedsm(params: FedSMParams, k: int, **options) -> FedSMCohorts:
+    return FedSMCohorts(N_COHORT, UniformMatroid(M, k), k, params, seed=3, lam=1.0,
+                        discovery_timeout=0.5, **options)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -234,8 +233,7 @@ def test_every_fedsm_mode_resumes_from_its_stored_checkpoint_to_the_same_set(par
     """The FedSM modes beyond Algorithm 1 (which ``test_node_failures.py`` resumes) through
     the checkpoint's bytes: same S as the uninterrupted run, the generator still shared."""
     saved: list[bytes] = []
-    whole = _fedsm(params, k)
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = _fedsm(params, k, checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     start = {"initial_arrays": ArrayRecord(), "num_rounds": 100, "timeout": 5}
     whole.start(grid=SCENARIOS["fedsm-cohort"].grid(), **start)
     assert len(saved) >= 2

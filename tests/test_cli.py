@@ -53,11 +53,21 @@ def test_run_exits_honestly_and_stop_stops_only_its_own_superlink(tmp_path) -> N
     assert good.returncode == 0, good.stdout[-2000:] + good.stderr
     assert "ratio" in good.stdout
     assert "Manually terminating" not in good.stdout  # flower_app.quiet's filter
-    # a run that passes flwr's own checks and fails in the ServerApp: flwr run exits 0,
-    # flower-app run does not, and says why
-    bad = _cli(["run", ".", "--run-config", f"k=3 num-elements=2 {out} run-name='bad'"], env)
-    assert bad.returncode != 0
-    assert "finished:failed" in bad.stderr and "exceeds the ground set" in bad.stderr
+    # k above the instance's elements: refused before Flower starts, naming the key
+    early = _cli(["run", ".", "--run-config", f"k=3 num-elements=2 {out} run-name='bad'"], env)
+    assert early.returncode == 2 and "'k' = 3 exceeds the 2 elements" in early.stderr
+    # a run that passes every check and fails in the ServerApp (a DBLP dump whose first
+    # 4 KB look right, broken further down): flwr run exits 0, flower-app run does not, and
+    # says why
+    dblp = tmp_path / "data" / "dblp"
+    dblp.mkdir(parents=True)
+    (dblp / "dblp.dtd").write_text("<!ELEMENT dblp (article)*>\n")
+    (dblp / "dblp.xml").write_text('<?xml version="1.0"?>\n<dblp>\n<article key="a/b/c">'
+                                   "<year>2019</broken>\n")  # fmt: skip
+    data = f"dataset='dblp' data-dir='{tmp_path / 'data'}'"
+    bad = _cli(["run", ".", "--run-config", f"k=2 {data} {out} run-name='bad'"], env)
+    assert bad.returncode not in (0, 2), bad.stdout[-2000:] + bad.stderr
+    assert "finished:failed" in bad.stderr and "malformed XML" in bad.stderr
     mine = local_superlink_pids(home.resolve())
     assert len(mine) == 1
     # another SuperLink on the machine (another home, another port): must survive `stop`

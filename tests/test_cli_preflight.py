@@ -23,8 +23,10 @@ from flower_app.cli.run import (
     _Console,
     local_ports,
     local_superlink_pids,
+    plan_run,
     preflight,
 )
+from flower_app.config import fresh_run_name
 from flower_app.deploy.processes import free_port, wait_for_port
 from flower_app.quiet import Collapser
 from flower_app.settings import ConfigError
@@ -63,6 +65,18 @@ BAD = [
     ("dataset='coverage-sets' data-file='/nonexistent/sets.txt'",
      "'data-file': /nonexistent/sets.txt not found"),
     ("dataset='coverage-sets' data-file='sets.txt'", "'data-file' = 'sets.txt' is relative"),
+    # rules the runners enforce, evaluated on the instance before Flower starts
+    ("fedsm-mode='alg2' fedsm-epsilon=1.5", "'fedsm-epsilon' = 1.5: must be < 1"),
+    ("fedsm-mode='amplified' fedsm-eta=0.3", "'fedsm-eta' = 0.3: 1/x must be an integer"),
+    ("clients-per-round=5000", "'clients-per-round' = 5000 exceeds the 2000 users of synthetic"),
+    ("elements-per-client=600", "'elements-per-client' = 600 exceeds the 500 elements"),
+    ("k=600", "'k' = 600 exceeds the 500 elements of synthetic-facility-location"),
+    ("k=100000000000000000000000000", "beyond the 64-bit integers Flower's run_config holds"),
+    ("matroid='partition' k=40", "'k' = 40 exceeds the rank 36 of the partition matroid"),
+    ("secure-aggregation=true", "'secure-aggregation' = true needs at least 3 nodes"),
+    ("data-file='/tmp/ratings.csv'", "'data-file' = '/tmp/ratings.csv' is read only by the"),
+    ("dataset='facility-location-table' data-file='/tmp/x.npz'", "reads files ending in .csv"),
+    ("algorithm='fed-discrete-greedy' clients-per-round=5", "'clients-per-round' = 5 would be"),
 ]  # fmt: skip
 
 
@@ -90,7 +104,7 @@ def test_every_problem_is_named_on_its_own_line(tmp_path) -> None:
 def test_data_files_are_checked_by_their_header(tmp_path) -> None:
     table = tmp_path / "ratings.csv"
     table.write_text("customer,product,stars\na,b,1\n")
-    run = f"dataset='facility-location-table' data-file='{table}'"
+    run = f"dataset='facility-location-table' data-file='{table}' k=1"
     assert preflight(ROOT, [run + " data-columns='customer,product,stars'"]) == []
     [problem] = preflight(ROOT, [run])
     assert "no column 'user', 'item', 'value'" in problem and "ratings.csv: line 1" in problem
@@ -270,3 +284,177 @@ def test_the_flwr_logger_lets_a_repeated_error_through_once_then_by_powers_of_te
     assert collapsed == ["No query function registered (node 9) [the 10th of these]",
                          "No query function registered (node 99) [the 100th of these]"]
     assert sum("[ROUND" in s for s in seen) == 120
+
+
+# ------------------------------------------------------------------ where the results go
+def _readme_fedcg() -> str:
+    """The README's FedCG command (its --run-config string)."""
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines()
+                if x.startswith("flower-app run . --run-config \"algorithm='fedcg'"))  # fmt: skip
+    return line.split("--run-config ", 1)[1].strip().strip('"')
+
+
+def _a_finished_run(folder: Path, rows: int = 3) -> dict[str, bytes]:
+    """Leave ``folder`` as a finished run leaves it; return its files' bytes."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"algorithm": "fedcg"}')
+    (folder / "metrics.jsonl").write_text("".join(f'{{"server-round": {t}}}\n'
+                                                  for t in range(1, rows + 1)))  # fmt: skip
+    (folder / "summary.json").write_text('{"objective": 1.0}')
+    return {f.name: f.read_bytes() for f in folder.iterdir()}
+
+
+def test_the_readmes_fedcg_command_run_twice_refuses_the_second_by_name(
+    tmp_path, monkeypatch
+) -> None:
+    """A reused run-name never overwrites the run it names: refused before Flower starts,
+    naming the folder and what it holds (the first run's files stay as they were)."""
+    home, out = tmp_path / "home", tmp_path / "runs"
+    folder = out / "readme-fedcg"
+    before = _a_finished_run(folder)
+    env = {**_env(home), "FLOWER_APP_OUTPUT": str(out)}
+    proc = subprocess.run([sys.executable, "-m", "flower_app.cli", "run", ".", "--run-config",
+                           _readme_fedcg()], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert f"run folder {folder} already holds a run (config.json, metrics.jsonl (3 rows)" in line
+    assert "resume = true" in line and "'run-name'" in line
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
+    assert not home.exists()
+    # resume = true is the way into it; with nothing to resume, refused too
+    monkeypatch.setenv("FLOWER_APP_OUTPUT", str(out))
+    plan = plan_run(ROOT, [_readme_fedcg() + " resume=true"], home=home)
+    assert plan.problems == [] and plan.folder == folder
+    empty = plan_run(ROOT, ["run-name='nothing-here' resume=true"], home=home)
+    assert empty.problems == [
+        f"run_config 'resume' = true: run folder {out / 'nothing-here'} holds no run to resume "
+        "(check 'run-name' and 'output-dir')"
+    ]
+
+
+def test_results_go_where_the_caller_of_flower_app_run_says(tmp_path, monkeypatch) -> None:
+    """output-dir and data-dir are resolved in the caller's environment and passed with the
+    run (never the environment a SuperLink captured when it started); a run without a name
+    gets a fresh one (a suffix when the folder exists), said on the first line."""
+    home, out, data = tmp_path / "home", tmp_path / "mine", tmp_path / "data"
+    monkeypatch.setenv("FLOWER_APP_OUTPUT", str(out))
+    monkeypatch.setenv("FLOWER_APP_DATA", str(data))
+    plan = plan_run(ROOT, ["k=3"], home=home)
+    assert plan.problems == []
+    assert plan.pinned["output-dir"] == str(out) and plan.pinned["data-dir"] == str(data)
+    name = plan.pinned["run-name"]
+    assert name.startswith("fedsm-synthetic-facility-location-seed0-")
+    assert plan.folder == out / name
+    (out / name).mkdir(parents=True)  # a run started in the same second: the next name
+    assert fresh_run_name(out, name) == f"{name}-2"
+    again = plan_run(ROOT, ["k=3"], home=home)
+    assert not (out / again.pinned["run-name"]).exists()
+    # given keys win; another SuperLink (not local) pins nothing: its machine decides
+    given = plan_run(ROOT, [f"output-dir='{tmp_path / 'given'}' run-name='x'"], home=home)
+    assert given.pinned == {"data-dir": str(data)} and given.folder == tmp_path / "given" / "x"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "remote"\n[superlink.remote]\n'
+                                      'address = "127.0.0.1:9093"\ninsecure = true\n')  # fmt: skip
+    remote = plan_run(ROOT, ["k=3"], home=home)
+    assert remote.problems == [] and remote.pinned == {} and remote.folder is None
+    assert remote.where == ("on the SuperLink's machine, in $FLOWER_APP_OUTPUT or "
+                            "~/flower_app_runs/fedsm-synthetic-facility-location-seed0-<time> "
+                            "as its ServerApp resolves them")  # fmt: skip
+
+
+def test_the_pinned_keys_reach_flwr_run_after_the_callers_own(tmp_path) -> None:
+    """The caller's --run-config options first, the pinned keys last (a later option wins,
+    as in flwr run); a .toml run-config is merged into one file (Flower refuses a mix)."""
+    from flower_app.cli.run import _with_pinned
+
+    pinned = {"output-dir": "/o/it's", "run-name": "r"}
+    [first, last] = _with_pinned(["k=3"], pinned, tmp_path)
+    assert parse_config_args([first, last]) == {"k": 3, "output-dir": "/o/it's", "run-name": "r"}
+    toml = tmp_path / "run.toml"
+    toml.write_text("k = 4\nrun-name = 'mine'\n")
+    [merged] = _with_pinned([str(toml)], {"output-dir": "/o"}, tmp_path)
+    assert parse_config_args([merged]) == {"k": 4, "run-name": "mine", "output-dir": "/o"}
+
+
+def test_a_federation_size_comes_from_the_federation_config_or_flowers_default(tmp_path) -> None:
+    from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
+
+    from flower_app.cli.run import LOCAL_DEFAULT_NODES, local_nodes
+
+    assert DEFAULT_SIMULATION_CONFIG.num_supernodes == LOCAL_DEFAULT_NODES
+    assert local_nodes(None, None, tmp_path) == LOCAL_DEFAULT_NODES
+    assert local_nodes(None, ["num-supernodes=5"], tmp_path) == 5
+    plan = plan_run(ROOT, ["secure-aggregation=true"], federation_config=["num-supernodes=3"],
+                    home=tmp_path)  # fmt: skip
+    assert plan.problems == []
+
+
+# ------------------------------------------------------------------ the app folder
+def test_a_venv_or_too_much_data_in_the_app_folder_is_named_before_packaging(tmp_path) -> None:
+    """Venvs by their pyvenv.cfg (whatever the name): walked on every run, packaged unless
+    Flower's rules exclude them; data over Flower's 10 MB, the largest paths named."""
+    from flower_app.cli.app_folder import app_folder_warnings
+
+    app = tmp_path / "app"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "task.py").write_text("x = 1\n")
+    assert app_folder_warnings(app, {}) == []
+    for name in (".venv", "myenv"):
+        (app / name / "lib" / "site-packages").mkdir(parents=True)
+        (app / name / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (app / name / "lib" / "site-packages" / "big.py").write_text("# x\n")
+    (app / "notavenv").mkdir()
+    (app / "notavenv" / "module.py").write_text("y = 2\n")
+    warnings = app_folder_warnings(app, {})
+    assert len(warnings) == 2
+    hidden, packaged = sorted(warnings)
+    assert hidden.startswith(f"{app / '.venv'} is a virtual environment")
+    assert "walks every file" in hidden and "would package" not in hidden
+    assert packaged.startswith(f"{app / 'myenv'} is a virtual environment")
+    assert "would package its .py files" in packaged
+    data = app / "data"
+    data.mkdir()
+    for k in range(3):
+        (data / f"all_data_{k}.json").write_bytes(b"[" + b"0," * (2 << 20) + b"0]")
+    [size] = [w for w in app_folder_warnings(app, {}) if w.startswith("flwr run would package")]
+    assert f"{data / 'all_data_0.json'} (4.0 MB)" in size and "fab-exclude" in size
+    assert not [w for w in app_folder_warnings(app, {"fab-exclude": ["data/**"]})
+                if w.startswith("flwr run would package")]  # fmt: skip
+
+
+def test_flowers_packaging_rules_are_the_ones_copied(tmp_path) -> None:
+    from flwr.common import constant as common
+    from flwr.supercore import constant as supercore
+
+    from flower_app.cli import app_folder
+
+    assert app_folder.FAB_MAX_SIZE == common.FAB_MAX_SIZE
+    assert app_folder.FAB_INCLUDE == common.FAB_INCLUDE_PATTERNS
+    assert app_folder.FAB_EXCLUDE == common.FAB_EXCLUDE_PATTERNS
+    assert app_folder.PUBLISH_INCLUDE == supercore.APP_PUBLISH_INCLUDE_PATTERNS
+    assert app_folder.PUBLISH_EXCLUDE == supercore.APP_PUBLISH_EXCLUDE_PATTERNS
+
+
+# ------------------------------------------------------------------ one SuperLink per home
+def test_ports_reports_every_superlink_on_the_homes_database(tmp_path) -> None:
+    """A plain flwr run after flower-app run starts a second SuperLink on the same home's
+    database: flower-app ports names both (PID, ports) and says what to do."""
+    home = (tmp_path / "home").resolve()
+    links = [(free_port(), free_port()) for _ in range(2)]
+    procs = []
+    try:
+        for http, control in links:  # the second after the first, as a later flwr run does
+            procs.append(_local_superlink(home, http, control))
+            wait_for_port(http, timeout=300)
+        proc = _cli(["ports"], home, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.startswith("export "), proc.stderr
+        lines = proc.stderr.splitlines()
+        for p, (http, control) in zip(procs, links, strict=True):
+            assert (f"flower-app ports: SuperLink PID {p.pid} uses {home / 'local-superlink'} "
+                    f"(ports {http}, {control})") in lines  # fmt: skip
+        assert any("warning: 2 SuperLinks share the database" in x for x in lines), lines
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(30)

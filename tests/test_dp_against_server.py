@@ -43,7 +43,7 @@ from flower_app.experiment import run_direct
 from flower_app.privacy import SecureAggregation
 from flower_app.runners import fedsubavg as fsa_runner
 from flower_app.runners import maxfl as maxfl_runner
-from flower_app.strategies import FedSubAvgStrategy
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.support.local_grid import LocalGrid
@@ -196,9 +196,9 @@ def test_a_server_cannot_switch_the_research_mode_on_from_its_messages() -> None
     task, spec = fsa_runner.load_task(cfg), fsa_runner.run_spec(cfg)
 
     def run() -> np.ndarray:
-        strategy = FedSubAvgStrategy(
-            cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-            clients_per_round=8, seed=SEED, secure_aggregation=SecureAggregation(), dp=spec.dp,
+        strategy = FedSubAvgCohorts(
+            "fedsubavg", task.n_clients, task.n_params, 8, seed=SEED, dp=spec.dp,
+            secure_aggregation=SecureAggregation(),
         )  # fmt: skip
         strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=2,
                        train_config=ConfigRecord({"dp-reproducible-noise": True}))  # fmt: skip

@@ -100,9 +100,7 @@ def test_plain_fedcg_gives_the_direct_engines_x_and_set(local, rounding, partiti
     strategy = FedCGStrategy(
         k=1 if partition else 3,
         groups=groups if partition else None,
-        local_steps=local.steps,
-        gradient=local.gradient,
-        gradient_samples=local.samples,
+        local=local,
         rounding=rounding,
         seed=7,
     )
@@ -151,7 +149,7 @@ def test_plain_fedcg_with_a_general_set_function_is_seeded_and_feasible() -> Non
     obj = _objective()
     results = []
     for _ in range(2):
-        strategy = FedCGStrategy(k=3, local_steps=2, gradient_samples=2, seed=1)
+        strategy = FedCGStrategy(k=3, local=LocalSteps(steps=2, samples=2), seed=1)
         result = strategy.start(_grid(_user_app(obj, general=True), n=6), num_rounds=3)
         results.append(result.arrays)
     x = results[0]["x"].numpy()
@@ -274,9 +272,13 @@ def test_a_missing_handler_is_named_at_once() -> None:
     assert time.monotonic() - t0 < 30
 
 
-def test_cohort_mode_needs_a_server_state() -> None:
-    with pytest.raises(ValueError, match="server="):
-        FedCGStrategy(cohorts=True)
+def test_the_public_strategies_take_no_cohort_arguments() -> None:
+    """Cohorts are the runners' FedCGCohorts / DiscreteGreedyCohorts (a server state)."""
+    server = FedCGServer(N, UniformMatroid(M, 2), 2, 0.0, LocalSteps(), 0.5)
+    for cls in (FedCGStrategy, FedDiscreteGreedyStrategy):
+        for cohort_only in ({"cohorts": True}, {"server": server}):
+            with pytest.raises(TypeError, match="unexpected keyword"):
+                cls(**cohort_only)
     with pytest.raises(ValueError, match="rounding="):
         FedCGStrategy(rounding="swap")
 
@@ -326,15 +328,11 @@ def test_cohort_mode_keeps_the_recorded_results(tmp_path, config, nodes, recorde
 
 
 def test_discrete_greedy_refuses_a_clients_per_round_it_would_ignore(tmp_path) -> None:
-    """Users are sampled by κ (dgreedy-kappa): an explicit K is refused, not silently ignored."""
-    cfg = AppConfig.from_run_config(
-        {
-            "algorithm": "fed-discrete-greedy",
-            "clients-per-round": 0.5,
-            "k": 3,
-            "output-dir": str(tmp_path),
-        }
-    )
+    """Users are sampled by κ (dgreedy-kappa): an explicit K is refused, not silently ignored
+    (a rule of flower_app/settings/rules.py: refused when the config is made, before any run
+    folder is opened and before Flower starts)."""
+    run = {"algorithm": "fed-discrete-greedy", "clients-per-round": 0.5, "k": 3,
+           "output-dir": str(tmp_path)}  # fmt: skip
     with pytest.raises(ConfigError, match="'dgreedy-kappa'.*'clients-per-round' = 0.5"):
-        run_direct(cfg)
+        run_direct(AppConfig.from_run_config(run))
     assert not list(tmp_path.iterdir())  # refused before a run folder was opened

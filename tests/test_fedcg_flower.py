@@ -26,9 +26,9 @@ from flower_app.clients.continuous import HISTOGRAM_RECORD, ContinuousClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
 from flower_app.experiment import run_direct
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.discovery import CohortMap
-from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
-from flower_app.strategies.fedcg import FedCGStrategy
 from flower_app.submodular.greedy import greedy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxRowObjective
@@ -102,7 +102,7 @@ def test_fedcg_strategy_leaves_out_bad_replies_and_counts_them() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     obj, matroid, cohorts, contexts, factory = _setup()
     server = FedCGServer(obj.n_users, matroid, 5, 0.0, LocalSteps(), 1.0, seed=0)
-    strategy = FedCGStrategy(cohorts=True, server=server)
+    strategy = FedCGCohorts(server)
     strategy.cohorts = cohorts
     msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid=None))
     replies = _answer(msgs, contexts, factory)
@@ -127,7 +127,7 @@ def test_discrete_strategy_keeps_the_histogram_in_context_state() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     obj, matroid, cohorts, contexts, factory = _setup()
     server = DiscreteGreedyServer(obj.n_users, matroid, 3, 1e9, seed=1)
-    strategy = FedDiscreteGreedyStrategy(cohorts=True, server=server)
+    strategy = DiscreteGreedyCohorts(server)
     strategy.cohorts = cohorts
 
     grid = _Grid(lambda msgs: _answer(msgs, contexts, factory))
@@ -154,9 +154,7 @@ def test_discrete_strategy_keeps_the_histogram_in_context_state() -> None:
 def test_missing_histogram_stops_the_run_before_greedy_rounds() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     obj, matroid, cohorts, contexts, factory = _setup()
-    strategy = FedDiscreteGreedyStrategy(
-        cohorts=True, server=DiscreteGreedyServer(obj.n_users, matroid, 3, 5.0)
-    )
+    strategy = DiscreteGreedyCohorts(DiscreteGreedyServer(obj.n_users, matroid, 3, 5.0))
     strategy.cohorts = cohorts
 
     def answer(msgs):

@@ -20,12 +20,14 @@ from hypothesis import strategies as st
 
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.fedsm.core import FedSMServer, run_fedsm_direct, user_report_sum
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.clients.adapter import handle_train
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient, encode_report
 from flower_app.datasets.synthetic import synthetic_dblp, synthetic_facility_location
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.discovery import CohortMap
-from flower_app.strategies.fedsm import FedSMStrategy, decode_report
+from flower_app.strategies.fedsm import decode_report
 from flower_app.submodular.greedy import greedy, lazy_greedy
 from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
@@ -180,15 +182,7 @@ def test_strategy_leaves_out_bad_replies_and_counts_them() -> None:
         clients[100 + p] = SubmodularClient(
             MaxRowObjective(obj.values[first : first + count]), first, obj.n_users, p, parts
         )
-    strategy = FedSMStrategy(
-        k=3,
-        clients_per_round=1.0,
-        elements_per_client=1.0,
-        seed=0,
-        cohorts=True,
-        n_users=obj.n_users,
-        matroid=UniformMatroid(40, 3),
-    )
+    strategy = FedSMCohorts(obj.n_users, UniformMatroid(40, 3), 3, FedSMParams("alg1", 1.0, 1.0))
     strategy.cohorts = CohortMap(
         np.array([100, 101, 102], dtype=object), np.array([0, 30, 60]), np.array([30, 30, 30])
     )
@@ -230,7 +224,7 @@ def test_federated_evaluation_sums_the_nodes_objectives() -> None:
         first, count = cohort_range(obj.n_users, p, parts)
         rows = MaxRowObjective(obj.values[first : first + count])
         clients[100 + p] = SubmodularClient(rows, first, obj.n_users, p, parts)
-    strategy = FedSMStrategy(k=3, cohorts=True, n_users=obj.n_users, matroid=UniformMatroid(30, 3))
+    strategy = FedSMCohorts(obj.n_users, UniformMatroid(30, 3), 3, FedSMParams())
     ranges = [cohort_range(obj.n_users, p, parts) for p in range(parts)]
     strategy.cohorts = CohortMap(
         np.array(list(clients), dtype=object),

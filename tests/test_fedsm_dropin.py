@@ -23,6 +23,7 @@ from flower_app.clients.fedcg import Coverage, ScoreTable
 from flower_app.clients.fedsm import fedsm_evaluate, fedsm_reply
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.datasets.synthetic import synthetic_facility_location
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
@@ -118,9 +119,7 @@ def test_plain_mode_equals_cohort_mode_over_the_same_grid() -> None:
         rows = MaxRowObjective(obj.values[first : first + count])
         return SubmodularClient(rows, first, obj.n_users, p, parts)
 
-    cohort = FedSMStrategy(
-        k=6, seed=9, cohorts=True, n_users=N, matroid=UniformMatroid(M, 6), params=params
-    )
+    cohort = FedSMCohorts(N, UniformMatroid(M, 6), 6, params, seed=9)
     sel_cohort = cohort.start(LocalGrid(4, {}, app=numpy_client_app(factory)), num_rounds=6)
     plain = FedSMStrategy(k=6, seed=9, min_available_nodes=N, params=params)
     sel_plain = plain.start(LocalGrid(N, {}, app=user_app(obj)), num_rounds=6)
@@ -296,11 +295,11 @@ def test_capacities_with_groups_from_the_nodes_build_a_partition_matroid() -> No
     assert selected == greedy(obj, matroid).selected
 
 
-def test_plain_mode_rejects_cohort_arguments() -> None:
-    with pytest.raises(ValueError, match="cohort mode"):
-        FedSMStrategy(k=2, n_users=10)
-    with pytest.raises(ValueError, match="n_users and matroid"):
-        FedSMStrategy(k=2, cohorts=True)
+def test_the_public_strategy_takes_no_cohort_arguments() -> None:
+    """Cohorts are the runners' FedSMCohorts; the public strategy has no mode to set."""
+    for cohort_only in ({"n_users": 10}, {"cohorts": True}, {"matroid": UniformMatroid(M, 2)}):
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            FedSMStrategy(k=2, **cohort_only)
 
 
 def test_users_are_numbered_by_partition_id_whatever_the_node_ids() -> None:

@@ -25,7 +25,8 @@ from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_dblp, synthetic_facility_location
 from flower_app.experiment import run_direct
-from flower_app.strategies.fedsm import decode_report, plan_arrays
+from flower_app.strategies.cohort.fedsm import plan_arrays
+from flower_app.strategies.fedsm import decode_report
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
@@ -300,10 +301,12 @@ def test_unsupported_matroid_is_refused() -> None:
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ({"fedsm-mode": "alg2", "fedsm-epsilon": 1.0}, "'fedsm-epsilon' = 1.0: must lie"),
-        ({"fedsm-mode": "amplified", "fedsm-eta": 0.3}, "1/eta must be an integer"),
+        ({"fedsm-mode": "alg2", "fedsm-epsilon": 1.0}, "'fedsm-epsilon' = 1.0: must be < 1"),
+        ({"fedsm-mode": "amplified", "fedsm-eta": 0.3}, "'fedsm-eta' = 0.3: 1/x must be an "
+         "integer"),
         ({"fedsm-mode": "turbo"}, "'fedsm-mode' = 'turbo' is not known; choose one of: alg1, alg2"),
-        ({"fedsm-mode": "alg2", "elements-per-client": 10**6}, "a count must be|impossible"),
+        ({"fedsm-mode": "alg2", "elements-per-client": 10**6},
+         "'elements-per-client' = 1000000 exceeds the \\|E\\|·k = 5000 \\(element, prefix"),
     ],
 )
 def test_bad_run_config_is_named(tmp_path, override, match) -> None:
@@ -362,21 +365,14 @@ def test_strategy_alg2_round_over_messages_counts_communication_and_bad_replies(
     from flwr.supercore.task_identity import TaskIdentity
 
     from flower_app.clients.adapter import handle_train
+    from flower_app.strategies.cohort.fedsm import FedSMCohorts
     from flower_app.strategies.discovery import CohortMap
-    from flower_app.strategies.fedsm import FedSMStrategy
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     obj = _fl(90, 40, seed=2)
     clients = {100 + c.partition_id: c for c in _clients(obj, 3)}
     params = FedSMParams("alg2", 1.0, 50, epsilon=0.3, tau=0.01)
-    strategy = FedSMStrategy(
-        k=6,
-        cohorts=True,
-        n_users=obj.n_users,
-        matroid=UniformMatroid(40, 6),
-        params=params,
-        lam=5.0,
-    )
+    strategy = FedSMCohorts(obj.n_users, UniformMatroid(40, 6), 6, params, lam=5.0)
     strategy.cohorts = CohortMap(
         np.array([100, 101, 102], dtype=object), np.array([0, 30, 60]), np.array([30, 30, 30])
     )

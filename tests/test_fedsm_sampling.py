@@ -35,6 +35,7 @@ from flower_app.algorithms.fedsm.sampling import (
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
@@ -306,15 +307,7 @@ def test_batched_direct_cohort_and_plain_mode_give_the_same_set(mode) -> None:
             MaxRowObjective(obj.values[first : first + count]), first, n, p, parts
         )
 
-    cohort = FedSMStrategy(
-        k=k,
-        seed=3,
-        cohorts=True,
-        n_users=n,
-        matroid=UniformMatroid(m, k),
-        params=params,
-        lam=obj.max_singleton,
-    )
+    cohort = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=3, lam=obj.max_singleton)
     sel_cohort = cohort.start(LocalGrid(3, {}, app=numpy_client_app(factory)), num_rounds=k)
     plain = FedSMStrategy(k=k, seed=3, min_available_nodes=n, params=params)
     sel_plain = plain.start(LocalGrid(n, {}, app=user_app(obj)))

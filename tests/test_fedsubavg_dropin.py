@@ -317,6 +317,15 @@ def fedavg_app() -> ClientApp:
     return app
 
 
+def test_the_public_strategies_take_no_cohort_arguments() -> None:
+    """Cohorts are the runners' FedSubAvgCohorts; the baselines fix their algorithm."""
+    for cohort_only in ({"cohorts": True}, {"n_clients": 10}, {"algorithm": "fedavg-sub"}):
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            FedSubAvgStrategy(**cohort_only)
+    assert FedProxSubStrategy(proximal_mu=0.1).proximal_mu == 0.1
+    assert FedSubAvgStrategy().proximal_mu == 0.0
+
+
 def test_without_sparse_keys_a_fedavg_clientapp_serves_and_the_result_is_fedavg() -> None:
     from flwr.serverapp.strategy import FedAvg
 

@@ -1,4 +1,5 @@
-"""FedSubAvgStrategy over Flower's Message API (in-process grid, real ClientApp) vs direct."""
+"""FedSubAvg's cohort strategy over Flower's Message API (in-process grid, real ClientApp)
+vs direct."""
 
 from __future__ import annotations
 
@@ -22,14 +23,8 @@ from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direc
 from flower_app.config import AppConfig, ConfigError
 from flower_app.registry import load_runner
 from flower_app.runners.fedsubavg import load_task
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.discovery import discover_cohorts
-from flower_app.strategies.fedsubavg import (
-    FedAdamSubStrategy,
-    FedAvgSubStrategy,
-    FedProxSubStrategy,
-    FedSubAvgStrategy,
-    ScaffoldSubStrategy,
-)
 from tests.support.local_grid import LocalGrid
 
 SMALL = {
@@ -54,15 +49,12 @@ def _cfg(**extra) -> AppConfig:
     return AppConfig.from_run_config({**SMALL, **extra})
 
 
-def _strategy(cls, cfg: AppConfig, **kwargs):
+def _strategy(algorithm: str, cfg: AppConfig, **kwargs) -> FedSubAvgCohorts:
     task = load_task(cfg)
-    return cls(
-        cohorts=True,
-        n_clients=task.n_clients,
-        n_params=task.n_params,
-        clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
-        **kwargs,
+    if algorithm == "fedprox-sub":
+        kwargs.setdefault("local", LocalConfig(proximal_mu=0.01))  # the paper's μ
+    return FedSubAvgCohorts(
+        algorithm, task.n_clients, task.n_params, cfg.clients_per_round, seed=cfg.seed, **kwargs
     )
 
 
@@ -71,20 +63,20 @@ def _rounds(cfg: AppConfig) -> int:
 
 
 @pytest.mark.parametrize(
-    ("cls", "algorithm", "kwargs"),
+    ("algorithm", "kwargs"),
     [
-        (FedSubAvgStrategy, "fedsubavg", {}),
-        (FedSubAvgStrategy, "fedsubavg", {"weighting": "samples"}),
-        (FedAvgSubStrategy, "fedavg-sub", {}),
-        (FedProxSubStrategy, "fedprox-sub", {}),
-        (FedAdamSubStrategy, "fedadam-sub", {"weighting": "samples"}),
-        (ScaffoldSubStrategy, "scaffold-sub", {}),
+        ("fedsubavg", {}),
+        ("fedsubavg", {"weighting": "samples"}),
+        ("fedavg-sub", {}),
+        ("fedprox-sub", {}),
+        ("fedadam-sub", {"weighting": "samples"}),
+        ("scaffold-sub", {}),
     ],
 )
-def test_strategy_over_message_api_equals_direct_engine(cls, algorithm, kwargs) -> None:
+def test_strategy_over_message_api_equals_direct_engine(algorithm, kwargs) -> None:
     cfg = _cfg(algorithm=algorithm)
     task = load_task(cfg)
-    strategy = _strategy(cls, cfg, **kwargs)
+    strategy = _strategy(algorithm, cfg, **kwargs)
     strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=_rounds(cfg))
     local = LocalConfig(proximal_mu=0.01 if algorithm == "fedprox-sub" else 0.0)
     spec = RunSpec(
@@ -106,7 +98,7 @@ def test_result_does_not_depend_on_how_users_are_split_over_nodes() -> None:
     cfg = _cfg()
     models = []
     for nodes in (1, 4, 45):
-        strategy = _strategy(FedSubAvgStrategy, cfg)
+        strategy = _strategy("fedsubavg", cfg)
         strategy.start(LocalGrid(nodes, cfg.to_dict()), num_rounds=_rounds(cfg))
         models.append(strategy.x)
         assert max(r["nodes"] for r in strategy.history) <= min(nodes, 8)
@@ -171,13 +163,13 @@ def test_bad_replies_are_rejected_counted_and_left_out(attack) -> None:
         return _rows_reply(msg, rows, sums, n)
 
     grid.tamper = tamper
-    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy = _strategy("fedsubavg", cfg)
     strategy.start(grid, num_rounds=_rounds(cfg))
     row = strategy.history[0]
     assert row["bad-replies"] == 1 and strategy.bad_replies == 1
     assert np.all(np.isfinite(strategy.x))
     # the same round without the victim's users: the aggregate of the other nodes only
-    honest = _strategy(FedSubAvgStrategy, cfg)
+    honest = _strategy("fedsubavg", cfg)
     honest_grid = LocalGrid(3, cfg.to_dict())
     honest_grid.tamper = lambda msg, reply: (
         Message(Error(code=2, reason="left out"), reply_to=msg)
@@ -198,7 +190,7 @@ def test_victim_users_are_not_counted_in_k() -> None:
         if msg.metadata.dst_node_id == victim and msg.metadata.message_type == "train"
         else reply
     )
-    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy = _strategy("fedsubavg", cfg)
     strategy.start(grid, num_rounds=_rounds(cfg))
     row = strategy.history[0]
     assert row["bad-replies"] == 1 and 0 < row["clients"] < 8
@@ -219,7 +211,7 @@ def test_bad_index_set_reply_is_counted() -> None:
         return reply
 
     grid.tamper = tamper
-    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy = _strategy("fedsubavg", cfg)
     strategy.start(grid, num_rounds=_rounds(cfg))
     assert strategy.history[0]["bad-replies"] == 1
     assert strategy.history[0]["nodes"] <= 1
@@ -259,7 +251,7 @@ def test_counting_round_equals_the_full_heat() -> None:
     cfg = _cfg()
     task = load_task(cfg)
     grid = LocalGrid(5, cfg.to_dict())
-    strategy = _strategy(FedSubAvgStrategy, cfg)
+    strategy = _strategy("fedsubavg", cfg)
     strategy.cohorts = discover_cohorts(grid, task.n_clients, task.n_params, timeout=5)
     heat = strategy.count_heat(grid)
     ref = full_heat(task)
@@ -270,7 +262,7 @@ def test_counting_round_equals_the_full_heat() -> None:
 
 def test_k_above_n_fails_before_round_1(tmp_path) -> None:
     with pytest.raises(ValueError, match="exceeds the 45 clients"):
-        _strategy(FedSubAvgStrategy, _cfg(**{"clients-per-round": 46}))
+        _strategy("fedsubavg", _cfg(**{"clients-per-round": 46}))
     cfg = _cfg(**{"clients-per-round": 46, "output-dir": str(tmp_path), "run-name": "bad"})
     with pytest.raises(ConfigError, match="exceeds the 45 clients"):
         load_runner("fedsubavg").direct_run(cfg)
@@ -316,27 +308,29 @@ def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "losses", "abs_sum"),
+    ("algorithm", "losses", "abs_sum"),
     [
         (
-            FedSubAvgStrategy,
+            "fedsubavg",
             [0.6753308423141718, 0.6695365015104724, 0.6628518142343283, 0.6589597582033335],
             16.49113033299954,
         ),
         (
-            FedAdamSubStrategy,
+            "fedadam-sub",
             [0.7907059834802478, 0.606271997174804, 0.6996571681587143, 0.6561800224436283],
             158.64932184738996,
         ),
     ],
 )
-def test_cohort_mode_keeps_the_numbers_recorded_before_the_redesign(cls, losses, abs_sum) -> None:
+def test_cohort_mode_keeps_the_numbers_recorded_before_the_redesign(
+    algorithm, losses, abs_sum
+) -> None:
     """Seeded cohort-mode run (SMALL, 3 nodes) computed with the hand-written start() loop."""
     from flower_app.algorithms.fedsubavg.core import Evaluator
 
     cfg = _cfg()
     evaluate = Evaluator(load_task(cfg))
-    strategy = _strategy(cls, cfg)
+    strategy = _strategy(algorithm, cfg)
     strategy.start(
         LocalGrid(3, cfg.to_dict()),
         initial_arrays=ArrayRecord({"x": Array(np.zeros(load_task(cfg).n_params))}),

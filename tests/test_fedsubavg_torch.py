@@ -106,7 +106,7 @@ def test_a_federation_of_the_wrong_size_is_refused() -> None:
     cfg = AppConfig.from_run_config(RUNS["sent140"])
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
                       state=RecordDict(), run_config={})  # fmt: skip
-    with pytest.raises(ConfigError, match="runs one per node: start 8 SuperNodes"):
+    with pytest.raises(ConfigError, match="runs one per node; start 8 SuperNodes"):
         load_runner("fedsubavg").make_client(cfg, context)
     with pytest.raises(ConfigError, match="not supported on the torch tasks"):
         run_direct(AppConfig.from_run_config({**RUNS["sent140"], "secure-aggregation": True}))

@@ -52,6 +52,9 @@ from hypothesis import strategies as st
 
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.modes import FedSMParams
+from flower_app.algorithms.maxfl.appeal import AppealServer
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.client_app import app as default_client_app
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
@@ -67,6 +70,11 @@ from flower_app.runners import maxfl as maxfl_runner
 from flower_app.runners.fedsubavg import load_task
 from flower_app.server_data import probe_instance
 from flower_app.strategies.base import RoundStrategy
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.discovery import DiscoveryError, discover_cohorts
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.errors import AllRepliesRejectedError
@@ -276,13 +284,11 @@ MAXFL_SMALL = {
 }
 
 
-def _maxfl_cohort() -> MaxFLStrategy:
+def _maxfl_cohort(**options) -> MaxFLCohorts:
     s = maxfl_runner.settings(AppConfig.from_run_config(MAXFL_SMALL))
-    return MaxFLStrategy(
-        cohorts=True, n_seen=s.n_seen, n_clients=s.n_clients,
-        clients_per_round=s.clients_per_round, server_lr=s.server_lr, eps=s.eps,
-        mandatory_rounds=s.mandatory_rounds, seed=s.seed, eval_every=s.eval_every,
-    )  # fmt: skip
+    server = AppealServer("maxfl", [], s.n_seen, server_lr=s.server_lr, eps=s.eps)
+    sampler = ParticipationSampler(s.n_seen, s.clients_per_round, True, s.mandatory_rounds, s.seed)
+    return MaxFLCohorts(server, sampler, s.n_clients, eval_every=s.eval_every, **options)
 
 
 def _maxfl_cohort_start() -> dict:
@@ -341,16 +347,16 @@ FSA_SMALL = {
 }
 
 
-def _fsa_cohort() -> FedSubAvgStrategy:
+def _fsa_cohort() -> FedSubAvgCohorts:
     cfg = AppConfig.from_run_config(FSA_SMALL)
     task = load_task(cfg)
-    return FedSubAvgStrategy(cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-                             clients_per_round=cfg.clients_per_round, seed=cfg.seed)  # fmt: skip
+    return FedSubAvgCohorts("fedsubavg", task.n_clients, task.n_params, cfg.clients_per_round,
+                            seed=cfg.seed)  # fmt: skip
 
 
-def _fedcg_cohort() -> FedCGStrategy:
+def _fedcg_cohort() -> FedCGCohorts:
     server = FedCGServer(N_COHORT, UniformMatroid(M, 2), 2, 0.0, LocalSteps(), 0.5, seed=0)
-    return FedCGStrategy(cohorts=True, server=server)
+    return FedCGCohorts(server)
 
 
 def _cohort_nodes(i: int) -> dict:
@@ -379,14 +385,12 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "fedsm-cohort",
-            lambda: FedSMStrategy(
-                k=2,
-                clients_per_round=0.5,
-                elements_per_client=0.5,
+            lambda: FedSMCohorts(
+                N_COHORT,
+                UniformMatroid(M, 2),
+                2,
+                FedSMParams("alg1", 0.5, 0.5),
                 seed=3,
-                cohorts=True,
-                n_users=N_COHORT,
-                matroid=UniformMatroid(M, 2),
                 discovery_timeout=0.5,  # a left-out cohort reply: discovery ends at once
             ),  # fmt: skip
             lambda: numpy_client_app(_cohort_factory(_facility(N_COHORT), False)),
@@ -434,8 +438,8 @@ SCENARIOS = {
         ),  # fmt: skip
         Scenario(
             "discrete-cohort",
-            lambda: FedDiscreteGreedyStrategy(
-                cohorts=True, server=DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 2), 2, 5.0)
+            lambda: DiscreteGreedyCohorts(
+                DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 2), 2, 5.0)
             ),
             lambda: numpy_client_app(_cohort_factory(_facility(N_COHORT), True)),
             3,

@@ -337,11 +337,17 @@ def sentiment140_files(draw):
         for k in range(n)
     ]  # fmt: skip
     rows, encoding, kind = draw(mutate(rows, False, (4,)))
-    return rows, "latin-1" if encoding in ("utf-8", "utf-8-sig") else encoding, kind
+    return rows, "latin-1" if encoding == "utf-8" else encoding, kind
+
+
+def _bom_or(data: bytes, encoding: str) -> str | None:
+    """A latin-1 format's text: UTF-8 when the file starts with a byte-order mark."""
+    return _decode(data[3:], "utf-8") if data.startswith(b"\xef\xbb\xbf") else data.decode(encoding)
 
 
 def _sentiment140_reference(data: bytes):
-    rows = _csv(data.decode("latin-1"))
+    text = _bom_or(data, "latin-1")
+    rows = None if text is None else _csv(text)
     if rows is None or any("\0" in c for r in rows for c in r):
         return None
     rows = [r for r in rows if r]
@@ -382,7 +388,7 @@ def leaf_files(draw):
         data["num_samples"].append(k)
     kind = draw(st.sampled_from(LEAF_KINDS))
     first = data["user_data"][users[0]]
-    valid = kind in ("none", "huge", "pretty")
+    valid = kind in ("none", "huge", "pretty", "bom")  # a byte-order mark is dropped
     if kind == "drop":
         first["x"][0] = first["x"][0][:4]
     elif kind == "dup":
@@ -451,7 +457,7 @@ _HEADER_NAMES = [{"uid", "user", "userid", "user_id", "reviewerid"},
 
 
 def _amazon_reference(data: bytes):
-    text = _decode(data, "utf-8")
+    text = _decode(data, "utf-8-sig")  # a byte-order mark is not part of the first user id
     rows = None if text is None else _csv(text)
     if rows is None:
         return None
@@ -487,9 +493,16 @@ def amazon_reviews(draw):
     lines = [{"reviewerID": f"A{draw(st.integers(0, 4))}", "asin": f"B{draw(st.integers(0, 6))}",
               "overall": float(draw(st.integers(1, 5))), "unixReviewTime": 1_300_000_000 + k}
              for k in range(n)]  # fmt: skip
-    kind = draw(st.sampled_from(["none", "drop", "dupkey", "blank", "empty"]))
+    kind = draw(st.sampled_from(["none", "drop", "dupkey", "blank", "empty", "bom", "null-id",
+                                 "bool-id", "list-id", "bool-rating", "text-rating", "null-time",
+                                 "bool-time", "float-time", "gzip", "gzip-cut"]))  # fmt: skip
     texts = [json.dumps(obj) for obj in lines]
     i = draw(st.integers(0, n - 1))
+    key = draw(st.sampled_from(["reviewerID", "asin"]))
+    wrong = {"null-id": (key, None), "bool-id": (key, True), "list-id": (key, ["A1"]),
+             "bool-rating": ("overall", True), "text-rating": ("overall", "5.0"),
+             "null-time": ("unixReviewTime", None), "bool-time": ("unixReviewTime", True),
+             "float-time": ("unixReviewTime", 1.3e9 + 0.5)}  # fmt: skip
     if kind == "drop":
         texts[i] = json.dumps({k: v for k, v in lines[i].items() if k != "asin"})
     elif kind == "dupkey":  # the item given twice, the second different: which one?
@@ -498,10 +511,16 @@ def amazon_reviews(draw):
         texts.insert(i, "")
     elif kind == "empty":
         texts[i] = json.dumps({**lines[i], "reviewerID": ""})
+    elif kind in wrong:  # null, true, text where an id or a number belongs: refused
+        texts[i] = json.dumps({**lines[i], wrong[kind][0]: wrong[kind][1]})
     expected = None
-    if kind in ("none", "blank"):
+    if kind in ("none", "blank", "bom", "gzip"):
         expected = (n, len({o["reviewerID"] for o in lines}), len({o["asin"] for o in lines}))
-    return ("\n".join(texts) + "\n").encode(), kind, expected
+    data = ("\n".join(texts) + "\n").encode("utf-8-sig" if kind == "bom" else "utf-8")
+    if kind in ("gzip", "gzip-cut"):
+        data = gzip.compress(data)
+        data = data[: draw(st.integers(10, len(data) - 1))] if kind == "gzip-cut" else data
+    return data, kind, expected
 
 
 @EXAMPLES
@@ -527,11 +546,14 @@ def movielens_ratings(draw):
     rows = [[str(u), str(m), str(draw(st.integers(1, 5))), str(978300760 + k)]
             for k, (u, m) in enumerate(pairs)]  # fmt: skip
     rows, encoding, kind = draw(mutate(rows, False, (0, 1)))
-    return rows, "latin-1" if encoding in ("utf-8", "utf-8-sig", "utf-16") else encoding, kind
+    return rows, "latin-1" if encoding in ("utf-8", "utf-16") else encoding, kind
 
 
 def _movielens_reference(data: bytes):
-    rows = [line.rstrip("\r").split("::") for line in data.decode("latin-1").split("\n")]
+    text = _bom_or(data, "latin-1")
+    if text is None:
+        return None
+    rows = [line.rstrip("\r").split("::") for line in text.split("\n")]
     rows = [r for r in rows if r != [""]]
     if not rows:
         return None
@@ -570,6 +592,8 @@ def test_movielens_ratings_dat(case) -> None:
     data = b"".join(("::".join(r) + "\n").encode("latin-1") for r in rows)
     if encoding == "crlf":
         data = data.replace(b"\n", b"\r\n")
+    elif encoding == "utf-8-sig":  # saved again by an editor that writes a byte-order mark
+        data = data.decode("latin-1").encode("utf-8-sig")
     check(data, "ratings.dat", loaded, _movielens_reference, DataFormatError, kind)
 
 
@@ -583,7 +607,7 @@ def group_files(draw):
 
 
 def _groups_reference(data: bytes):
-    text = _decode(data, "utf-8")
+    text = _decode(data, "utf-8-sig")
     rows = None if text is None else _csv(text)
     if not rows or [c.strip() for c in rows[0]] != ["element", "group"]:
         return None
@@ -932,7 +956,10 @@ def npz_files(draw):
     n = draw(st.integers(4, 12)) if k == 0 else 2 * k + draw(st.integers(0, 4))
     shape = (n, *draw(st.sampled_from([(3,), (2, 3), (4, 1)])))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    x = rng.integers(0, 256, shape).astype(np.uint8) if draw(st.booleans()) else rng.random(shape)
+    pixels = rng.integers(0, 256, shape).astype(np.uint8)
+    style = draw(st.sampled_from(["uint8", "k/255 float32", "k/255 float64", "any float"]))
+    x = {"uint8": pixels, "k/255 float32": pixels.astype(np.float32) / np.float32(255),
+         "k/255 float64": pixels / 255.0, "any float": rng.random(shape)}[style]  # fmt: skip
     y = np.concatenate([[0, 1], rng.integers(0, 4, n - 2)]).astype(np.int64)
     arrays = {"x": x, "y": y}
     if k:
@@ -997,8 +1024,10 @@ def _npz_reference(arrays: dict, kind: str):
     x, y = arrays["x"], arrays["y"]
     if x.ndim not in (2, 3) or x.size == 0:
         return None
-    if x.dtype.kind == "f":
+    if x.dtype.kind == "f":  # 8-bit pixels saved as floats k/255, nothing else: no rounding
         if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+            return None
+        if np.abs(x * 255.0 - np.rint(x * 255.0)).max() > 1e-3:
             return None
     elif x.dtype.kind not in "iu" or x.min() < 0 or x.max() > 255:
         return None
@@ -1054,6 +1083,10 @@ def test_own_images_npz(case) -> None:
     images = got.data.images
     assert (images.shape[0], images.shape[1], got.data.n_classes, sizes,
             tuple(got.data.labels.tolist())) == expected, kind  # fmt: skip
+    x = arrays["x"]
+    if kind == "none":  # the pixels as written: uint8 as they are, k/255 floats as k
+        written = np.rint(x * 255.0) if x.dtype.kind == "f" else x
+        assert np.array_equal(images, written.reshape(len(images), -1).astype(np.uint8))
 
 
 # ------------------------------------------------------------------ own images (IDX pair)
@@ -1275,8 +1308,9 @@ def test_parquet_tables(case, coverage) -> None:
 
 
 def test_preflight_check_names_the_item_names_and_element_groups_files(tmp_path) -> None:
-    """The data check reads 'item-names' (BOM allowed, as its loader) and 'element-groups'
-    headers, and names a missing file or a wrong header with the header it expects."""
+    """The data check reads 'item-names' and 'element-groups' headers (a BOM dropped, as
+    their loaders do), and names a missing file or a wrong header with the header it
+    expects."""
     from flower_app.config import AppConfig
     from flower_app.datasets.check import data_problems
 
@@ -1288,13 +1322,15 @@ def test_preflight_check_names_the_item_names_and_element_groups_files(tmp_path)
     def problems(item_names: str) -> list[str]:
         return data_problems(AppConfig.from_run_config(
             {"algorithm": "fedsm", "dataset": "facility-location-table", "data-file": str(table),
-             "item-names": item_names, "element-groups": str(groups)}
+             "item-names": item_names, "element-groups": str(groups), "k": 2}
         ))  # fmt: skip
 
     assert problems(str(names)) == []
-    groups.write_text("\ufeffelement,group\n0,x\n", encoding="utf-8")  # read_groups: no BOM
+    groups.write_text("\ufeffelement,group\n0,x\n1,y\n", encoding="utf-8")  # a BOM: dropped
+    assert problems(str(names)) == []
+    groups.write_text("elements,group\n0,x\n")
     assert problems(str(names)) == [
-        f"{groups}: line 1: '\\ufeffelement,group'; expected the header 'element,group'"
+        f"{groups}: line 1: 'elements,group'; expected the header 'element,group'"
     ]
     groups.write_text("element,group\n0,x\n")
     assert problems(str(tmp_path / "none.csv")) == [
@@ -1324,3 +1360,211 @@ def test_preflight_check_refuses_npz_arrays_the_loader_refuses(tmp_path) -> None
             assert "['clients']" in problems[0] and str(path) in problems[0]
             with pytest.raises(OwnDataError, match=r"\['clients'\] are not among"):
                 load_image_clients.__wrapped__(str(path))
+
+
+# ------------------------------------------------------------------ folders of several files
+LEAF_FOLDER_KINDS = ["none", "copy", "copy-gz", "split-user", "train-test", "train-twice",
+                     "bom", "gzip-cut"]  # fmt: skip
+
+
+@st.composite
+def leaf_folders(draw):
+    """LEAF's Sent140 folder: files of distinct users, then one change across the files."""
+    n_files = draw(st.integers(1, 3))
+    files = []
+    for f in range(n_files):
+        users = [f"acct{f}_{u}" for u in range(draw(st.integers(1, 3)))]
+        data = {"users": users, "num_samples": [], "user_data": {}}
+        for u in users:
+            k = draw(st.integers(1, 3))
+            data["user_data"][u] = {
+                "x": [[str(j), "Mon Apr 06 2009", "NO_QUERY", u, f"tweet {j}"] for j in range(k)],
+                "y": [draw(st.integers(0, 1)) for _ in range(k)],
+            }
+            data["num_samples"].append(k)
+        files.append(data)
+    kind = draw(st.sampled_from(LEAF_FOLDER_KINDS))
+    tweets = sum(sum(d["num_samples"]) for d in files)
+    users = sum(len(d["users"]) for d in files)
+    layout = {f"all_data/all_data_{f}.json": json.dumps(d).encode() for f, d in enumerate(files)}
+    expected: tuple | None = (tweets, users)
+    first = "all_data/all_data_0.json"
+    if kind == "copy":  # a second copy of a file: every user of it twice
+        layout["all_data/all_data_0 (copy).json"] = layout[first]
+        expected = None
+    elif kind == "copy-gz":  # the file and its compressed copy
+        layout[first + ".gz"] = gzip.compress(layout[first])
+        expected = None
+    elif kind == "split-user":  # one user's tweets in two files
+        extra = files[0]["users"][0]
+        block = {"x": [["9", "d", "q", extra, "again"]], "y": [1]}
+        layout["all_data/all_data_9.json"] = json.dumps(
+            {"users": [extra], "num_samples": [1], "user_data": {extra: block}}
+        ).encode()
+        expected = None
+    elif kind in ("train-test", "train-twice"):  # LEAF's split: a user in train/ and test/
+        layout = {}
+        for f, d in enumerate(files):
+            layout[f"train/all_data_{f}_train_9.json"] = json.dumps(d).encode()
+            layout[f"test/all_data_{f}_test_9.json"] = json.dumps(d).encode()
+        expected = (2 * tweets, users)
+        if kind == "train-twice":
+            layout["train/all_data_0_train_9 (copy).json"] = layout["train/all_data_0_train_9.json"]
+            expected = None
+    elif kind == "bom":
+        layout[first] = b"\xef\xbb\xbf" + layout[first]
+    elif kind == "gzip-cut":
+        packed = gzip.compress(layout.pop(first))
+        layout[first + ".gz"] = packed[: draw(st.integers(10, len(packed) - 1))]
+        expected = None
+    return layout, kind, expected
+
+
+@EXAMPLES
+@given(leaf_folders())
+def test_leaf_folder_is_read_exactly_or_refused_naming_both_files(case) -> None:
+    """A user seen in two files of one group (a copy of a file, a user split over two) is
+    refused naming both files; LEAF's train/ and test/ hold the same users, as written."""
+    from flower_app.datasets.sent140 import find_sent140_files
+
+    layout, kind, expected = case
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "sent140"
+        for name, data in layout.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
+        try:
+            tweets = list(find_sent140_files(folder).tweets())
+        except ValueError as err:
+            assert expected is None, f"{kind}: refused a valid folder: {err}"
+            if kind in ("copy", "copy-gz", "split-user", "train-twice"):
+                assert str(err).count(str(folder)) >= 2, err  # both files named
+            else:
+                assert "all_data_0.json.gz" in str(err), err
+            return
+    assert expected is not None, f"{kind}: read a folder that holds a user twice"
+    assert (len(tweets), len({t.user for t in tweets})) == expected, kind
+
+
+def test_a_bom_on_a_headerless_ratings_csv_keeps_every_client(tmp_path) -> None:
+    """The first user id of a headerless ratings_<Category>.csv saved with a byte-order
+    mark is the same user as on the other lines: two users at 40 ratings stay two clients."""
+    from flower_app.datasets.amazon import build_amazon, find_amazon_files
+
+    folder = tmp_path / "amazon"
+    folder.mkdir()
+    lines = [f"A{u},B{k % 7},5.0,{1_300_000_000 + k}" for u in (1, 2) for k in range(40)]
+    (folder / "ratings_Electronics.csv").write_bytes(("\n".join(lines) + "\n").encode("utf-8-sig"))
+    files = find_amazon_files(folder)
+    task = build_amazon(files.read())
+    assert task.users == ("A1", "A2") and task.n_clients == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"asin": null, "categories": [["Electronics"]]}', "asin is null, not a string id"),
+        ('{"asin": true, "categories": [["Electronics"]]}', "asin is true, not a string id"),
+        ('{"asin": "B1", "category": "Electronics"}', "category is \"Electronics\", not a list"),
+        ('{"asin": "B1", "categories": [[null]]}', "categories\\[0\\] is \\[null\\], not names"),
+        ('{"asin": "B1", "categories": "Electronics"}', 'categories is "Electronics", not a list'),
+    ],
+)
+def test_amazon_metadata_refuses_nulls_and_strings_where_lists_and_ids_belong(
+    tmp_path, line, match
+) -> None:
+    from flower_app.datasets.amazon import read_metadata
+
+    path = tmp_path / "meta_Electronics.json"
+    path.write_text('{"asin": "B0", "categories": [["Electronics", "Cameras"]]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}, line 2: {match}"):
+        read_metadata(path)
+
+
+def test_amazon_metadata_product_listed_twice(tmp_path) -> None:
+    from flower_app.datasets.amazon import read_metadata
+
+    path = tmp_path / "meta_Electronics.json"
+    same = '{"asin": "B1", "category": ["Electronics", "Cameras"]}\n'
+    path.write_text(same + '{"asin": "B2", "category": ["Phones"]}\n' + same)
+    assert read_metadata(path) == {"B1": "Cameras", "B2": "Phones"}  # the same record again
+    path.write_text(same + '{"asin": "B1", "category": ["Electronics", "Phones"]}\n')
+    with pytest.raises(ValueError, match=r"lines 1 and 2: product 'B1' is listed twice"):
+        read_metadata(path)
+
+
+@pytest.mark.parametrize("columns", ["user,item,value,extra", "user,item"])
+def test_data_columns_naming_more_or_fewer_columns_is_refused(tmp_path, columns) -> None:
+    """An extra data-columns name is refused, not ignored (by the loader and before Flower)."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets.check import data_problems
+
+    table = tmp_path / "t.csv"
+    table.write_text("user,item,value,extra\n0,0,1.0,x\n1,1,2.0,y\n")
+    with pytest.raises(OwnDataError, match=f"'data-columns' = '{columns}': .* expected 3"):
+        load_facility_table(str(table), columns)
+    cfg = AppConfig.from_run_config({"dataset": "facility-location-table", "k": 2,
+                                     "data-file": str(table), "data-columns": columns})  # fmt: skip
+    [problem] = data_problems(cfg)
+    assert f"'data-columns' = '{columns}'" in problem and "expected 3" in problem
+    # coverage pairs: two names (the default user,item,value reads user,item)
+    assert load_coverage_sets(str(table)).values.shape == (2, 2)
+    with pytest.raises(OwnDataError, match="expected 2 comma-separated names"):
+        load_coverage_sets(str(table), "user,item,extra")
+
+
+@pytest.mark.parametrize("what", ["leaf", "sent140-csv", "glove", "amazon-reviews"])
+def test_a_truncated_gzip_file_is_named_at_load_and_before_flower(tmp_path, what) -> None:
+    """A .gz that ends early (an interrupted download) is refused naming the file, never a
+    bare EOFError; the check before Flower reads a small one to its end."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets.amazon import read_reviews_json
+    from flower_app.datasets.check import data_problems
+    from flower_app.datasets.sent140 import CSV_NAME
+    from flower_app.datasets.sent140_features import iter_glove
+
+    rows = [["4", str(k), "d", "NO_QUERY", f"acct{k % 2}", f"tweet {k} " * 20] for k in range(90)]
+    text = {
+        "leaf": json.dumps({"users": ["a"], "num_samples": [60], "user_data": {"a": {
+            "x": [[str(k), "d", "q", "a", f"tweet {k} " * 20] for k in range(60)],
+            "y": [1] * 60}}}),
+        "sent140-csv": "".join(",".join(f'"{c}"' for c in r) + "\n" for r in rows),
+        "glove": "".join(f"w{k} " + " ".join(["0.5"] * 25) + "\n" for k in range(200)),
+        "amazon-reviews": "".join(json.dumps({"reviewerID": f"A{k % 2}", "asin": f"B{k}",
+                                              "overall": 5.0, "unixReviewTime": 1_300_000_000})
+                                  + "\n" for k in range(200)),
+    }[what]  # fmt: skip
+    name = {"leaf": "sent140/all_data_0.json.gz", "sent140-csv": f"sent140/{CSV_NAME}.gz",
+            "glove": "sent140/glove.twitter.27B.25d.txt.gz",
+            "amazon-reviews": "amazon/reviews_Electronics_5.json.gz"}[what]  # fmt: skip
+    path = tmp_path / name
+    path.parent.mkdir(parents=True)
+    packed = gzip.compress(text.encode())
+    path.write_bytes(packed[: len(packed) // 2])
+    read = {"leaf": lambda: list(read_leaf_json(path)),
+            "sent140-csv": lambda: list(read_sentiment140_csv(path)),
+            "glove": lambda: list(iter_glove(path, 25)),
+            "amazon-reviews": lambda: list(read_reviews_json(path))}[what]  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ".*gzip data ends early"):
+        read()
+    if what == "glove":
+        return
+    run = {"algorithm": "fedsubavg", "dataset": "amazon" if what.startswith("amazon") else
+           "sent140", "data-dir": str(tmp_path)}  # fmt: skip
+    [problem] = data_problems(AppConfig.from_run_config(run))
+    assert str(path) in problem and "gzip data ends early" in problem
+
+
+def test_a_float_image_is_kept_exactly_or_refused(tmp_path) -> None:
+    """8-bit pixels saved as floats k/255 are read back as the same pixels; any other float
+    is refused naming the file and a value (never rounded to 8 bits without a word)."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 255, (6, 4, 4)).astype(np.uint8)
+    y, path = np.array([0, 1, 0, 1, 0, 1]), tmp_path / "imgs.npz"
+    for x in (pixels.astype(np.float32) / np.float32(255), pixels / 255.0):
+        np.savez(path, x=x, y=y)
+        got = load_image_clients.__wrapped__(str(path))
+        assert np.array_equal(got.data.images, pixels.reshape(6, -1))
+    np.savez(path, x=pixels / 255.0 + 1e-3, y=y)  # a quarter step off: 8 bits would round it
+    with pytest.raises(OwnDataError, match=re.escape(str(path)) + ": array x holds floats that"):
+        load_image_clients.__wrapped__(str(path))

@@ -2,8 +2,8 @@
 
 The ClientApp below is what a user writes: a FedAvg app (named arrays in, named arrays and
 ``num-examples`` out) plus the helpers of :mod:`flower_app.clients.maxfl`. Each of
-Flower's ``start()`` conventions is checked over the in-process grid; cohort mode
-(``cohorts=True``) still gives the recorded seeded model of the reproductions' engine.
+Flower's ``start()`` conventions is checked over the in-process grid; the runners' cohort
+class (``MaxFLCohorts``) still gives the recorded seeded model of the reproductions' engine.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from maxfl_configs import SMALL
 
+from flower_app.algorithms.maxfl.appeal import AppealServer
 from flower_app.algorithms.maxfl.core import aggregation_weight, maxfl_update
+from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, stored_rho
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     InitialArraysError,
@@ -303,20 +306,15 @@ def test_cohort_runs_keep_the_pinned_models(tmp_path, extra) -> None:
     assert run_direct(cfg)["model-digest"] == PINNED[cfg.algorithm]
 
 
-def test_cohort_flag_runs_the_reproductions_protocol() -> None:
-    """``MaxFLStrategy(cohorts=True)`` over cohort nodes gives the pinned model."""
+def test_the_cohort_class_runs_the_reproductions_protocol() -> None:
+    """``MaxFLCohorts`` over cohort nodes gives the pinned model (``MaxFLStrategy`` is
+    plain only: a cohort argument is refused)."""
     s = runner.settings(AppConfig.from_run_config(SMALL))
-    strategy = MaxFLStrategy(
-        cohorts=True,
-        n_seen=s.n_seen,
-        n_clients=s.n_clients,
-        clients_per_round=s.clients_per_round,
-        server_lr=s.server_lr,
-        eps=s.eps,
-        mandatory_rounds=s.mandatory_rounds,
-        seed=s.seed,
-        eval_every=s.eval_every,
+    server = AppealServer("maxfl", [], s.n_seen, server_lr=s.server_lr, eps=s.eps)
+    sampler = ParticipationSampler(
+        s.n_seen, s.clients_per_round, True, s.mandatory_rounds, s.seed
     )
+    strategy = MaxFLCohorts(server, sampler, s.n_clients, eval_every=s.eval_every)
     result = strategy.start(
         grid=LocalGrid(5, SMALL),
         initial_arrays=ArrayRecord(runner._init(s)),  # noqa: SLF001
@@ -325,6 +323,9 @@ def test_cohort_flag_runs_the_reproductions_protocol() -> None:
     assert runner.model_digest(result.arrays.to_numpy_ndarrays()) == PINNED["maxfl"]
     assert [r["server-round"] for r in strategy.history] == [0, 1, 2, 3]
     assert "seen-acc" in strategy.history[-1]
+    for cohort_only in ({"cohorts": True}, {"n_seen": 4}, {"clients_per_round": 2}):
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            MaxFLStrategy(**cohort_only)
 
 
 # ------------------------------------------------------------------ legacy NumPyClient

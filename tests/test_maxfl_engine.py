@@ -25,8 +25,8 @@ from flower_app.clients.learning import DictState, byzantine_clients
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.discovery import CohortMap
-from flower_app.strategies.maxfl import AppealStrategy
 from tests.support.local_grid import LocalGrid
 
 
@@ -110,10 +110,10 @@ def test_flwr_run_equals_direct_engine(flower_cli, tmp_path) -> None:
 
 
 # ------------------------------------------------------------------ bad input
-def _strategy(algorithm: str = "maxfl") -> AppealStrategy:
+def _strategy(algorithm: str = "maxfl") -> MaxFLCohorts:
     weights = [np.zeros((2, 3), np.float32), np.zeros(2, np.float32)]
     server = AppealServer(algorithm, weights, n_seen=4)
-    strategy = AppealStrategy(server, ParticipationSampler(4, 2), n_clients=4)
+    strategy = MaxFLCohorts(server, ParticipationSampler(4, 2), n_clients=4)
     strategy.cohorts = CohortMap(
         np.array([11, 12, 13, 14], dtype=object),
         np.arange(4, dtype=np.int64),

@@ -21,32 +21,27 @@ from flwr.common.constant import ErrorCode
 from flower_app import checkpoint
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.client_app import app as default_client_app
 from flower_app.config import AppConfig
 from flower_app.results import CHECKPOINT
 from flower_app.runners.fedsubavg import load_task
-from flower_app.strategies import (
-    FedCGStrategy,
-    FedDiscreteGreedyStrategy,
-    FedSMStrategy,
-    FedSubAvgStrategy,
-)
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.errors import TooFewRepliesError
 from flower_app.submodular.matroids import UniformMatroid
 from tests.support.local_grid import LocalGrid
-from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M
+from tests.test_hostile_replies import FSA_SMALL, N_COHORT, SCENARIOS, M, _maxfl_cohort
 
 
-def _strategy(k: int = 4, **kwargs) -> FedSMStrategy:
-    return FedSMStrategy(
-        k=k, clients_per_round=0.75, elements_per_client=0.5, seed=3, cohorts=True,
-        n_users=N_COHORT, matroid=UniformMatroid(M, k), **kwargs,
-    )  # fmt: skip
+def _strategy(k: int = 4, **kwargs) -> FedSMCohorts:
+    params = FedSMParams("alg1", 0.75, 0.5)
+    return FedSMCohorts(N_COHORT, UniformMatroid(M, k), k, params, seed=3, **kwargs)
 
 
-def _run(grid, strategy: FedSMStrategy, on_round=None) -> list[dict]:
-    if on_round is not None:
-        strategy.on_round = on_round
+def _run(grid, strategy: FedSMCohorts) -> list[dict]:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=strategy.k, timeout=5)
     return [r for r in strategy.history if r["server-round"] >= 1]
 
@@ -54,7 +49,6 @@ def _run(grid, strategy: FedSMStrategy, on_round=None) -> list[dict]:
 def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
     grid = SCENARIOS["fedsm-cohort"].grid()
     victim, newcomer = grid.node_ids[1], 7777
-    strategy = _strategy()
 
     def on_round(row: dict) -> None:
         if row["server-round"] == 1:  # the victim goes offline
@@ -63,7 +57,8 @@ def test_offline_node_is_skipped_and_a_rejoining_node_takes_its_place() -> None:
             grid.contexts[newcomer] = grid.contexts[victim]
             grid.node_ids.append(newcomer)
 
-    rows = _run(grid, strategy, on_round)
+    strategy = _strategy(on_round=on_round)
+    rows = _run(grid, strategy)
     r1, r2, r3, r4 = rows
     assert "failed-nodes" not in r1
     assert [f["node-id"] for f in r2["failed-nodes"]] == [victim]
@@ -100,14 +95,13 @@ def test_node_return_wait_holds_the_round_until_the_node_is_back() -> None:
         return ids
 
     grid.get_node_ids = get_node_ids
-    strategy = _strategy(k=3)
-    strategy.node_return_wait = 60.0
 
     def on_round(row: dict) -> None:
         if row["server-round"] == 1:
             grid.node_ids.remove(victim)
 
-    rows = _run(grid, strategy, on_round)
+    strategy = _strategy(k=3, on_round=on_round, node_return_wait=60.0)
+    rows = _run(grid, strategy)
     assert len(looks) == 3  # it was waited for, and came back
     assert all("failed-nodes" not in r for r in rows), rows
     assert not strategy.failure_summary()["degraded"]
@@ -115,14 +109,14 @@ def test_node_return_wait_holds_the_round_until_the_node_is_back() -> None:
 
     grid = SCENARIOS["fedsm-cohort"].grid()
     victim = grid.node_ids[1]
-    strategy = _strategy(k=3)
-    strategy.node_return_wait = 0.2  # it never comes back: skipped after the wait
 
     def leaves(row: dict) -> None:
         if row["server-round"] == 1:
             grid.node_ids.remove(victim)
 
-    rows = _run(grid, strategy, leaves)
+    # it never comes back: skipped after the wait
+    strategy = _strategy(k=3, on_round=leaves, node_return_wait=0.2)
+    rows = _run(grid, strategy)
     assert [f["node-id"] for f in rows[1]["failed-nodes"]] == [victim]
     assert "offline" in rows[1]["failed-nodes"][0]["reason"]
 
@@ -167,8 +161,7 @@ def test_fedsm_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run() -> None
     """Resume after round 2 (checkpoint stored as the run folder stores it): same S, same
     rows, and rounds 1-2 are not sent again."""
     saved: list[bytes] = []
-    whole = _strategy(k=5)
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = _strategy(k=5, checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     rows = _run(SCENARIOS["fedsm-cohort"].grid(), whole)
     assert len(saved) == 5
 
@@ -191,8 +184,7 @@ def test_maxfl_resumed_from_a_checkpoint_ends_with_the_uninterrupted_model() -> 
     """MaxFL (cohort mode): resume after round 2 of 4 gives the same weights, bit for bit."""
     sc = SCENARIOS["maxfl-cohort"]
     saved: list[bytes] = []
-    whole = sc.make_strategy()
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = _maxfl_cohort(checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     whole.start(grid=sc.grid(), **{**sc.start(), "num_rounds": 4})
     # restarted nodes: fresh contexts (no client state survives), the same ClientApp
     fresh = LocalGrid(sc.num_nodes, sc.run_config, app=sc.app() or default_client_app,
@@ -209,13 +201,13 @@ def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None
     """FedCG (cohort mode): resume after round 2 of 5 on fresh nodes gives the same x and set."""
     sc = SCENARIOS["fedcg-cohort"]
 
-    def make() -> FedCGStrategy:
-        server = FedCGServer(N_COHORT, UniformMatroid(M, 2), 5, 0.0, LocalSteps(), 0.5, seed=0)
-        return FedCGStrategy(cohorts=True, server=server)
+    def make(rounds: int = 5, **options) -> FedCGCohorts:
+        matroid = UniformMatroid(M, 2)
+        server = FedCGServer(N_COHORT, matroid, rounds, 0.0, LocalSteps(), 0.5, seed=0)
+        return FedCGCohorts(server, **options)
 
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=5, timeout=5)
     assert len(saved) == 5
     resumed = make()
@@ -224,8 +216,7 @@ def test_fedcg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x() -> None
     assert [r["server-round"] for r in resumed.history if r["server-round"] >= 1] == [1, 2, 3, 4, 5]
     assert np.array_equal(resumed.server.x, whole.server.x)
     assert resumed.selected == whole.selected and whole.selected is not None
-    other = FedCGStrategy(cohorts=True, server=FedCGServer(
-        N_COHORT, UniformMatroid(M, 2), 7, 0.0, LocalSteps(), 0.5, seed=0))  # fmt: skip
+    other = make(rounds=7)
     other.resume_from(checkpoint.loads(saved[1]))
     with pytest.raises(ValueError, match="does not match"):
         other.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=7, timeout=5)
@@ -235,13 +226,12 @@ def test_discrete_greedy_resumed_from_a_checkpoint_ends_with_the_uninterrupted_s
     """Discrete greedy (cohort mode): fresh nodes redo Algs. 4/5, then S continues."""
     sc = SCENARIOS["discrete-cohort"]
 
-    def make() -> FedDiscreteGreedyStrategy:
+    def make(**options) -> DiscreteGreedyCohorts:
         server = DiscreteGreedyServer(N_COHORT, UniformMatroid(M, 4), 4, 5.0, seed=1)
-        return FedDiscreteGreedyStrategy(cohorts=True, server=server)
+        return DiscreteGreedyCohorts(server, **options)
 
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     whole.start(grid=sc.grid(), initial_arrays=ArrayRecord(), num_rounds=4, timeout=5)
     assert len(saved) == 4 and len(whole.server.selected) == 4
     resumed = make()
@@ -259,17 +249,14 @@ def test_fedsubavg_resumed_from_a_checkpoint_ends_with_the_uninterrupted_x(algor
     cfg = AppConfig.from_run_config({**FSA_SMALL, "algorithm": algorithm})
     task = load_task(cfg)
 
-    def make() -> FedSubAvgStrategy:
-        return FedSubAvgStrategy(
-            cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-            clients_per_round=cfg.clients_per_round, seed=cfg.seed, algorithm=algorithm,
-        )  # fmt: skip
+    def make(**options) -> FedSubAvgCohorts:
+        return FedSubAvgCohorts(algorithm, task.n_clients, task.n_params,
+                                cfg.clients_per_round, seed=cfg.seed, **options)  # fmt: skip
 
     run_config = {**FSA_SMALL, "algorithm": algorithm}
     grid = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)
     saved: list[bytes] = []
-    whole = make()
-    whole.checkpoint_fn = lambda payload: saved.append(checkpoint.dumps(payload))
+    whole = make(checkpoint_fn=lambda payload: saved.append(checkpoint.dumps(payload)))
     whole.start(grid=grid, num_rounds=4, timeout=5)
     assert len(saved) == 4
     fresh = LocalGrid(sc.num_nodes, run_config, app=default_client_app, node_config=sc.node_config)

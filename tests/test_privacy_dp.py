@@ -33,7 +33,8 @@ from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.privacy import SecureAggregation
-from flower_app.strategies import FedSMStrategy, FedSubAvgStrategy
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
 from tests.support.local_grid import LocalGrid
@@ -131,9 +132,8 @@ def _reproducible_cohort_app(ratings: np.ndarray):
 def test_dp_fedsm_on_flower_nodes_selects_what_the_direct_engine_does(secure) -> None:
     ratings = _ratings()
     direct, rows = _direct(2.0, ratings)
-    strategy = FedSMStrategy(
-        k=K_SET, seed=11, cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K_SET),
-        params=_params(2.0, True), lam=5.0,
+    strategy = FedSMCohorts(
+        N_USERS, UniformMatroid(M, K_SET), K_SET, _params(2.0, True), seed=11, lam=5.0,
         secure_aggregation=SecureAggregation() if secure else None,
     )  # fmt: skip
     app = _reproducible_cohort_app(ratings)
@@ -177,11 +177,9 @@ def test_dp_noise_changes_the_estimates_and_more_epsilon_changes_them_less() -> 
 
 def test_dp_is_refused_where_it_is_not_implemented() -> None:
     from flower_app.config import AppConfig, ConfigError
-    from flower_app.runners.fedsm import fedsm_params
 
-    cfg = AppConfig.from_run_config({"fedsm-mode": "alg2", "fedsm-dp-epsilon": 1.0})
-    with pytest.raises(ConfigError, match="alg1"):
-        fedsm_params(cfg)
+    with pytest.raises(ConfigError, match="alg1"):  # the declared rule, when cfg is made
+        AppConfig.from_run_config({"fedsm-mode": "alg2", "fedsm-dp-epsilon": 1.0})
     with pytest.raises(ValueError, match="rng='per-user'"):
         FedSMRun(10, UniformMatroid(5, 2), 2, FedSMParams(rng="batched", dp_epsilon=1.0), 1.0)
 
@@ -273,9 +271,9 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     cfg = AppConfig.from_run_config(run_config)
     task, spec = load_task(cfg), run_spec(cfg)
     x, history, heat = run_direct_rounds(task, spec)
-    strategy = FedSubAvgStrategy(
-        cohorts=True, n_clients=task.n_clients, n_params=task.n_params, clients_per_round=8,
-        seed=5, secure_aggregation=SecureAggregation(), dp=spec.dp,
+    strategy = FedSubAvgCohorts(
+        "fedsubavg", task.n_clients, task.n_params, 8, seed=5, dp=spec.dp,
+        secure_aggregation=SecureAggregation(),
     )  # fmt: skip
     strategy.start(LocalGrid(3, cfg.to_dict()), num_rounds=4)
     np.testing.assert_allclose(strategy.x, x, rtol=0, atol=1e-5)

@@ -15,7 +15,14 @@ import time
 import pytest
 from matplotlib.colors import to_hex
 
-from flower_app.cli.report import draw_figures, load_run, run_colors, run_styles, write_report
+from flower_app.cli.report import (
+    draw_figures,
+    load_run,
+    run_colors,
+    run_styles,
+    run_times,
+    write_report,
+)
 from flower_app.config import AppConfig
 from flower_app.experiment import run_direct
 from flower_app.results import RunWriter, run_session
@@ -175,3 +182,23 @@ def test_report_md_names_the_data_file_and_the_whole_wall_time_of_a_resumed_run(
     for png in ("quality.png", "bytes.png", "participants.png"):
         assert f"![{png[:-4]}]({png})" in lines
         assert (tmp_path / png).stat().st_size > 10_000
+
+
+def test_the_time_columns_say_what_they_measure(tmp_path) -> None:
+    """Under flwr run the strategy's time holds discovery before round 1: the rounds column
+    sums the rounds' own time (1.1 s), discovery is apart (31.2 s), start-up too."""
+    folder = tmp_path / "flwr-run"
+    config = {"algorithm": "fedsm", "dataset": "synthetic-facility-location", "seed": 0,
+              "engine": "flower", "k": 2}  # fmt: skip
+    with run_session(time.time() - 40.0):
+        writer = RunWriter(folder, config)
+        for t, seconds in ((1, 0.5), (2, 0.6)):
+            writer.log_round({"server-round": t, "objective": t, "round-time": seconds})
+        writer.write_summary({"algorithm": "fedsm", "objective": 2.0, "wall-time": 32.3})
+    times = run_times(load_run(folder))
+    assert times["rounds"] == pytest.approx(1.1) and times["discovery"] == pytest.approx(31.2)
+    assert 7.0 <= times["start-up"] < 7.0 + 60.0 and times["run"] >= 40.0
+    report = write_report([folder], tmp_path / "out").read_text().splitlines()
+    head = [c.strip() for c in report[2].strip("|").split("|")]
+    row = dict(zip(head, [c.strip() for c in report[4].strip("|").split("|")], strict=True))
+    assert row["rounds time"] == "1.10 s" and row["discovery"] == "31.2 s"

@@ -111,3 +111,21 @@ def test_fedcg_runs_a_preset_resumes_by_row_and_reports(tmp_path, capsys) -> Non
     assert any(line.startswith("| discrete greedy kappa=10 | 4 | 2 |") for line in table)
     assert (out / "synthetic-dblp.png").stat().st_size > 10_000
     assert len(read_csv(out / "table-synthetic-dblp.csv")) == 2
+
+
+def test_a_run_asked_for_again_keeps_the_earlier_folder(tmp_path, capsys) -> None:
+    """A run folder is never overwritten: running a sweep's run again (after it finished,
+    or after it was interrupted: a folder without summary.json) moves the earlier folder
+    aside as ``<name>.previous-<k>``, said on stderr, and runs into a fresh one."""
+    run = Run("seed0", {**TINY, "seed": 0}, {"seed": 0})
+    sweep = Sweep(tmp_path)
+    first = next(summary for _, summary in sweep.execute([run]))
+    (sweep.folder(run) / "marker").write_text("first")
+    again = next(summary for _, summary in sweep.execute([run]))
+    assert again["selected"] == first["selected"] and sweep.finished(run)
+    kept = sweep.folder("seed0.previous-1")
+    assert (kept / "marker").read_text() == "first" and (kept / "summary.json").is_file()
+    (sweep.folder(run) / "summary.json").unlink()  # interrupted: no summary
+    list(sweep.execute([run]))
+    assert sweep.folder("seed0.previous-2").is_dir() and sweep.finished(run)
+    assert "kept as seed0.previous-2" in capsys.readouterr().err

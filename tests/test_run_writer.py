@@ -109,3 +109,39 @@ class _Mkdir:
 
     def __reduce__(self) -> tuple:
         return os.mkdir, (self.path,)
+
+
+def test_a_new_run_never_overwrites_a_run_folder(tmp_path) -> None:
+    """A second run with the same folder is refused naming it and what it holds (10 rows
+    stay 10 rows, config.json stays as written); resume is the only way into it."""
+    from flower_app.results import RunFolderError
+
+    folder = tmp_path / "run"
+    first = RunWriter(folder, CONFIG)
+    for t in range(1, 11):
+        first.log_round({"server-round": t})
+    first.write_summary({"done": True})
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    with pytest.raises(RunFolderError, match=rf"run folder {folder} already holds a run "
+                       r"\(config.json, metrics.jsonl \(10 rows\), summary.json\)"):  # fmt: skip
+        RunWriter(folder, {**CONFIG, "k": 5})
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
+    (tmp_path / "empty").mkdir()  # an empty folder made beforehand is a new run's
+    RunWriter(tmp_path / "empty", CONFIG).write_summary({})
+
+
+def test_two_runs_claiming_one_folder_at_once_get_it_once(tmp_path) -> None:
+    """config.json is created exclusively: of two runs started together, one is refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flower_app.results import RunFolderError, claim_run_folder
+
+    def claim(_: int) -> bool:
+        try:
+            claim_run_folder(tmp_path / "run")
+        except RunFolderError:
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(claim, range(8))) == 1

@@ -38,6 +38,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.privacy import SecureAggregation, secure_aggregation_mod, secure_sum
 from flower_app.privacy.fixed_point import encode_reply, layout_of, mask_stream
 from flower_app.privacy.secagg_client import (
@@ -48,6 +49,7 @@ from flower_app.privacy.secagg_client import (
 from flower_app.privacy.secagg_server import KeyBook
 from flower_app.privacy.shares import combine_seed, seed_commitment
 from flower_app.privacy.topology import ring_neighbours
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from tests.support.local_grid import LocalGrid
 
 FRAC = 24
@@ -689,7 +691,6 @@ def test_cohort_mode_with_both_sampled_users_on_one_node_finishes() -> None:
     from flower_app.clients.adapter import numpy_client_app
     from flower_app.clients.cohorts import cohort_range
     from flower_app.clients.submodular import SubmodularClient
-    from flower_app.strategies import FedSMStrategy
     from flower_app.submodular.matroids import UniformMatroid
     from flower_app.submodular.objectives import MaxRowObjective
 
@@ -703,9 +704,8 @@ def test_cohort_mode_with_both_sampled_users_on_one_node_finishes() -> None:
         return SubmodularClient(rows, first, users, p, parts)
 
     def run(secure: SecureAggregation | None, seed: int):
-        strategy = FedSMStrategy(cohorts=True, n_users=users, matroid=UniformMatroid(m, k),
-                                 k=k, clients_per_round=2, elements_per_client=1.0, seed=seed,
-                                 secure_aggregation=secure)  # fmt: skip
+        strategy = FedSMCohorts(users, UniformMatroid(m, k), k, FedSMParams("alg1", 2, 1.0),
+                                seed=seed, secure_aggregation=secure)  # fmt: skip
         strategy.start(LocalGrid(3, {}, app=numpy_client_app(factory)), ArrayRecord(), k)
         return strategy, [r for r in strategy.history if r["server-round"] >= 1]
 

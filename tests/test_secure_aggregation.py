@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flower_app.algorithms.fedsm.modes import FedSMParams
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.fedsm import fedsm_reply
@@ -32,6 +33,10 @@ from flower_app.strategies import (
     FedSMStrategy,
     FedSubAvgStrategy,
 )
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.errors import AllRepliesRejectedError
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -136,12 +141,12 @@ def _cohort_app(ratings: np.ndarray) -> ClientApp:
     return numpy_client_app(factory)
 
 
-class Recorder(FedSMStrategy):
+class Recorder(FedSMCohorts):
     """FedSM that keeps what it decoded (per node in the clear, the sum under SecAgg)."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(k=K, clients_per_round=0.6, elements_per_client=0.6, seed=11,
-                         **kwargs)  # fmt: skip
+        super().__init__(N_USERS, UniformMatroid(M, K), K, FedSMParams("alg1", 0.6, 0.6),
+                         seed=11, **kwargs)  # fmt: skip
         self.decoded: list[dict[int, np.ndarray]] = []
 
     def decode_train_reply(self, src, reply):
@@ -159,7 +164,7 @@ class Recorder(FedSMStrategy):
 
 
 def _cohort_strategy(**kwargs) -> Recorder:
-    return Recorder(cohorts=True, n_users=N_USERS, matroid=UniformMatroid(M, K), **kwargs)
+    return Recorder(**kwargs)
 
 
 class Wiretap(LocalGrid):
@@ -191,7 +196,7 @@ class Wiretap(LocalGrid):
         return got
 
 
-def _run(strategy: FedSMStrategy, grid: LocalGrid) -> list[int]:
+def _run(strategy: FedSMCohorts, grid: LocalGrid) -> list[int]:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=K, timeout=0.5)
     return list(strategy.run.selected)
 
@@ -257,8 +262,8 @@ def test_no_message_the_server_receives_holds_a_nodes_reply_in_the_clear() -> No
             assert nz.tobytes() not in blob
         # metrics: only the public ones, in the clear
         for rec in msg.content.config_records.values():
-            assert set(rec) <= {"pk", "destinations", "ciphertexts", "commitment", "layout",
-                                "nodes", "shares", "seed", "num-elements"}  # fmt: skip
+            assert set(rec) <= {"pk", "trust", "destinations", "ciphertexts", "commitment",
+                                "layout", "nodes", "shares", "seed", "num-elements"}  # fmt: skip
     # while the plain run's replies hold the reports themselves
     assert any(
         r.tobytes() in _payload_bytes(m) or r[r != 0].tobytes() in _payload_bytes(m)
@@ -387,8 +392,10 @@ def test_neighbour_rings_are_a_connected_symmetric_function_of_the_nodes(
 
 
 def test_strategies_whose_aggregate_is_not_a_sum_refuse_secure_aggregation() -> None:
-    with pytest.raises(ValueError, match="cohorts=True and secure_aggregation"):
-        FedSubAvgStrategy(dp=object())  # client-level DP: cohort mode with SecAgg only
+    with pytest.raises(ValueError, match="needs secure_aggregation"):
+        FedSubAvgCohorts("fedsubavg", 10, 5, 2, dp=object())  # client-level DP: SecAgg only
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        FedSubAvgStrategy(dp=object())  # the public strategy: no client-level DP
     with pytest.raises(TypeError, match="SecureAggregation"):
         FedSMStrategy(secure_aggregation=True)
 
@@ -509,11 +516,11 @@ def test_fedcg_under_secure_aggregation_reaches_the_plain_x(mode) -> None:
     )  # fmt: skip
     from tests.test_hostile_replies import M as HM
 
-    def strategy(**kw) -> FedCGStrategy:
+    def strategy(**kw) -> FedCGStrategy | FedCGCohorts:
         if mode == "cohort":
             server = FedCGServer(N_COHORT, UniformMatroid(HM, 2), 2, 0.0, LocalSteps(), 0.5,
                                  seed=0)  # fmt: skip
-            return FedCGStrategy(cohorts=True, server=server, **kw)
+            return FedCGCohorts(server, **kw)
         return FedCGStrategy(k=2, seed=7, fraction_train=0.7, min_train_nodes=3, **kw)
 
     def grid(mods: bool) -> Wiretap:
@@ -550,20 +557,13 @@ def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algor
     from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task
-    from flower_app.strategies.fedsubavg import (
-        FedAdamSubStrategy,
-        ScaffoldSubStrategy,
-    )
-
-    cls = {"fedsubavg": FedSubAvgStrategy, "fedadam-sub": FedAdamSubStrategy,
-           "scaffold-sub": ScaffoldSubStrategy}[algorithm]  # fmt: skip
     run_config = {"algorithm": algorithm, "dataset": "synthetic-movielens-rating",
                   "num-users": 45, "num-elements": 40, "clients-per-round": 8,
                   "fsa-rounds": 4, "seed": 5}  # fmt: skip
     cfg = AppConfig.from_run_config(run_config)
     task = load_task(cfg)
-    strategy = cls(cohorts=True, n_clients=task.n_clients, n_params=task.n_params,
-                   clients_per_round=8, seed=5, secure_aggregation=SecureAggregation())  # fmt: skip
+    strategy = FedSubAvgCohorts(algorithm, task.n_clients, task.n_params, 8, seed=5,
+                                secure_aggregation=SecureAggregation())  # fmt: skip
     grid = Wiretap(3, cfg.to_dict())
     strategy.start(grid, num_rounds=4)
     x, history, heat = run_direct_rounds(task, RunSpec(algorithm, 4, 8, seed=5,
@@ -601,10 +601,10 @@ def test_discrete_greedy_under_secure_aggregation_selects_the_plain_set(mode) ->
     )
     from tests.test_hostile_replies import M as HM
 
-    def strategy(**kw) -> FedDiscreteGreedyStrategy:
+    def strategy(**kw) -> FedDiscreteGreedyStrategy | DiscreteGreedyCohorts:
         if mode == "cohort":
             server = DiscreteGreedyServer(N_COHORT, UniformMatroid(HM, 3), 3, 5.0)
-            return FedDiscreteGreedyStrategy(cohorts=True, server=server, **kw)
+            return DiscreteGreedyCohorts(server, **kw)
         return FedDiscreteGreedyStrategy(k=3, kappa=3.0, seed=4, min_available_nodes=N_PLAIN, **kw)
 
     def grid(mods: bool) -> Wiretap:

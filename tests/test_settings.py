@@ -233,3 +233,52 @@ def test_run_sim_help_comes_from_the_declarations() -> None:
     helps = {a.dest: a.help for a in sweep._actions}
     for key in ("dataset", "data-dir", "num-users", "matroid", "partition-capacity"):
         assert helps[key.replace("-", "_")] == help_text(key)
+
+
+def test_the_rules_constants_agree_with_the_code_they_stand_for() -> None:
+    from flower_app.algorithms.common.gaussian_dp import DP_ALGORITHMS
+    from flower_app.algorithms.fedsm.modes import FedSMParams
+    from flower_app.privacy.topology import MIN_NODES
+    from flower_app.settings import rules
+
+    assert rules.DP_ALGORITHMS == DP_ALGORITHMS
+    assert rules.SECURE_MIN_NODES == MIN_NODES
+    # fedsm-eta's declared range and 1/x rule are the algorithm's own
+    for eta in (0.1, 0.2, 0.25, 0.5, 0.3, 0.15, 1 / 3, 0.999):
+        try:
+            FedSMParams(eta=eta).steps()
+            ok = True
+        except ValueError:
+            ok = False
+        try:
+            SETTINGS["fedsm-eta"].validate(eta)
+            declared = True
+        except ConfigError:
+            declared = False
+        assert declared == ok, eta
+
+
+@pytest.mark.parametrize(
+    ("run", "named"),
+    [
+        ({"data-file": "/d/ratings.csv"}, "'data-file' = '/d/ratings.csv' is read only by"),
+        ({"dataset": "facility-location-table", "data-file": "/d/x.npz"}, "files ending in .csv"),
+        ({"dataset": "coverage-sets", "data-file": "/d/sets.txt", "data-columns": "u,i"},
+         "'data-columns' = 'u,i' names a table's columns"),
+        ({"algorithm": "maxfl", "dataset": "fmnist", "item-names": "/d/n.csv"},
+         "'item-names' names the items of"),
+        ({"algorithm": "maxfl", "dataset": "fmnist", "data-columns": "a,b,c"},
+         "'data-columns' = 'a,b,c' names the columns of a table"),
+        ({"algorithm": "fed-discrete-greedy", "clients-per-round": 5}, "would be ignored"),
+        ({"algorithm": "maxfl", "dataset": "fmnist", "maxfl-dp-noise": 1.0},
+         "needs maxfl-participation = 'all'"),
+        ({"algorithm": "fedsubavg", "dataset": "synthetic-amazon", "resume": True,
+          "run-name": "r"}, "['resume'] not supported on the torch tasks"),
+        ({"algorithm": "fedsubavg", "dataset": "movielens-rating", "fsa-embedding-init":
+          "glove"}, "is for the Sent140 LSTM"),
+    ],
+)
+def test_a_rule_across_keys_is_refused_when_the_config_is_made(run, named) -> None:
+    with pytest.raises(ConfigError) as err:
+        AppConfig.from_run_config(run)
+    assert named in str(err.value)

@@ -128,12 +128,11 @@ def test_own_file_datasets_cannot_run_without_a_data_file(tmp_path, algorithm, d
 
 @pytest.mark.parametrize("dataset", sorted(TORCH & {"synthetic-sent140", "synthetic-amazon"}))
 def test_the_torch_tasks_refuse_the_dp_that_fedsubavg_dp_sweeps(tmp_path, dataset) -> None:
-    cfg = AppConfig.from_run_config(
-        {"algorithm": "fedsubavg", "dataset": dataset, "fsa-dp-noise": 1.0,
-         "secure-aggregation": True, "output-dir": str(tmp_path)}
-    )  # fmt: skip
-    with pytest.raises(ValueError, match="fsa-dp-noise"):
-        run_direct(cfg)
+    run = {"algorithm": "fedsubavg", "dataset": dataset, "fsa-dp-noise": 1.0,
+           "secure-aggregation": True, "output-dir": str(tmp_path)}  # fmt: skip
+    with pytest.raises(ValueError, match="fsa-dp-noise"):  # when the config is made
+        run_direct(AppConfig.from_run_config(run))
+    assert not list(tmp_path.iterdir())
 
 
 def test_family_help_is_reached_through_run_sim() -> None:

@@ -18,7 +18,9 @@
 ``flower-app ports``
     Prints ``export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=... FLWR_LOCAL_CONTROL_API_PORT=...``
     with this ``FLWR_HOME``'s ports, so that a plain ``flwr run`` (``eval "$(flower-app
-    ports)"``) uses this home's SuperLink too.
+    ports)"``) uses this home's SuperLink too; and, on stderr, every SuperLink using this
+    home's database (PID and ports), with a warning when there are several (a plain ``flwr
+    run`` without those ports starts a second one on the same database).
 ``flower-app report RUN_DIR [RUN_DIR ...] [--out DIR]``
     Figures and a one-page Markdown summary of run folders (:mod:`flower_app.cli.report`).
 
@@ -69,10 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             filter_noise=not args.keep_noise, full_log=args.full_log,
         )  # fmt: skip
     if args.command == "ports":
-        from flower_app.cli.run import PORT_ENV, local_ports
+        from flower_app.cli.run import PORT_ENV, local_ports, superlinks_report
 
         ports, _ = local_ports()
         print("export " + " ".join(f"{name}={ports[key]}" for name, key in PORT_ENV.items()))
+        for line in superlinks_report():  # on stderr: eval "$(flower-app ports)" stays clean
+            print(f"flower-app ports: {line}", file=sys.stderr)
         return 0
     if args.command == "stop":
         from flower_app.cli.run import stop_local_superlink

@@ -370,6 +370,40 @@ def _run_time(summary: dict[str, Any]) -> str:
     return cell
 
 
+def run_times(run: dict[str, Any]) -> dict[str, float | None]:
+    """Return a run's times, each measuring one thing (seconds; None: not recorded).
+
+    ``run``: the whole run (``summary.json``'s ``run-wall-time``: every session of a
+    resumed run). ``start-up``: before the strategy started (loading the data, the greedy
+    reference), this session. ``discovery``: the strategy's start before round 1 (under
+    ``flwr run``: nodes registering, discovery of their users, round 0's evaluation; the
+    summary's ``wall-time`` less the rounds), this session. ``rounds``: the rounds
+    themselves (the sum of the rows' ``round-time``, every session; without it, as on the
+    direct engine, the summary's ``wall-time``).
+
+    Parameters
+    ----------
+    run : dict
+        :func:`load_run`'s run.
+    """
+    summary, rows = run["summary"], run["rows"]
+    total, strategy = _numeric(summary.get("run-wall-time")), _numeric(summary.get("wall-time"))
+    resumed = _numeric(summary.get("resumed-from-round")) or 0
+    timed = [r for r in rows if _numeric(r.get("server-round")) and r["server-round"] >= 1]
+    times = [_numeric(r.get("round-time")) for r in timed]
+    if timed and all(t is not None for t in times):
+        rounds = float(sum(times))  # type: ignore[arg-type]
+        session = sum(t for r, t in zip(timed, times, strict=True)
+                      if r["server-round"] > resumed)  # type: ignore[misc]  # fmt: skip
+        discovery = None if strategy is None else max(0.0, strategy - session)
+    else:
+        rounds, discovery = strategy, None
+    start_up = None
+    if total is not None and strategy is not None and not resumed:
+        start_up = max(0.0, total - strategy)
+    return {"run": total, "start-up": start_up, "discovery": discovery, "rounds": rounds}
+
+
 def write_report(runs: Sequence[str | Path], out: str | Path | None = None) -> Path:
     """Write the figures and ``report.md`` of ``runs`` into ``out``; return ``report.md``.
 
@@ -400,7 +434,7 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None) -> P
         fig.savefig(folder / name, dpi=110)
     fields = [f for f in SUMMARY_FIELDS if any(f in r["summary"] for r in loaded)]
     head = ["run", "algorithm", "dataset", "engine", "seed", "rounds", *fields,
-            "run time", "rounds time"]  # fmt: skip
+            "run time", "start-up", "discovery", "rounds time"]  # fmt: skip
     lines = [
         "# Run report",
         "",
@@ -414,14 +448,20 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None) -> P
         cells += [_dataset(cfg)]
         cells += [_cell(c) for c in (cfg.get("engine"), cfg.get("seed"), rounds)]
         cells += [_cell(summary.get(f)) for f in fields]
-        cells += [_run_time(summary), _seconds(summary.get("wall-time"))]
+        times = run_times(run)
+        cells += [_run_time(summary), *(_seconds(times[k]) for k in ("start-up", "discovery",
+                                                                      "rounds"))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "*run time*: from the start of the run (the SuperLink accepting it under `flwr run`, "
-        "the call under the direct engine) to its summary, with loading the data, the greedy "
-        "reference and discovery; for a resumed run, every session up to its last checkpoint. "
-        "*rounds time*: the strategy's rounds only (after a resume, the last session's).",
+        "the call under the direct engine) to its summary; for a resumed run, every session "
+        "up to its last checkpoint. It holds the three columns after it: *start-up*, before "
+        "the strategy starts (loading the data, the greedy reference; – after a resume); "
+        "*discovery*, the strategy's start before round 1 (under `flwr run`: the nodes "
+        "registering, the discovery of their users, round 0's evaluation; – on the direct "
+        "engine, which has none); *rounds time*, the rounds themselves (each row's "
+        "`round-time`, every session; on the direct engine the strategy's whole time).",
     ]
     unfinished = [label for r, label in zip(loaded, _names(loaded), strict=True)
                   if not r["summary"]]  # fmt: skip

@@ -1,9 +1,12 @@
 """``flower-app run`` (checked first, its own SuperLink, an honest exit code) and ``stop``.
 
-``run`` checks the run_config in-process (:func:`preflight`: seconds, nothing started),
-gives this ``FLWR_HOME`` its own local SuperLink ports (:func:`local_ports`), wraps ``flwr
-run`` and folds a failure into one line with the path of the full log; ``stop`` stops
-exactly the local SuperLink of one ``FLWR_HOME``.
+``run`` checks the run_config, the data and the instance in-process (:func:`plan_run`:
+seconds, nothing started), decides where the results go (in the caller's environment, never
+overwriting a run folder), warns about what Flower would walk or refuse in the app folder
+(:mod:`flower_app.cli.app_folder`), gives this ``FLWR_HOME`` its own local SuperLink ports
+(:func:`local_ports`), wraps ``flwr run`` and folds a failure into one line with the path of
+the full log; ``stop`` stops exactly the local SuperLink of one ``FLWR_HOME``;
+:func:`superlinks_report` names every SuperLink using its database.
 
 Flower facts this module works around (flwr 1.42):
 
@@ -44,6 +47,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +57,16 @@ from flower_app.simulation import free_ports
 
 __all__ = [
     "PORT_ENV",
+    "RunPlan",
     "flwr_home",
+    "local_nodes",
     "local_ports",
     "local_superlink_pids",
+    "plan_run",
     "preflight",
     "run_app",
     "stop_local_superlink",
+    "superlinks_report",
 ]
 
 #: flwr and flower-superlink of this interpreter's environment
@@ -109,6 +117,31 @@ def _superlink_ports(pid: int) -> dict[str, int]:
             if value.isdigit():
                 out[key] = int(value)
     return out
+
+
+def superlinks_report(home: Path | None = None) -> list[str]:
+    """Return one line per SuperLink using ``home``'s database, and a warning if several.
+
+    A plain ``flwr run`` looks for its local SuperLink on Flower's default ports, not on
+    this home's (:func:`local_ports`): without ``eval "$(flower-app ports)"`` it starts a
+    second SuperLink on the same ``$FLWR_HOME/local-superlink/state.db``. Both are found
+    here by their command lines (:func:`local_superlink_pids`).
+    """
+    home = home or flwr_home()
+    pids = local_superlink_pids(home)
+    lines = []
+    for pid in pids:
+        ports = _superlink_ports(pid)
+        http, control = (ports.get(k, "?") for k in ("http-api-port", "control-api-port"))
+        lines.append(f"SuperLink PID {pid} uses {home / 'local-superlink'} (ports {http}, "
+                     f"{control})")  # fmt: skip
+    if len(pids) > 1:
+        lines.append(
+            f"warning: {len(pids)} SuperLinks share the database of {home}: a plain flwr run "
+            "started one on Flower's default ports; stop them (flower-app stop stops all of "
+            "this home's), then use eval \"$(flower-app ports)\" before a plain flwr run"
+        )
+    return lines
 
 
 def _superlinks_on(port: int) -> list[int]:
@@ -275,60 +308,202 @@ def _env(ports: dict[str, int] | None = None) -> dict[str, str]:
     return env
 
 
+def _app_table(app_dir: Path) -> dict[str, Any]:
+    """Return the app's ``[tool.flwr.app]``."""
+    with open(app_dir / "pyproject.toml", "rb") as fh:
+        return dict(tomllib.load(fh).get("tool", {}).get("flwr", {}).get("app", {}))
+
+
 def _app_config(app_dir: Path) -> tuple[dict[str, Any], str]:
     """Return the app's ``[tool.flwr.app.config]`` and its ServerApp component."""
-    with open(app_dir / "pyproject.toml", "rb") as fh:
-        tool = tomllib.load(fh).get("tool", {}).get("flwr", {}).get("app", {})
+    tool = _app_table(app_dir)
     from flower_app.settings.overrides import _flatten
 
     return _flatten(tool.get("config", {})), str(tool.get("components", {}).get("serverapp", ""))
 
 
-def preflight(app: str | Path, run_config: Sequence[str] | None) -> list[str]:
+#: SuperNodes of a local simulation when nothing says otherwise (flwr 1.42:
+#: flwr.supercore.constant.DEFAULT_SIMULATION_CONFIG.num_supernodes; a test checks it)
+LOCAL_DEFAULT_NODES = 2
+
+
+def local_nodes(
+    superlink: str | None, federation_config: Sequence[str] | None, home: Path
+) -> int | None:
+    """Return the SuperNodes of a run on a local (simulation) SuperLink; None if not local.
+
+    ``num-supernodes`` of the ``--federation-config`` options, else of the connection's
+    ``options`` in ``$FLWR_HOME/config.toml``, else Flower's default
+    (:data:`LOCAL_DEFAULT_NODES`). None also when the value is not an integer (Flower then
+    names it).
+    """
+    if not _is_local(superlink, home):
+        return None
+    from flower_app.settings import ConfigError
+    from flower_app.settings.overrides import read_overrides
+
+    try:
+        given = read_overrides(list(federation_config or []))
+    except ConfigError:
+        return None
+    if "num-supernodes" not in given:
+        try:
+            config = tomllib.loads((home / "config.toml").read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            config = {}
+        links = config.get("superlink", {})
+        entry = links.get(superlink or links.get("default", "local"), {})
+        options = entry.get("options", {}) if isinstance(entry, dict) else {}
+        given = {"num-supernodes": options.get("num-supernodes", LOCAL_DEFAULT_NODES)}
+    nodes = given["num-supernodes"]
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+
+
+@dataclass
+class RunPlan:
+    """What ``flower-app run`` checked and decided before Flower starts.
+
+    Attributes
+    ----------
+    problems : list of str
+        One line each; any problem means the run is not started (exit 2).
+    pinned : dict
+        run_config keys ``flower-app run`` adds to the run (as the last ``--run-config``):
+        ``output-dir`` and ``data-dir`` resolved in the caller's environment, ``run-name``
+        chosen when none was given (local SuperLink only).
+    folder : pathlib.Path or None
+        The run folder (None on another SuperLink: the ServerApp's machine decides).
+    where : str
+        Where the results go, for the first line ("" for another Flower app).
+    warnings : list of str
+        What Flower would walk for long or refuse in the app folder (the run goes on).
+    """
+
+    problems: list[str] = field(default_factory=list)
+    pinned: dict[str, str] = field(default_factory=dict)
+    folder: Path | None = None
+    where: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _pin(merged: dict[str, Any], pinned: dict[str, str], key: str, value: str) -> None:
+    merged[key] = pinned[key] = value
+
+
+def plan_run(
+    app: str | Path,
+    run_config: Sequence[str] | None,
+    superlink: str | None = None,
+    federation_config: Sequence[str] | None = None,
+    home: Path | None = None,
+) -> RunPlan:
     """Check a ``flower-app run`` in-process, before anything of Flower starts.
 
     The app's ``[tool.flwr.app.config]`` merged with the ``--run-config`` options, as
     ``flwr run`` merges them: the options' syntax (:mod:`flower_app.settings.overrides`),
     unknown keys (with the closest known one), and, for this app, every value, the keys of
     another algorithm family, the dataset, keys that do not go together
-    (:meth:`flower_app.config.AppConfig.problems`) and the data files
-    (:func:`flower_app.datasets.check.data_problems`). For another Flower app only the
-    syntax and the keys are checked.
+    (:meth:`flower_app.config.AppConfig.problems`), the data files and the keys against the
+    instance and the federation's size (:func:`flower_app.datasets.check.check_data`). On a
+    local SuperLink also where the results go: ``output-dir`` and ``data-dir`` resolved in
+    the caller's environment (``$FLOWER_APP_OUTPUT``, ``$FLOWER_APP_DATA``), never the
+    SuperLink's; a given ``run-name`` whose folder holds a run is refused (never overwritten;
+    ``resume = true`` continues it), none given gets a fresh one. For another Flower app only
+    the syntax and the keys are checked.
 
     Returns
     -------
-    list of str
-        The problems, one line each (empty: go ahead).
+    RunPlan
+        The problems, the keys to pin, the run folder and the app folder's warnings.
     """
     from flower_app.settings import ConfigError
     from flower_app.settings.overrides import read_overrides
 
     app_dir = Path(app).resolve()
+    home = home or flwr_home()
+    plan = RunPlan()
     try:
+        table = _app_table(app_dir)
         defaults, serverapp = _app_config(app_dir)
     except (OSError, tomllib.TOMLDecodeError) as err:
-        return [f"{app_dir / 'pyproject.toml'}: not a Flower app's pyproject.toml ({err})"]
+        plan.problems = [f"{app_dir / 'pyproject.toml'}: not a Flower app's pyproject.toml ({err})"]
+        return plan
     try:
         overrides = read_overrides(run_config)
     except ConfigError as err:
-        return err.problems
+        plan.problems = err.problems
+        return plan
     if not serverapp.startswith("flower_app."):
         import difflib
 
-        found = []
         for key in (k for k in overrides if k not in defaults):
             close = difflib.get_close_matches(key, defaults, 1)
-            found.append(f"run_config key '{key}' is not in [tool.flwr.app.config] of {app_dir}"
-                         + (f" (did you mean '{close[0]}'?)" if close else ""))  # fmt: skip
-        return found
-    from flower_app.config import AppConfig
-    from flower_app.datasets.check import data_problems
+            plan.problems.append(f"run_config key '{key}' is not in [tool.flwr.app.config] of "
+                                 f"{app_dir}" + (f" (did you mean '{close[0]}'?)" if close
+                                                 else ""))  # fmt: skip
+        return plan
+    from flower_app.config import AppConfig, fresh_run_name
+    from flower_app.datasets.check import check_data
+    from flower_app.datasets.paths import resolve_data_dir
+    from flower_app.results import held_run
 
     merged = {**defaults, **overrides}
-    found = AppConfig.problems(merged)
-    if found:
-        return found
-    return data_problems(AppConfig.from_run_config(merged))
+    local = _is_local(superlink, home)
+    if local:  # the caller's environment decides, not the SuperLink's (started earlier)
+        if merged.get("output-dir", "") == "":
+            root = os.environ.get("FLOWER_APP_OUTPUT", "") or "~/flower_app_runs"
+            _pin(merged, plan.pinned, "output-dir", str(Path(root).expanduser().resolve()))
+        if merged.get("data-dir", "") == "":
+            _pin(merged, plan.pinned, "data-dir", str(resolve_data_dir("")))
+    plan.problems = AppConfig.problems(merged)
+    if plan.problems:
+        return plan
+    cfg = AppConfig.from_run_config(merged)
+    nodes = local_nodes(superlink, federation_config, home)
+    plan.problems = check_data(cfg, nodes)[0]
+    if not local:
+        root_there = cfg.output_dir or "$FLOWER_APP_OUTPUT or ~/flower_app_runs"
+        name = cfg.run_name or f"{cfg.algorithm}-{cfg.dataset}-seed{cfg.seed}-<time>"
+        plan.where = (f"on the SuperLink's machine, in {root_there}/{name} as its ServerApp "
+                      "resolves them")  # fmt: skip
+    if plan.problems or not local:
+        return plan
+    root = cfg.output_root()
+    if not cfg.run_name:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"{cfg.algorithm}-{cfg.dataset}-seed{cfg.seed}-{stamp}"
+        _pin(merged, plan.pinned, "run-name", fresh_run_name(root, name))
+    plan.folder = root / str(merged["run-name"])
+    plan.where = str(plan.folder)
+    held = held_run(plan.folder)
+    if cfg.resume and held is None:
+        plan.problems.append(f"run_config 'resume' = true: run folder {plan.folder} holds no run "
+                             "to resume (check 'run-name' and 'output-dir')")  # fmt: skip
+    elif not cfg.resume and held is not None:
+        plan.problems.append(
+            f"run_config 'run-name' = {cfg.run_name!r}: run folder {plan.folder} already holds a "
+            f"run ({held}); a run folder is never overwritten: choose another 'run-name', or "
+            "resume = true to continue that run"
+        )
+    for key, value in plan.pinned.items():
+        if "'" in value and '"' in value:
+            plan.problems.append(f"run_config '{key}' = {value!r}: a path with both quote "
+                                 "characters cannot be passed to flwr run")  # fmt: skip
+    from flower_app.cli.app_folder import app_folder_warnings
+
+    plan.warnings = app_folder_warnings(app_dir, table)
+    return plan
+
+
+def preflight(app: str | Path, run_config: Sequence[str] | None) -> list[str]:
+    """Return the problems of :func:`plan_run` (default SuperLink), one line each."""
+    return plan_run(app, run_config).problems
+
+
+def _pairs(pinned: dict[str, str]) -> str:
+    """Return ``pinned`` as one ``--run-config`` string (TOML strings, quoted for Flower)."""
+    quote = {True: "'{}'", False: '"{}"'}
+    return " ".join(f"{k}={quote[chr(39) not in v].format(v)}" for k, v in pinned.items())
 
 
 def _status(run_id: int, superlink: str | None, env: dict[str, str]) -> tuple[str, str]:
@@ -404,6 +579,25 @@ class _Console:
         sys.stdout.flush()
 
 
+def _with_pinned(run_configs: list[str], pinned: dict[str, str], home: Path) -> list[str]:
+    """Return the ``--run-config`` options with ``pinned`` last (a later option wins).
+
+    A ``.toml`` file cannot go with ``key=value`` options (Flower refuses the mix): its keys
+    and ``pinned`` are written to one file in ``$FLWR_HOME/flower-app-logs/`` instead.
+    """
+    if not (len(run_configs) == 1 and run_configs[0].endswith(".toml")):
+        return [*run_configs, _pairs(pinned)]
+    from flower_app.settings.overrides import read_overrides
+    from flower_app.settings.render import toml_value
+
+    merged = {**read_overrides(run_configs), **pinned}
+    folder = home / LOG_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / f"run-config-{os.getpid()}.toml"
+    file.write_text("".join(f"{json.dumps(k)} = {toml_value(v)}\n" for k, v in merged.items()))
+    return [str(file)]
+
+
 def run_app(
     app: str = ".",
     superlink: str | None = None,
@@ -431,7 +625,7 @@ def run_app(
     Returns
     -------
     int
-        2 if :func:`preflight` found a problem (each printed on one line; nothing of Flower
+        2 if :func:`plan_run` found a problem (each printed on one line; nothing of Flower
         was started); 0 if the run finished ``completed``; otherwise ``flwr run``'s own
         non-zero code, or 1 (one line: the run's status, its cause and the log's path).
     """
@@ -440,12 +634,18 @@ def run_app(
     fed_configs = (
         [federation_config] if isinstance(federation_config, str) else list(federation_config or [])
     )
-    problems = preflight(app_dir, run_configs)
-    if problems:
-        for problem in problems:
+    home = flwr_home()
+    plan = plan_run(app_dir, run_configs, superlink, fed_configs, home)
+    if plan.problems:
+        for problem in plan.problems:
             print(f"flower-app run: {problem}", file=sys.stderr)
         return 2
-    home = flwr_home()
+    if plan.where:
+        print(f"flower-app run: results {'in ' if plan.folder else ''}{plan.where}", flush=True)
+    for warning in plan.warnings:
+        print(f"flower-app run: warning: {warning}", file=sys.stderr, flush=True)
+    if plan.pinned:
+        run_configs = _with_pinned(run_configs, plan.pinned, home)
     ports = None
     if _is_local(superlink, home) and not all(os.environ.get(k) for k in PORT_ENV):
         ports, note = local_ports(home)
@@ -458,6 +658,9 @@ def run_app(
         except RuntimeError as err:
             print(f"flower-app run: {err}", file=sys.stderr)
             return 1
+    if ports is not None and len(local_superlink_pids(home)) > 1:
+        for line in superlinks_report(home):
+            print(f"flower-app run: {line}", file=sys.stderr)
     cmd = [str(BIN / "flwr"), "run", str(app_dir), *([superlink] if superlink else []), "--stream"]
     for text in run_configs:
         cmd += ["--run-config", text]

@@ -7,7 +7,7 @@ persistent state: ``context.state`` under Flower (:class:`RecordState`), a plain
 direct engine (:class:`DictState`). SCAFFOLD's client control variates c_k live there too.
 
 The NumPyClient methods and what they exchange (the strategy side is
-:class:`flower_app.strategies.maxfl.AppealStrategy`):
+:class:`flower_app.strategies.cohort.maxfl.MaxFLCohorts`):
 
 ``get_properties({"kind": "cohort"})``
     ``partition-id``, ``num-partitions``, ``first-user``, ``num-users``, ``n-users-total``,

@@ -1,7 +1,7 @@
 """SubmodelClient: a node's users training their submodels (FedSubAvg cohort mode).
 
-The client of the reproductions (``FedSubAvgStrategy(cohorts=True)``, run by
-:mod:`flower_app.runners.fedsubavg`) on the MovieLens rating task; a user's own torch model
+The client of the reproductions (:class:`~flower_app.strategies.cohort.fedsubavg.FedSubAvgCohorts`,
+run by :mod:`flower_app.runners.fedsubavg`) on the MovieLens rating task; a user's own torch model
 uses the plain-mode helpers of :mod:`flower_app.clients.fedsubavg` instead.
 
 One MovieLens user is one client; a node serves a contiguous cohort of users

@@ -46,6 +46,7 @@ from flower_app.datasets.paths import json_object, open_text
 from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
+    "MIN_RATINGS",
     "AmazonCTR",
     "PAPER_TABLE1",
     "Rating",
@@ -62,6 +63,8 @@ PAPER_TABLE1 = {"clients": 1870, "samples": 123147, "samples-per-client": 66,
                 "feature-heat-dispersion": 232}  # fmt: skip
 #: the authors' train/test cut (about 2013-11-21)
 TIME_CUTOFF = 1_385_000_000
+#: the least ratings of a user who becomes a client (the authors' code: at least 40)
+MIN_RATINGS = 40
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,32 @@ class Rating:
 
 
 def _lines(path: Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (gzip or not); a decode error names the file."""
+    """Yield the lines of a UTF-8 text file (gzip or not; a byte-order mark dropped).
+
+    A damaged gzip stream or bytes that are not UTF-8 raise a ``ValueError`` naming the file
+    (:func:`~flower_app.datasets.paths.open_text`).
+    """
     with open_text(path) as fh:
-        try:
-            yield from fh
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                             "save it as UTF-8") from None  # fmt: skip
+        yield from fh
+
+
+def _id(obj: dict, key: str) -> str:
+    """Return an id field as text: a string, or an integer written as one; refuse the rest."""
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TypeError(f"{key} is {json.dumps(value)}, not a string id")
+    text = str(value)
+    if not text.strip():
+        raise ValueError(f"{key} is empty")
+    return text
+
+
+def _number(obj: dict, key: str) -> float:
+    """Return a number field; refuse a boolean, null or text where a number belongs."""
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{key} is {json.dumps(value)}, not a number")
+    return float(value)
 
 
 def read_reviews_json(path: str | Path) -> Iterator[Rating]:
@@ -90,26 +112,31 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
     Raises
     ------
     ValueError
-        Naming the file and the line, for a line that is not JSON or lacks a field.
+        Naming the file and the line, for a line that is not JSON or lacks a field, an id
+        that is not a string (``null``, ``true``, a list), a rating or time that is not a
+        number (``true`` is not 1), a rating outside 1..5 or a time in fractions of seconds.
     """
     path = Path(path)
     fields = ("reviewerID", "asin", "overall", "unixReviewTime")
-    expected = "JSON lines with " + ", ".join(fields)
+    expected = ("JSON lines with " + ", ".join(fields) + " (ids strings, overall a number "
+                "1-5, unixReviewTime whole seconds)")  # fmt: skip
     for line_no, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line, object_pairs_hook=json_object)
-            rating = Rating(str(obj["reviewerID"]), str(obj["asin"]),
-                            float(obj["overall"]), int(obj["unixReviewTime"]))  # fmt: skip
-            if not rating.user or not rating.item or not 1 <= rating.rating <= 5:
-                raise ValueError("empty id or a rating outside 1..5")
-            if float(obj["unixReviewTime"]) != rating.time:
+            if not isinstance(obj, dict):
+                raise TypeError(f"a JSON {type(obj).__name__}, not an object")
+            rating, time = _number(obj, "overall"), _number(obj, "unixReviewTime")
+            if not 1 <= rating <= 5:
+                raise ValueError(f"overall {rating:g} is outside 1..5")
+            if not time.is_integer():
                 raise ValueError("unixReviewTime is not whole seconds")
+            review = Rating(_id(obj, "reviewerID"), _id(obj, "asin"), rating, int(time))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
                              f"expected {expected}") from None  # fmt: skip
-        yield rating
+        yield review
 
 
 #: header names of the four columns of a ratings CSV (compared lower-case)
@@ -161,16 +188,43 @@ def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
         yield Rating(user, item, rating, int(time))
 
 
+def _category(obj: dict) -> str | None:
+    """Return a product's category (see the module docstring), None without one."""
+    cats = obj.get("categories")
+    if cats is not None and cats != []:
+        if not isinstance(cats, list) or not all(isinstance(c, list) for c in cats):
+            raise TypeError(f"categories is {json.dumps(cats)[:80]}, not a list of lists")
+        path = cats[0]
+        if path:
+            if not all(isinstance(c, str) for c in path):
+                raise TypeError(f"categories[0] is {json.dumps(path)[:80]}, not names")
+            return path[-1]
+    names = obj.get("category")
+    if names is None or names == []:
+        return None
+    if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
+        raise TypeError(f"category is {json.dumps(names)[:80]}, not a list of names")
+    return names[-1]
+
+
 def read_metadata(path: str | Path) -> dict[str, str]:
     """Return item → category from a metadata file (JSON or Python-literal lines).
+
+    A product listed twice with the same category is read once; with another category the
+    file is refused (which one would be a guess).
 
     Raises
     ------
     ValueError
-        Naming the file and the line, for a line that cannot be parsed or has no ``asin``.
+        Naming the file and the line, for a line that cannot be parsed, has no ``asin``, an
+        ``asin`` that is not a string, a ``category`` that is not a list of names, or a
+        product listed again with another category (both lines named).
     """
     path = Path(path)
     out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    expected = ("one product per line with asin (a string) and categories (a list of lists "
+                "of names) or category (a list of names)")  # fmt: skip
     for line_no, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
@@ -185,13 +239,19 @@ def read_metadata(path: str | Path) -> dict[str, str]:
         except ValueError as err:  # a key twice (json_object)
             raise ValueError(f"{path}, line {line_no}: {err}") from None
         if not isinstance(obj, dict) or "asin" not in obj:
-            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected one product "
-                             "per line")  # fmt: skip
-        cats = obj.get("categories") or []
-        if cats and isinstance(cats[0], list) and cats[0]:
-            out[str(obj["asin"])] = str(cats[0][-1])
-        elif obj.get("category"):
-            out[str(obj["asin"])] = str(obj["category"][-1])
+            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected {expected}")
+        try:
+            asin, category = _id(obj, "asin"), _category(obj)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}, line {line_no}: {err}; expected {expected}") from None
+        if asin in seen and out.get(asin) != category:
+            raise ValueError(
+                f"{path}, lines {seen[asin]} and {line_no}: product {asin!r} is listed twice "
+                f"with different categories ({out.get(asin)!r}, {category!r}); keep one"
+            )
+        seen.setdefault(asin, line_no)
+        if category is not None:
+            out[asin] = category
     return out
 
 
@@ -329,7 +389,7 @@ def build_amazon(
     ratings: Iterable[Rating],
     name: str = "amazon",
     categories: dict[str, str] | None = None,
-    min_ratings: int = 40,
+    min_ratings: int = MIN_RATINGS,
     cutoff: int = TIME_CUTOFF,
     max_history: int = 100,
 ) -> AmazonCTR:

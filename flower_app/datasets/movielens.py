@@ -1,8 +1,9 @@
 """MovieLens-1M in its official layout, and the facility-location matrix built from it.
 
 The official archive ``ml-1m.zip`` (https://files.grouplens.org/datasets/movielens/ml-1m.zip)
-unpacks to ``ml-1m/ratings.dat``, ``ml-1m/users.dat`` and ``ml-1m/movies.dat``: latin-1 text,
-one record per line, fields separated by ``::``::
+unpacks to ``ml-1m/ratings.dat``, ``ml-1m/users.dat`` and ``ml-1m/movies.dat``: latin-1 text
+(a file saved again with a UTF-8 byte-order mark is read as UTF-8, the mark dropped), one
+record per line, fields separated by ``::``::
 
     ratings.dat  UserID::MovieID::Rating::Timestamp
     users.dat    UserID::Gender::Age::Occupation::Zip-code
@@ -19,7 +20,6 @@ import csv
 import functools
 import io
 import os
-import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,16 @@ import pandas as pd
 import scipy.sparse as sp
 
 from flower_app.datasets.matrices import RatingsMatrix
+from flower_app.datasets.movielens_files import (
+    _FIELD_SEP,
+    _INT_FIELD,
+    _SCHEMAS,
+    _SUBDIR,
+    ML1M_FILES,
+    _Column,
+    _read_text,
+    movielens_shape,
+)
 from flower_app.datasets.paths import (
     DataFormatError,
     DatasetNotFoundError,
@@ -47,6 +57,7 @@ __all__ = [
     "clear_cache",
     "facility_location_matrix",
     "load_movielens_1m",
+    "movielens_shape",
 ]
 
 ML1M_URL = "https://files.grouplens.org/datasets/movielens/ml-1m.zip"
@@ -55,44 +66,7 @@ ML1M_URL = "https://files.grouplens.org/datasets/movielens/ml-1m.zip"
 ML1M_MD5 = "c4d9eecfca2ab87c1945afe126590906"
 """MD5 of ``ml-1m.zip`` as published by GroupLens."""
 
-ML1M_FILES = ("ratings.dat", "users.dat", "movies.dat")
-"""The files read from ``<data_dir>/ml-1m/``."""
-
-_SUBDIR = "ml-1m"
-_ENCODING = "latin-1"
-_FIELD_SEP = "::"
 _ONE_CHAR_SEP = "\x1f"  # ASCII unit separator: lets pandas' C parser split the fields
-_INT_FIELD = re.compile(r"-?\d+")
-
-
-@dataclass(frozen=True)
-class _Column:
-    """One field of a ``.dat`` file: its name and whether it is an integer."""
-
-    name: str
-    integer: bool
-
-
-_SCHEMAS: dict[str, tuple[_Column, ...]] = {
-    "ratings.dat": (
-        _Column("user_id", True),
-        _Column("movie_id", True),
-        _Column("rating", True),
-        _Column("timestamp", True),
-    ),
-    "users.dat": (
-        _Column("user_id", True),
-        _Column("gender", False),
-        _Column("age", True),
-        _Column("occupation", True),
-        _Column("zip", False),
-    ),
-    "movies.dat": (
-        _Column("movie_id", True),
-        _Column("title", False),
-        _Column("genres", False),
-    ),
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -290,10 +264,7 @@ def _read_dat(path: Path) -> pd.DataFrame:
     the first bad line and raises :class:`DataFormatError`.
     """
     schema = _SCHEMAS[path.name]
-    try:
-        text = path.read_bytes().decode(_ENCODING)
-    except OSError as error:
-        raise DataFormatError(path, f"cannot read the file: {error}") from error
+    text = _read_text(path)
     frame = _parse_fast(text, schema)
     if frame is None:
         _raise_first_bad_line(path, text, schema)
@@ -364,7 +335,7 @@ def _raise_first_bad_line(path: Path, text: str, schema: tuple[_Column, ...]) ->
 
 def _record_line_numbers(path: Path) -> np.ndarray:
     """Return the 1-based line number of each record (non-blank line) of ``path``."""
-    text = path.read_bytes().decode(_ENCODING)
+    text = _read_text(path)
     lines = text.split("\n")
     nonblank = np.fromiter((bool(line.rstrip("\r")) for line in lines), bool, len(lines))
     return np.flatnonzero(nonblank) + 1
@@ -373,7 +344,7 @@ def _record_line_numbers(path: Path) -> np.ndarray:
 def _raise_at_record(path: Path, record: int, reason: str) -> None:
     """Raise DataFormatError for the ``record``-th (0-based) record of ``path``."""
     number = int(_record_line_numbers(path)[record])
-    line = path.read_bytes().decode(_ENCODING).split("\n")[number - 1]
+    line = _read_text(path).split("\n")[number - 1]
     raise DataFormatError(path, reason, line_number=number, line=line)
 
 

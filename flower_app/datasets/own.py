@@ -3,10 +3,12 @@
 ``facility-location-table`` (f_i(S) = max_{j ∈ S} r_ij)
     A CSV (``.csv``), TSV (``.tsv``, ``.tab``) or parquet (``.parquet``, ``.pq``) table with a
     header; ``data-columns`` names its user, item and value columns (default
-    ``user,item,value``). Values must be finite and ≥ 0; a (user, item) pair may appear once.
+    ``user,item,value``; a fourth name is refused, not ignored). Values must be finite and
+    ≥ 0; a (user, item) pair may appear once.
 ``coverage-sets`` (f_i(S) = 1 if S meets user i's set)
-    Either a table of (user, item) pairs as above (``data-columns`` ``user,item``; a value
-    column is ignored), or a text file (any other extension) with one line per user: the
+    Either a table of (user, item) pairs as above (``data-columns`` names two columns,
+    ``user,item``; the default ``user,item,value`` is read as ``user,item``; other columns of
+    the table are not read), or a text file (any other extension) with one line per user: the
     user's items separated by spaces, tabs or commas; lines starting with ``#`` are
     comments. A blank line between sets is refused (it would be a user with no items, who
     counts in n); blank lines at the end of the file are not users.
@@ -36,7 +38,14 @@ import scipy.sparse as sp
 if TYPE_CHECKING:  # pandas is imported where a table is read: a MaxFL ClientApp imports
     import pandas as pd  # this module for OwnDataError alone (~0.3-0.9 CPU-s saved each)
 
-__all__ = ["OwnDataError", "OwnInstance", "load_coverage_sets", "load_facility_table"]
+__all__ = [
+    "DEFAULT_COLUMNS",
+    "OwnDataError",
+    "OwnInstance",
+    "load_coverage_sets",
+    "load_facility_table",
+    "table_columns",
+]
 
 _TABLE = {".csv": ",", ".tsv": "\t", ".tab": "\t"}
 _PARQUET = (".parquet", ".pq")
@@ -78,11 +87,43 @@ def _path(path: str) -> Path:
     return file
 
 
+#: ``data-columns``' default (facility location's); coverage-sets reads its first two
+DEFAULT_COLUMNS = "user,item,value"
+
+
 def _columns(spec: str, needed: int) -> list[str]:
+    """Return exactly ``needed`` column names; more or fewer are refused, never cut."""
     names = [c.strip() for c in spec.split(",") if c.strip()]
-    if len(names) < needed:
-        raise OwnDataError(f"data-columns={spec!r}: expected {needed} comma-separated names")
-    return names[:needed]
+    if len(names) != needed:
+        raise OwnDataError(f"run_config 'data-columns' = {spec!r}: {len(names)} names; expected "
+                           f"{needed} comma-separated names")  # fmt: skip
+    return names
+
+
+def table_columns(dataset: str, spec: str) -> list[str]:
+    """Return the column names ``dataset`` reads from a table, given ``data-columns``.
+
+    ``facility-location-table``: exactly user,item,value; ``coverage-sets``: exactly
+    user,item (the default ``user,item,value`` is read as ``user,item``);
+    ``rating-table``: user, one or more features, label.
+
+    Raises
+    ------
+    OwnDataError
+        Naming ``data-columns`` when it names more or fewer columns than the dataset reads
+        (an extra name is refused, not ignored).
+    """
+    if dataset == "coverage-sets":
+        return _columns("user,item" if spec == DEFAULT_COLUMNS else spec, 2)
+    if dataset == "rating-table":
+        names = [c.strip() for c in spec.split(",") if c.strip()]
+        if len(names) < 3:
+            raise OwnDataError(
+                f"run_config 'data-columns' = {spec!r}: dataset 'rating-table' needs at least 3 "
+                "names (user, one or more features, label)"
+            )
+        return _columns(spec, len(names))
+    return _columns(spec, 3)
 
 
 def _decode_error(file: Path, err: UnicodeDecodeError, expected: str) -> OwnDataError:
@@ -254,7 +295,7 @@ def load_facility_table(
     import pandas as pd
 
     file = _path(path)
-    user, item, value = _columns(columns, 3)
+    user, item, value = table_columns("facility-location-table", columns)
     expected = f"a table with columns {user},{item},{value} (value a number >= 0)"
     frame, lines = _read_table(file, [user, item, value], expected, labels=(user, item))
     raw = frame[value].astype(str).str.strip()
@@ -295,7 +336,7 @@ def load_coverage_sets(path: str, columns: str = "user,item", item_names: str = 
     """
     file = _path(path)
     if file.suffix.lower() in (*_TABLE, *_PARQUET):
-        user, item = _columns(columns, 2)
+        user, item = table_columns("coverage-sets", columns)
         frame, _ = _read_table(file, [user, item], f"a table with columns {user},{item}",
                                labels=(user, item))  # fmt: skip
         users, user_labels = _index(frame[user].to_numpy())

@@ -3,7 +3,9 @@
 ``data-file`` is one of:
 
 ``.npz`` (numpy ``np.savez``)
-    ``x``: images, (N, H, W) or (N, D), uint8 0..255 or floats in [0, 1]; ``y``: integer
+    ``x``: images, (N, H, W) or (N, D), uint8 0..255, or floats k/255 (8-bit pixels saved
+    as floats, e.g. ``x.astype(np.float32) / 255``: read back exactly; any other float is
+    refused, never rounded to 8 bits); ``y``: integer
     labels 0..C−1, (N,); optionally ``client``: an integer client id per image, (N,). With
     ``client`` the clients are yours (natural federated data: each id is one client, in
     sorted id order); without it the images are split over clients by ``maxfl-partition``
@@ -41,7 +43,7 @@ from flower_app.datasets.own import OwnDataError
 __all__ = ["OwnImages", "load_image_clients"]
 
 NPZ_FORMAT = (
-    "an .npz with arrays x (N, H, W) or (N, D) of uint8 0..255 or floats in [0, 1], "
+    "an .npz with arrays x (N, H, W) or (N, D) of uint8 0..255 or floats k/255, "
     "y (N,) integer labels 0..C-1, and optionally client (N,) integer client ids"
 )
 
@@ -82,7 +84,19 @@ def _images(path: Path, x: np.ndarray) -> np.ndarray:
     if flat.dtype.kind == "f":
         if not np.all(np.isfinite(flat)) or flat.min() < 0 or flat.max() > 1:
             raise _fail(path, "array x holds floats outside [0, 1]")
-        return np.rint(flat * 255.0).astype(np.uint8)
+        scaled = flat * np.asarray(255.0, dtype=flat.dtype)
+        pixels = np.rint(scaled)
+        tolerance = max(FLOAT_PIXEL_TOLERANCE, 255.0 * float(np.finfo(flat.dtype).eps))
+        off = np.abs(scaled - pixels) > tolerance
+        if off.any():  # 8-bit pixels would round these: refuse rather than change the images
+            row, col = (int(i[0]) for i in np.nonzero(off))
+            raise _fail(
+                path, f"array x holds floats that are not 8-bit pixel values k/255 (e.g. image "
+                f"{row}, value {col}: {float(flat[row, col])!r}); the app trains on 8-bit pixels "
+                "and does not round yours: save x as uint8 (np.rint(x * 255).astype(np.uint8)) "
+                "if 8 bits hold your images",
+            )  # fmt: skip
+        return pixels.astype(np.uint8)
     if flat.dtype.kind not in "iu":
         raise _fail(path, f"array x has dtype {flat.dtype}")
     if flat.min() < 0 or flat.max() > 255:
@@ -103,6 +117,10 @@ def _labels(path: Path, y: np.ndarray, n: int, name: str = "y") -> np.ndarray:
 
 
 _NPZ_ARRAYS = ("x", "y", "client")
+#: how far (in units of 1/255) a float pixel may lie from k/255 and still be pixel k: above
+#: the float32 rounding of k/255 (the float's own rounding for shorter floats), far below the
+#: half step that rounding to 8 bits would silently cross
+FLOAT_PIXEL_TOLERANCE = 1e-3
 _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 

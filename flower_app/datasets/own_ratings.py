@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from flower_app.datasets.movielens_rating import RatingTask, task_from_rows
-from flower_app.datasets.own import OwnDataError, _columns, _index, _path, _read_table
+from flower_app.datasets.own import OwnDataError, _index, _path, _read_table, table_columns
 
 __all__ = ["TableLayout", "load_rating_table"]
 
@@ -74,13 +74,7 @@ def load_rating_table(data_file: str, data_columns: str, split_seed: int = 0) ->
     if file.suffix.lower() not in (".csv", ".tsv", ".tab", ".parquet", ".pq"):
         raise OwnDataError(f"{file}: unknown table extension {file.suffix!r}; expected "
                            f"{_EXPECTED}")  # fmt: skip
-    names = [c.strip() for c in data_columns.split(",") if c.strip()]
-    if len(names) < 3:
-        raise OwnDataError(
-            f"data-columns={data_columns!r}: dataset 'rating-table' needs at least 3 names "
-            "(user, one or more features, label)"
-        )
-    columns = _columns(data_columns, len(names))
+    columns = table_columns("rating-table", data_columns)
     user_col, features, label_col = columns[0], columns[1:-1], columns[-1]
     frame, lines = _read_table(file, columns, _EXPECTED, labels=(user_col, *features))
     labels = frame[label_col].astype(str).str.strip()

@@ -6,6 +6,16 @@ run config, else the ``FLOWER_APP_DATA`` environment variable, else
 message lists the expected files with their absolute paths and where to get them; unreadable
 files raise :class:`DataFormatError` naming the file and the line. Nothing is ever silently
 replaced by synthetic data.
+
+Every text file is opened with :func:`open_text` (or its bytes decoded with
+:func:`decode_text`), so every text format reads alike:
+
+- gzip-compressed or not, told by the first two bytes; a compressed file that ends early or
+  is damaged is refused naming the file (never a bare ``EOFError``);
+- a UTF-8 byte-order mark at the start is the mark, not data: it is dropped, and it says the
+  file is UTF-8, so a file of a latin-1 format (MovieLens, Sentiment140's CSV) that starts
+  with one is read as the UTF-8 its editor saved;
+- a byte sequence that is not text in the encoding is refused naming the file.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import io
 import os
 import tempfile
 import urllib.request
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,10 +40,12 @@ __all__ = [
     "ChecksumError",
     "DataFormatError",
     "DatasetNotFoundError",
+    "decode_text",
     "download_allowed",
     "download_file",
     "file_checksum",
     "json_object",
+    "open_binary",
     "open_text",
     "resolve_data_dir",
 ]
@@ -50,14 +63,131 @@ _MAX_LINE_CHARS = 200
 _CHUNK_BYTES = 1 << 20
 
 
-def open_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> io.TextIOBase:
-    """Open a text file for reading, gzip-compressed or not (told by its first two bytes)."""
+#: the UTF-8 byte-order mark
+BOM = b"\xef\xbb\xbf"
+#: what a damaged or truncated gzip stream raises while it is read
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _gzip_error(path: Path, err: Exception) -> DataFormatError:
+    why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return DataFormatError(
+        path, f"the gzip data ends early or is damaged ({why}); copy or download the file again"
+    )
+
+
+class _NamedGzip(gzip.GzipFile):
+    """A gzip file whose read errors name the file (:class:`DataFormatError`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(filename=os.fspath(path), mode="rb")
+        self.source = path
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except GZIP_ERRORS as err:
+            raise _gzip_error(self.source, err) from None
+
+    def read1(self, size: int = -1) -> bytes:
+        try:
+            return super().read1(size)
+        except GZIP_ERRORS as err:
+            raise _gzip_error(self.source, err) from None
+
+    def peek(self, n: int) -> bytes:
+        try:
+            return super().peek(n)
+        except GZIP_ERRORS as err:
+            raise _gzip_error(self.source, err) from None
+
+
+class _NamedText(io.TextIOWrapper):
+    """A text stream whose decode errors name the file (:class:`DataFormatError`)."""
+
+    source: Path
+
+    def _fail(self, err: UnicodeDecodeError) -> DataFormatError:
+        return DataFormatError(
+            self.source, f"not {self.encoding.removesuffix('-sig')} text ({err.reason} at "
+            f"byte {err.start} of a block); save it in that encoding"
+        )  # fmt: skip
+
+    def read(self, size: int | None = -1) -> str:
+        try:
+            return super().read(size)
+        except UnicodeDecodeError as err:
+            raise self._fail(err) from None
+
+    def readline(self, size: int | None = -1) -> str:
+        try:
+            return super().readline(size)
+        except UnicodeDecodeError as err:
+            raise self._fail(err) from None
+
+    def __next__(self) -> str:
+        try:
+            return super().__next__()
+        except UnicodeDecodeError as err:
+            raise self._fail(err) from None
+
+
+def open_binary(path: str | os.PathLike[str]) -> io.BufferedIOBase:
+    """Open a file's bytes, gunzipped when it is gzip (told by its first two bytes).
+
+    Read errors of a damaged or truncated gzip stream raise :class:`DataFormatError`
+    naming the file.
+    """
     path = Path(path)
     with open(path, "rb") as handle:
         packed = handle.read(2) == b"\x1f\x8b"
-    if packed:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=encoding, newline="")
-    return open(path, encoding=encoding, newline="")  # noqa: SIM115 (the caller closes it)
+    return _NamedGzip(path) if packed else open(path, "rb")  # noqa: SIM115 (caller closes)
+
+
+def open_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> io.TextIOBase:
+    """Open a text file for reading, gzip-compressed or not (see the module docstring).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    encoding : str, optional
+        The format's encoding; a file starting with a UTF-8 byte-order mark is read as
+        UTF-8 and the mark dropped, whatever the format's encoding.
+
+    Returns
+    -------
+    io.TextIOBase
+        Universal newlines off (``newline=""``, as :mod:`csv` wants); reading a damaged gzip
+        stream or bytes that are not text raises :class:`DataFormatError` naming the file.
+    """
+    path = Path(path)
+    binary = open_binary(path)
+    try:
+        head = binary.peek(3)[:3] if hasattr(binary, "peek") else b""
+    except BaseException:
+        binary.close()
+        raise
+    text = _NamedText(binary, encoding="utf-8-sig" if head == BOM else encoding, newline="")
+    text.source = path
+    return text
+
+
+def decode_text(data: bytes, encoding: str, path: str | os.PathLike[str]) -> str:
+    """Decode a whole file's bytes as :func:`open_text` reads them (a leading BOM: UTF-8).
+
+    Raises
+    ------
+    DataFormatError
+        Naming ``path``, when the bytes are not text in the encoding.
+    """
+    if data.startswith(BOM):
+        data, encoding = data[len(BOM) :], "utf-8"
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise DataFormatError(path, f"not {encoding} text ({err.reason} at byte {err.start}); "
+                              "save it in that encoding") from None  # fmt: skip
 
 
 def json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:

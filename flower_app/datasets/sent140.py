@@ -15,7 +15,9 @@ Where the files are (:func:`find_sent140_files`, in ``data-dir/sent140/``): LEAF
 folder as its scripts leave it (``train/*.json`` and ``test/*.json`` after its split:
 LEAF's train/test split is kept; else ``all_data/*.json``), LEAF JSON files put directly in
 the folder (every ``*.json[.gz]``, all read), or Sentiment140's CSV. Tweets from both the CSV
-and LEAF JSON, or from ``all_data/`` and loose JSON files, are refused as ambiguous.
+and LEAF JSON, or from ``all_data/`` and loose JSON files, are refused as ambiguous, and so is
+a user with tweets in two files of one group (a second copy of a file would double every
+user's tweets; LEAF writes each user into one file of ``all_data/``, ``train/``, ``test/``).
 
 Federated partition (:func:`build_sent140`), as the paper builds it: one client per Twitter
 account with **more than 40** samples; a random 80/20 split of all samples into train and
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import json_object, open_text
+from flower_app.datasets.paths import DataFormatError, json_object, open_text
 from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
@@ -161,9 +163,8 @@ def read_leaf_json(path: str | Path, test: bool | None = None) -> Iterator[Tweet
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}, line {err.lineno}: not JSON ({err.msg}); expected "
                          f"{_LEAF_FORMAT}") from None  # fmt: skip
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start}); expected "
-                         f"{_LEAF_FORMAT}") from None  # fmt: skip
+    except DataFormatError as err:  # not UTF-8, or a damaged .gz (the file is named)
+        raise ValueError(f"{err}; expected {_LEAF_FORMAT}") from None
     except ValueError as err:  # a key twice (json_object)
         raise ValueError(f"{path}: {err}; expected {_LEAF_FORMAT}") from None
 
@@ -237,13 +238,30 @@ class Sent140Files:
         return (*([self.csv] if self.csv else []), *self.json, *self.train, *self.test)
 
     def tweets(self) -> Iterator[Tweet]:
-        """Yield the tweets of every LEAF file (the CSV is read by its own reader)."""
-        for path in self.json:
-            yield from read_leaf_json(path)
-        for path in self.train:
-            yield from read_leaf_json(path, test=False)
-        for path in self.test:
-            yield from read_leaf_json(path, test=True)
+        """Yield the tweets of every LEAF file (the CSV is read by its own reader).
+
+        Raises
+        ------
+        ValueError
+            Naming both files, when a user has tweets in two files of one group (``all_data``
+            or loose files, ``train/``, ``test/``): a second copy of a file would double
+            every user's tweets, and LEAF writes each user into one file of each group.
+        """
+        for group, test in ((self.json, None), (self.train, False), (self.test, True)):
+            seen: dict[str, Path] = {}
+            for path in group:
+                mine: set[str] = set()
+                for tweet in read_leaf_json(path, test=test):
+                    if tweet.user not in mine:
+                        other = seen.setdefault(tweet.user, path)
+                        if other != path:
+                            raise ValueError(
+                                f"{other} and {path}: user {tweet.user!r} has tweets in both "
+                                "(a copy of a file, or one user split over two); LEAF "
+                                "writes every user into one file: keep one copy"
+                            )
+                        mine.add(tweet.user)
+                    yield tweet
 
 
 def _jsons(folder: Path) -> tuple[Path, ...]:
@@ -258,12 +276,16 @@ def find_sent140_files(folder: str | Path) -> Sent140Files:
     FileNotFoundError
         Naming the files looked for, when there are none.
     ValueError
-        When the folder holds two sources (the CSV and LEAF JSON, or LEAF's ``all_data/``
-        and loose JSON files) or only one half of LEAF's split.
+        When the folder holds two sources (the CSV and LEAF JSON, the CSV and its ``.gz``,
+        or LEAF's ``all_data/`` and loose JSON files) or only one half of LEAF's split.
     """
     folder = Path(folder)
     csv_files = [folder / CSV_NAME, folder / f"{CSV_NAME}.gz"]
-    csv_file = next((p for p in csv_files if p.is_file()), None)
+    present = [p for p in csv_files if p.is_file()]
+    if len(present) > 1:
+        raise ValueError(f"{folder}: both {present[0].name} and {present[1].name}; keep one "
+                         "copy of Sentiment140's CSV")  # fmt: skip
+    csv_file = present[0] if present else None
     loose, all_data = _jsons(folder), _jsons(folder / "all_data")
     train, test = _jsons(folder / "train"), _jsons(folder / "test")
     if bool(train) != bool(test):

@@ -38,6 +38,9 @@ from flower_app.datasets.matrices import RatingsMatrix, VenueSets
 __all__ = [
     "ML1M_DENSITY",
     "ML1M_RATING_DISTRIBUTION",
+    "SYNTHETIC_DBLP_SIZE",
+    "dblp_groups",
+    "facility_location_groups",
     "synthetic_dblp",
     "synthetic_facility_location",
     "zipf_for_heat",
@@ -48,6 +51,9 @@ ML1M_DENSITY = 1_000_209 / (6_040 * 3_706)
 
 ML1M_RATING_DISTRIBUTION = np.array([0.05616, 0.10753, 0.26114, 0.34890, 0.22626])
 """Share of ratings 1..5 in MovieLens-1M."""
+
+SYNTHETIC_DBLP_SIZE = (704_738, 2_675)
+"""Default researchers and venues of :func:`synthetic_dblp` (the FedSM paper's network)."""
 
 
 def zipf_for_heat(
@@ -169,14 +175,28 @@ def synthetic_facility_location(
     ratings = _ratings(rng, rows, cols, log_item, n_users)
     values = sp.csr_matrix((ratings, (rows, cols)), shape=(n_users, n_elements))
     values.sum_duplicates()
-    genre = np.floor(_hash_unit(n_elements, salt=1) * N_GENRES).astype(np.int64)
     return RatingsMatrix(
         values=values,
         user_ids=np.arange(n_users, dtype=np.int64),
         element_ids=np.arange(n_elements, dtype=np.int64),
-        element_groups=np.array([f"genre-{g}" for g in genre.tolist()], dtype=str),
+        element_groups=facility_location_groups(n_elements),
         name="synthetic-facility-location",
     )
+
+
+def facility_location_groups(n_elements: int) -> np.ndarray:
+    """Return the genres of :func:`synthetic_facility_location`'s elements (no data drawn).
+
+    A hash of the element index, independent of the seed and the users: the check before
+    Flower knows a partition matroid's rank without generating the instance.
+    """
+    genre = np.floor(_hash_unit(n_elements, salt=1) * N_GENRES).astype(np.int64)
+    return np.array([f"genre-{g}" for g in genre.tolist()], dtype=str)
+
+
+def dblp_groups(n_venues: int) -> np.ndarray:
+    """Return the venue types of :func:`synthetic_dblp`'s venues (no data drawn; see above)."""
+    return np.where(_hash_unit(n_venues, salt=2) < _CONF_SHARE, "conf", "journals")
 
 
 def _expected_count(scaled: np.ndarray, sorted_weight: np.ndarray, cumsum: np.ndarray) -> float:
@@ -254,8 +274,8 @@ def _ratings(
 
 def synthetic_dblp(
     *,
-    n_researchers: int = 704_738,
-    n_venues: int = 2_675,
+    n_researchers: int = SYNTHETIC_DBLP_SIZE[0],
+    n_venues: int = SYNTHETIC_DBLP_SIZE[1],
     seed: int = 0,
     mean_venues_per_researcher: float = 2.5,
 ) -> VenueSets:
@@ -303,12 +323,11 @@ def synthetic_dblp(
     matrix = sp.csr_matrix(
         (np.ones(len(all_indices)), all_indices, indptr), shape=(n_researchers, n_venues)
     )
-    is_conf = _hash_unit(n_venues, salt=2) < _CONF_SHARE
     return VenueSets(
         matrix=matrix,
         researchers=np.arange(n_researchers, dtype=np.int64),
         venues=np.array([f"synthetic/venue-{j}" for j in range(n_venues)], dtype=str),
-        element_groups=np.where(is_conf, "conf", "journals"),
+        element_groups=dblp_groups(n_venues),
         name="synthetic-dblp",
     )
 

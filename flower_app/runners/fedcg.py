@@ -75,9 +75,9 @@ from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.node_data import load_node_rows, node_groups, node_partition
 from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, evaluator, probe_instance
-from flower_app.settings import SETTINGS
-from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
-from flower_app.strategies.fedcg import FedCGStrategy
+from flower_app.settings.rules import raise_size_problems, submodular_instance
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 
@@ -98,11 +98,7 @@ def client_weights(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem) -
     """Return p_i (None = uniform)."""
     if cfg.get("fedcg-client-weights") == "uniform":
         return None
-    if problem.objective is None:
-        raise ConfigError(
-            "fedcg-client-weights = 'data-size' needs every user's data size on the server; "
-            "with server-data = 'none' use 'uniform'"
-        )
+    assert problem.objective is not None  # server-data = 'none' is refused (settings.rules)
     sizes = np.diff(problem.objective.values.indptr).astype(np.float64)
     if sizes.sum() <= 0:
         raise ConfigError("fedcg-client-weights = 'data-size' needs at least one non-zero entry")
@@ -136,19 +132,10 @@ def discrete_server(
 ) -> DiscreteGreedyServer:
     """Build (and so validate) the discrete-greedy server state of a configuration.
 
-    Raises
-    ------
-    ConfigError
-        If ``clients-per-round`` is set: the discrete greedy samples each user with
-        probability κ_i = min(1, κ w_i) (``dgreedy-kappa``), so a K would be ignored.
+    ``clients-per-round`` is not read: the discrete greedy samples each user with
+    probability κ_i = min(1, κ w_i) (``dgreedy-kappa``); a config that sets it is refused
+    (:mod:`flower_app.settings.rules`).
     """
-    if cfg.clients_per_round != SETTINGS["clients-per-round"].default:
-        raise ConfigError(
-            f"fed-discrete-greedy samples each user with probability min(1, κ w_i) set by "
-            f"'dgreedy-kappa' (now {cfg.get('dgreedy-kappa')}); 'clients-per-round' = "
-            f"{cfg.clients_per_round!r} would be ignored: leave it at its default and set "
-            f"'dgreedy-kappa' instead"
-        )
     lam = problem.max_singleton if problem.objective is None else problem.objective.max_singleton
     return DiscreteGreedyServer(
         problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed,
@@ -157,6 +144,7 @@ def discrete_server(
 
 
 def _server(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> Any:
+    raise_size_problems(cfg, submodular_instance(problem, matroid))
     if cfg.algorithm == "fed-discrete-greedy":
         return discrete_server(cfg, problem, matroid)
     return fedcg_server(cfg, problem, matroid)
@@ -250,17 +238,16 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     )
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
-        strategy = FedDiscreteGreedyStrategy(
-            cohorts=True,
-            server=server,
+        strategy = DiscreteGreedyCohorts(
+            server,
             objective_fn=None if remote else exp.problem.objective.mean_value,
             on_round=exp.writer.log_round,
-            discovery_timeout=cfg.discovery_timeout,
             min_reply_fraction=cfg.min_reply_fraction,
             secure_aggregation=cfg.secure,
+            checkpoint_fn=checkpoint_fn,
+            discovery_timeout=cfg.discovery_timeout,
+            node_return_wait=cfg.node_return_wait,
         )
-        strategy.node_return_wait = cfg.node_return_wait
-        strategy.checkpoint_fn = checkpoint_fn
         if exp.writer.checkpoint is not None:
             strategy.resume_from(exp.writer.checkpoint)
         strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
@@ -273,18 +260,17 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             evaluate = evaluator(grid, strategy, server.n_users, cfg.round_timeout)
             objective = evaluate(selected)
         return _finish(exp, selected, strategy.history, extra, objective)
-    fedcg = FedCGStrategy(
-        cohorts=True,
-        server=server,
+    fedcg = FedCGCohorts(
+        server,
         objective_fn=None if remote else _multilinear(exp),
-        on_round=exp.writer.log_round,
-        discovery_timeout=cfg.discovery_timeout,
-        min_reply_fraction=cfg.min_reply_fraction,
         evaluate_every=10,
+        on_round=exp.writer.log_round,
+        min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        checkpoint_fn=checkpoint_fn,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    fedcg.node_return_wait = cfg.node_return_wait
-    fedcg.checkpoint_fn = checkpoint_fn
     if exp.writer.checkpoint is not None:
         fedcg.resume_from(exp.writer.checkpoint)
     fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)

@@ -66,7 +66,8 @@ from flower_app.experiment import (
 from flower_app.node_data import load_node_rows, node_partition
 from flower_app.problems import SubmodularProblem, cohort_objective, load_problem
 from flower_app.server_data import RemoteProblem, probe_instance
-from flower_app.strategies.fedsm import FedSMStrategy
+from flower_app.settings.rules import raise_size_problems, submodular_instance
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
 
@@ -97,10 +98,10 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
     FedSMParams
         The mode and its parameters.
 
-    Raises
-    ------
-    ConfigError
-        When ε or η do not fit the mode (checks across keys).
+    Notes
+    -----
+    ε's and η's ranges and the keys that go with ``fedsm-dp-epsilon`` are declared in
+    :mod:`flower_app.settings` (checked when ``cfg`` was made, and before Flower starts).
     """
     params = FedSMParams(
         mode=cfg.get("fedsm-mode"),
@@ -121,18 +122,6 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         dp_secure=bool(cfg.secure_aggregation),
         dp_reproducible=cfg.dp_reproducible_noise,
     )
-    if params.dp_epsilon and (params.mode != "alg1" or params.rng != "per-user"):
-        raise ConfigError(
-            "run_config 'fedsm-dp-epsilon' > 0 (shuffle-model DP) is implemented for "
-            "fedsm-mode = 'alg1' with fedsm-rng = 'per-user'"
-        )
-    if params.mode != "alg1" and not 0.0 < params.epsilon < 1.0:
-        raise ConfigError(f"run_config 'fedsm-epsilon' = {params.epsilon}: must lie in (0, 1)")
-    if params.mode == "amplified":
-        try:
-            params.steps()
-        except ValueError as err:
-            raise ConfigError(f"run_config 'fedsm-eta': {err}") from None
     return params
 
 
@@ -144,6 +133,7 @@ def _lam(problem: SubmodularProblem | RemoteProblem) -> float:
 
 
 def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> FedSMRun:
+    raise_size_problems(cfg, submodular_instance(problem, matroid))
     try:
         return FedSMRun(
             problem.n_users,
@@ -255,7 +245,7 @@ def _privacy(run: FedSMRun, history: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
-    """Run FedSMStrategy over the grid and write the run folder; return the summary.
+    """Run FedSMCohorts over the grid and write the run folder; return the summary.
 
     With ``server-data = "none"`` the server reads no client data: sizes and λ from the
     nodes, the matroid from configuration, F(S) by federated evaluation after the last
@@ -266,22 +256,21 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     exp = _open(cfg, "flower")
     log(INFO, "run folder: %s", exp.writer.folder)
     obj = exp.problem.objective
-    strategy = FedSMStrategy(
-        k=cfg.k,
+    strategy = FedSMCohorts(
+        exp.problem.n_users,
+        exp.matroid,
+        cfg.k,
+        fedsm_params(cfg),
         seed=cfg.seed,
-        cohorts=True,
-        n_users=exp.problem.n_users,
-        matroid=exp.matroid,
-        params=fedsm_params(cfg),
         lam=obj.max_singleton,
         progress_fn=lambda run: run.progress_value(obj),
-        discovery_timeout=cfg.discovery_timeout,
-        min_reply_fraction=cfg.min_reply_fraction,
         on_round=exp.writer.log_round,
+        min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        checkpoint_fn=exp.writer.save_checkpoint,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    strategy.node_return_wait = cfg.node_return_wait
-    strategy.checkpoint_fn = exp.writer.save_checkpoint
     if exp.writer.checkpoint is not None:
         strategy.resume_from(exp.writer.checkpoint)
     strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
@@ -294,23 +283,22 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
     exp = open_remote_run(cfg, problem, "flower", check=lambda p, m: _run(cfg, p, m))
     log(INFO, "run folder: %s (server-data = none)", exp.writer.folder)
-    strategy = FedSMStrategy(
-        k=cfg.k,
+    strategy = FedSMCohorts(
+        problem.n_users,
+        exp.matroid,
+        cfg.k,
+        fedsm_params(cfg),
         seed=cfg.seed,
-        federated_evaluation=True,
-        cohorts=True,
-        n_users=problem.n_users,
-        matroid=exp.matroid,
-        params=fedsm_params(cfg),
         lam=problem.max_singleton,
-        discovery_timeout=cfg.discovery_timeout,
-        min_reply_fraction=cfg.min_reply_fraction,
+        federated_evaluation=True,
         on_round=exp.writer.log_round,
+        min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
+        # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
+        checkpoint_fn=remote_checkpoint_fn(exp.writer, problem),
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    strategy.node_return_wait = cfg.node_return_wait
-    # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
-    strategy.checkpoint_fn = remote_checkpoint_fn(exp.writer, problem)
     if exp.writer.checkpoint is not None:
         strategy.resume_from(exp.writer.checkpoint)
     result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)

@@ -68,8 +68,9 @@ from flower_app.node_data import (
 from flower_app.registry import FEDSUBAVG_TORCH_DATASETS as TORCH_DATASETS
 from flower_app.results import RunWriter
 from flower_app.server_data import probe_instance
+from flower_app.settings.rules import Instance, raise_size_problems
+from flower_app.strategies.cohort.fedsubavg import FedSubAvgCohorts
 from flower_app.strategies.exchange import exchange, messages_to
-from flower_app.strategies.fedsubavg import FedSubAvgStrategy
 from flower_app.strategies.records import to_metric_record
 from flower_app.strategies.replies import float_metric, int_metric
 
@@ -112,16 +113,6 @@ def run_spec(cfg: AppConfig) -> RunSpec:
     if cfg.get("fsa-dp-noise") > 0:
         dp = GaussianDP(cfg.get("fsa-dp-noise"), cfg.get("fsa-dp-clip"), cfg.get("fsa-dp-delta"),
                         reproducible=cfg.dp_reproducible_noise)  # fmt: skip
-        if cfg.algorithm == "central-sgd" or cfg.get("fsa-weighting") != "clients":
-            raise ConfigError(
-                "run_config 'fsa-dp-noise' > 0 (client-level DP) needs a federated algorithm "
-                "and fsa-weighting = 'clients' (sample-size weights have no bounded sensitivity)"
-            )
-        if not cfg.secure_aggregation:
-            raise ConfigError(
-                "run_config 'fsa-dp-noise' > 0 needs secure-aggregation = true: the clients "
-                "add the noise, so only a securely aggregated sum is private"
-            )
     return RunSpec(**spec_fields(cfg, local), dp=dp)
 
 
@@ -162,6 +153,7 @@ def resolved_config(
     ConfigError
         If ``fsa-clients-per-round`` does not fit the task's number of clients.
     """
+    raise_size_problems(cfg, Instance(task.name, users=task.n_clients))
     try:
         k = resolve_clients_per_round(clients_per_round, task.n_clients)
     except ValueError as err:
@@ -317,6 +309,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     started = time.perf_counter()
     spec = run_spec(cfg)
     problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+    raise_size_problems(cfg, Instance(cfg.dataset, users=problem.n_users))
     try:
         k = resolve_clients_per_round(spec.clients_per_round, problem.n_users)
     except ValueError as err:
@@ -332,14 +325,20 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     log(INFO, "run folder: %s (server-data = none)", writer.folder)
     if spec.dp is not None and spec.dp.reproducible:
         warn_no_privacy()
-    strategy = FedSubAvgStrategy(
-        cohorts=True, n_clients=problem.n_users, n_params=problem.n_elements,
-        clients_per_round=k, algorithm=spec.algorithm, local=spec.local,
-        weighting=spec.weighting, adam=spec.adam, seed=spec.seed, on_round=writer.log_round,
-        discovery_timeout=cfg.discovery_timeout, min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure, dp=spec.dp,
-    )  # fmt: skip
     initial: dict[str, float] = {}
+    strategy = FedSubAvgCohorts(
+        spec.algorithm, problem.n_users, problem.n_elements, k, seed=spec.seed,
+        weighting=spec.weighting, local=spec.local, adam=spec.adam, dp=spec.dp,
+        on_round=writer.log_round, min_reply_fraction=cfg.min_reply_fraction,
+        secure_aggregation=cfg.secure,
+        # resumable: the checkpoint holds x, the server step's state, the sampler, the
+        # nodes' n and model size, and the round-0 federated metrics (a resumed run does
+        # not redo them)
+        checkpoint_fn=remote_checkpoint_fn(
+            writer, problem, lambda: {"initial-metrics": dict(initial)}
+        ),
+        discovery_timeout=cfg.discovery_timeout, node_return_wait=cfg.node_return_wait,
+    )  # fmt: skip
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         assert strategy.cohorts is not None
@@ -351,12 +350,6 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(values)
 
-    # resumable: the checkpoint holds x, the server step's state, the sampler, the nodes'
-    # n and model size, and the round-0 federated metrics (a resumed run does not redo them)
-    strategy.checkpoint_fn = remote_checkpoint_fn(
-        writer, problem, lambda: {"initial-metrics": dict(initial)}
-    )
-    strategy.node_return_wait = cfg.node_return_wait
     if writer.checkpoint is not None:
         initial.update(writer.checkpoint.get("initial-metrics", {}))
         strategy.resume_from(writer.checkpoint)
@@ -425,23 +418,23 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         log(INFO, "central-sgd runs on the pooled data inside the ServerApp (no messages)")
         _, history, heat = run_direct_rounds(run.task, run.spec, run.writer.log_round)
         return _finish(run, history, heat, x0_loss)
-    strategy = FedSubAvgStrategy(
-        cohorts=True,
-        n_clients=run.task.n_clients,
-        n_params=run.task.n_params,
-        clients_per_round=run.k,
-        algorithm=run.spec.algorithm,
-        local=run.spec.local,
-        weighting=run.spec.weighting,
-        adam=run.spec.adam,
+    strategy = FedSubAvgCohorts(
+        run.spec.algorithm,
+        run.task.n_clients,
+        run.task.n_params,
+        run.k,
         seed=run.spec.seed,
+        weighting=run.spec.weighting,
+        local=run.spec.local,
+        adam=run.spec.adam,
+        dp=run.spec.dp,
         on_round=run.writer.log_round,
-        discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
-        dp=run.spec.dp,
+        checkpoint_fn=run.writer.save_checkpoint,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    strategy.node_return_wait = cfg.node_return_wait
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         # round 0 is the zero model, reported once as initial-train-loss
@@ -449,7 +442,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(evaluate(arrays["x"].numpy()))
 
-    strategy.checkpoint_fn = run.writer.save_checkpoint
     if run.writer.checkpoint is not None:
         strategy.resume_from(run.writer.checkpoint)
     strategy.start(

@@ -1,11 +1,13 @@
 """FedSubAvg on the torch tasks (Sent140, Amazon) over Flower: the app's runner for them.
 
-:func:`run_torch_strategy` runs :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`
-in plain mode (named arrays, one client per node) with the same settings the direct engine
-(:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`) takes, and evaluates the
-full model centrally after each round (``evaluate_fn``) with the same task method, so both
-return the same rows for the same seed. The nodes run the app's ClientApp, which routes the
-messages to :class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
+:func:`run_torch_strategy` runs the public
+:class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy` or a baseline (named arrays, one
+client per node; the rows go to ``on_round`` once the run is over) with the same settings
+the direct engine (:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`)
+takes, and evaluates the full model centrally after each round (``evaluate_fn``) with the
+same task method, so both return the same rows for the same seed. The nodes run the app's
+ClientApp, which routes the messages to
+:class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
 ``partition-id`` = client, ``num-partitions`` = N). :mod:`flower_app.runners.fedsubavg`
 hands the ``sent140``/``amazon`` datasets (and their stand-ins) to :func:`server_run`,
 :func:`direct_run` and :func:`make_client` here.
@@ -38,10 +40,11 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
     load_torch_task,
 )
 from flower_app.clients.torch_tasks import TorchTaskClient
-from flower_app.config import AppConfig, ConfigError
+from flower_app.config import AppConfig
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
-from flower_app.strategies.fedsubavg import FedSubAvgStrategy
+from flower_app.settings.rules import Instance, raise_size_problems
+from flower_app.strategies.fedsubavg import STRATEGIES
 
 __all__ = [
     "direct_run",
@@ -73,7 +76,11 @@ def run_torch_strategy(
     if spec.algorithm == "fedprox-sub" and spec.local.proximal_mu == 0:
         raise ValueError("fedprox-sub needs local.proximal_mu > 0 (the paper's 0.01)")
     k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    strategy = FedSubAvgStrategy(
+    own: dict[str, Any] = {
+        "fedprox-sub": {"proximal_mu": spec.local.proximal_mu},
+        "fedadam-sub": {"adam": spec.adam},
+    }.get(spec.algorithm, {})
+    strategy = STRATEGIES[spec.algorithm](
         task.sparse_keys,
         fraction_train=k / task.n_clients,
         min_train_nodes=k,
@@ -81,10 +88,7 @@ def run_torch_strategy(
         fraction_evaluate=0.0,  # the task is evaluated on the server (evaluate_fn below)
         weighting=spec.weighting,
         seed=spec.seed,
-        algorithm=spec.algorithm,
-        adam=spec.adam,
-        proximal_mu=spec.local.proximal_mu,
-        on_round=None if on_round is None else lambda row: on_round(_kept(row)),
+        **own,
     )
     model = task.make_model()
 
@@ -104,7 +108,11 @@ def run_torch_strategy(
         timeout=timeout,
         evaluate_fn=evaluate,
     )
-    return [_kept(row) for row in strategy.history]
+    rows = [_kept(row) for row in strategy.history]
+    if on_round is not None:  # the public strategies take no row callback: after the run
+        for row in rows:
+            on_round(row)
+    return rows
 
 
 _KEEP = ("server-round", "local-train-loss", "clients", "bytes-down", "bytes-up", "round-time",
@@ -132,28 +140,12 @@ def _load(
 def torch_spec(cfg: AppConfig) -> TorchRunSpec:
     """Return the run of a torch-task configuration (the ``fsa-*`` keys).
 
-    Raises
-    ------
-    ConfigError
-        For options the torch tasks do not support yet (secure aggregation, DP,
-        ``server-data = 'none'``, resume).
+    Notes
+    -----
+    The options the torch tasks do not support yet (secure aggregation, DP, ``server-data =
+    'none'``, resume) and the embedding's fit to the dataset are refused by the rules of
+    :mod:`flower_app.settings.rules` when ``cfg`` is made.
     """
-    unsupported = {
-        "secure-aggregation": cfg.secure_aggregation,
-        "fsa-dp-noise": cfg.get("fsa-dp-noise") > 0,
-        "server-data = 'none'": cfg.server_data == "none",
-        "resume": cfg.resume,
-    }
-    if any(unsupported.values()):
-        names = [k for k, v in unsupported.items() if v]
-        raise ConfigError(f"{names} not supported on the torch tasks ({cfg.dataset}) yet")
-    init = cfg.get("fsa-embedding-init")
-    if init != "random" and "sent140" not in cfg.dataset:
-        raise ConfigError(f"fsa-embedding-init = {init!r} is for the Sent140 LSTM, not "
-                          f"{cfg.dataset} (use 'random')")  # fmt: skip
-    if init == "planted" and cfg.dataset != "synthetic-sent140":
-        raise ConfigError("fsa-embedding-init = 'planted' is for the stand-in "
-                          "synthetic-sent140 (real data: 'glove' or 'random')")  # fmt: skip
     local = TorchLocalConfig(
         iters=cfg.get("fsa-local-iters"),
         batch=cfg.get("fsa-batch-size"),
@@ -257,11 +249,9 @@ def make_client(cfg: AppConfig, context: Context) -> TorchTaskClient:
     pid = int(context.node_config.get("partition-id", 0))
     parts = int(context.node_config.get("num-partitions", 1))
     task = _cached_task(cfg)
-    if parts != task.n_clients:
-        raise ConfigError(
-            f"{task.name} has {task.n_clients} clients and runs one per node: start "
-            f"{task.n_clients} SuperNodes (options.num-supernodes), not {parts}"
-        )
+    raise_size_problems(
+        cfg, Instance(task.name, users=task.n_clients, nodes=parts, one_client_per_node=True)
+    )
     return TorchTaskClient(task, pid)
 
 

@@ -1,6 +1,6 @@
 """Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed, perfedavg, pfedme).
 
-``server_run`` runs :class:`~flower_app.strategies.maxfl.AppealStrategy` (cohort mode) over
+``server_run`` runs :class:`~flower_app.strategies.cohort.maxfl.MaxFLCohorts` over
 the grid, ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls
 one :class:`~flower_app.clients.learning.LearningClient` that serves every client), and
 ``make_client`` builds a node's client. Datasets (:data:`DATASETS`): images (an MLP with
@@ -30,7 +30,6 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.common.dp_noise import warn_no_privacy
 from flower_app.algorithms.common.gaussian_dp import (
-    DP_ALGORITHMS,
     GaussianAccountant,
     GaussianDP,
     dp_config,
@@ -52,13 +51,15 @@ from flower_app.datasets.federated import (
     build_federation,
     federation_from_clients,
 )
+from flower_app.datasets.maxfl_clients import DATASETS, SENT140, client_counts
 from flower_app.datasets.own_images import load_image_clients
 from flower_app.datasets.paths import resolve_data_dir
 from flower_app.datasets.sent140_features import DIM
 from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
-from flower_app.strategies.maxfl import AppealStrategy
+from flower_app.settings.rules import Instance, raise_size_problems
+from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 
 __all__ = [
     "DATASETS",
@@ -71,18 +72,8 @@ __all__ = [
     "summary_line",
 ]
 
-#: datasets of the family and their (seen clients, classes) defaults
-DATASETS = {
-    "fmnist": (100, 10),
-    "emnist": (500, 62),
-    "synthetic-emnist": (500, 62),
-    "sent140": (308, 2),
-    "synthetic-sent140": (308, 2),
-}
-#: Sent140 (real and stand-in): the paper's unseen clients (-1 in maxfl-unseen-users) and the
-#: MLP on the 200-D pooled GloVe vector (3 hidden layers; images keep HIDDEN)
-SENT140 = ("sent140", "synthetic-sent140")
-SENT140_UNSEEN = 619
+#: Sent140 (real and stand-in): the MLP on the 200-D pooled GloVe vector (3 hidden layers;
+#: images keep HIDDEN); the datasets' client counts: :mod:`flower_app.datasets.maxfl_clients`
 
 
 @dataclass(frozen=True)
@@ -176,64 +167,29 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
     Raises
     ------
     ConfigError
-        If ``clients-per-round`` exceeds the seen clients (the one check across keys).
+        If ``clients-per-round`` exceeds the seen clients, or your file has fewer clients
+        than asked for (the rules across keys: :mod:`flower_app.settings.rules`).
     """
     unseen = int(cfg.get("maxfl-unseen-users"))
-    vectors = str(cfg.get("maxfl-sent140-vectors"))
-    if vectors != "random" and cfg.dataset != "synthetic-sent140":
-        raise ConfigError(
-            f"run_config 'maxfl-sent140-vectors' = {vectors!r} is for the synthetic-sent140 "
-            f"stand-in; {cfg.dataset} uses its own features (GloVe for sent140): use 'random'"
-        )
-    n_in, hidden = 784, HIDDEN
+    n_in, hidden, own_clients = 784, HIDDEN, None
     if cfg.dataset in SENT140:
-        n_seen, n_classes = cfg.num_users or DATASETS[cfg.dataset][0], 2
-        n_unseen = SENT140_UNSEEN if unseen < 0 else unseen
-        n_in, hidden = DIM, SENT140_HIDDEN
+        n_classes, n_in, hidden = 2, DIM, SENT140_HIDDEN
     elif cfg.dataset == "image-clients":
         own = load_image_clients(cfg.data_file)
         n_classes, n_in = own.data.n_classes, int(own.data.images.shape[1])
-        if own.clients is not None:  # your clients: the first half seen, the rest unseen
-            n_seen = cfg.num_users or own.n_clients - own.n_clients // 2
-            n_unseen = own.n_clients - n_seen if unseen < 0 else unseen
-            if n_seen + n_unseen > own.n_clients:
-                raise ConfigError(
-                    f"{n_seen} seen + {n_unseen} unseen clients asked for (num-users, "
-                    f"maxfl-unseen-users); {cfg.data_file} has {own.n_clients}"
-                )
-        else:
-            n_seen = cfg.num_users or 100
-            n_unseen = n_seen if unseen < 0 else unseen
+        own_clients = own.n_clients if own.clients is not None else None
     else:
-        default_seen, n_classes = DATASETS[cfg.dataset]
-        n_seen = cfg.num_users or default_seen
-        n_unseen = n_seen if unseen < 0 else unseen
+        n_classes = DATASETS[cfg.dataset][1]
+    n_seen, n_unseen = client_counts(cfg.dataset, cfg.num_users, unseen, own_clients,
+                                     cfg.data_file)  # fmt: skip
+    raise_size_problems(cfg, Instance(cfg.dataset, users=n_seen))
     per_round = cfg.clients_per_round
     per_round = per_round if isinstance(per_round, int) else max(1, int(per_round * n_seen))
-    if per_round > n_seen:
-        raise ConfigError(
-            f"run_config 'clients-per-round' = {per_round} exceeds the {n_seen} seen clients"
-        )
     dp = None
     if float(cfg.get("maxfl-dp-noise")) > 0:
         dp = GaussianDP(float(cfg.get("maxfl-dp-noise")), float(cfg.get("maxfl-dp-clip")),
                         float(cfg.get("maxfl-dp-delta")),
                         reproducible=cfg.dp_reproducible_noise)  # fmt: skip
-        if cfg.algorithm not in DP_ALGORITHMS:
-            raise ConfigError(
-                f"run_config 'maxfl-dp-noise' > 0 (client-level DP) is implemented for "
-                f"{', '.join(DP_ALGORITHMS)}, not {cfg.algorithm!r}"
-            )
-        if str(cfg.get("maxfl-participation")) != "all":
-            raise ConfigError(
-                "run_config 'maxfl-dp-noise' > 0 needs maxfl-participation = 'all': the "
-                "flexible opt-in test reveals each client's appeal, outside the DP guarantee"
-            )
-        if not cfg.secure_aggregation:
-            raise ConfigError(
-                "run_config 'maxfl-dp-noise' > 0 needs secure-aggregation = true: the noise is "
-                "added by the clients, so only a securely aggregated sum is private"
-            )
     local = LocalConfig(
         lr=float(cfg.get("maxfl-lr")),
         batch_size=int(cfg.get("maxfl-batch-size")),
@@ -277,7 +233,7 @@ def settings(cfg: AppConfig) -> MaxFLSettings:
         local=local,
         dp=dp,
         data_file=cfg.data_file,
-        sent140_vectors=vectors,
+        sent140_vectors=str(cfg.get("maxfl-sent140-vectors")),
         n_in=n_in,
         hidden=hidden,
     )
@@ -440,19 +396,19 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         warn_no_privacy()
     log(INFO, "run folder: %s", writer.folder)
     server, sampler = _server(s)
-    strategy = AppealStrategy(
+    strategy = MaxFLCohorts(
         server,
         sampler,
         s.n_clients,
         eval_every=s.eval_every,
+        dp=s.dp,
         on_round=writer.log_round,
-        discovery_timeout=cfg.discovery_timeout,
         min_reply_fraction=cfg.min_reply_fraction,
         secure_aggregation=cfg.secure,
-        dp=s.dp,
+        checkpoint_fn=writer.save_checkpoint,
+        discovery_timeout=cfg.discovery_timeout,
+        node_return_wait=cfg.node_return_wait,
     )
-    strategy.node_return_wait = cfg.node_return_wait
-    strategy.checkpoint_fn = writer.save_checkpoint
     if writer.checkpoint is not None:
         strategy.resume_from(writer.checkpoint)
     strategy.start(

@@ -18,7 +18,8 @@ def check(run_config: str) -> str:
 
     The same checks as ``flower-app run`` makes before Flower starts: the string's syntax,
     unknown keys (with the closest known one), every value, another family's keys, keys
-    that do not go together, and the data files (header or first record).
+    that do not go together, the data files and the keys against the instance
+    (:func:`flower_app.datasets.check.check_data`; the federation's size is not known here).
 
     Parameters
     ----------

@@ -188,7 +188,7 @@ _DECLARED = (
     ),
     Setting(
         "fedsm-epsilon", "float", 0.405, _FEDSM,
-        "ε of Alg. 2 and amplification, in (0, 1) (0.405: the authors' code)",
+        "ε of Alg. 2 and amplification (0.405: the authors' code)", gt=0, lt=1,
     ),
     Setting(
         "fedsm-tau", "float", 0.0, _FEDSM,
@@ -205,7 +205,7 @@ _DECLARED = (
     ),
     Setting(
         "fedsm-eta", "float", 0.1, _FEDSM,
-        "amplification step η in (0, 1), 1/η an integer",
+        "amplification step η", gt=0, lt=1, reciprocal_integer=True,
     ),
     Setting(
         "fedsm-inner", "choice", "alg1", _FEDSM, "amplification's subroutine",

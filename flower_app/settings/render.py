@@ -94,8 +94,10 @@ _INTRO = [
     "naming the key, the value and what is valid.",
     "- The common keys apply to every algorithm; a family's keys only to its algorithms. A key "
     "of another family is refused unless it keeps its default.",
-    "- `flower-app run` checks every key, value and data file before Flower starts and "
-    "prints each problem on one line (exit 2, in well under a second; docs/cli.md); "
+    "- `flower-app run` checks every key, value, rule across keys (flower_app/settings/"
+    "rules.py) and data file, and the keys against the instance (k, clients-per-round, "
+    "elements-per-client, the federation's size for secure aggregation), before Flower "
+    "starts, and prints each problem on one line (exit 2, within seconds; docs/cli.md); "
     "`python -m flower_app.settings --check \"k=20 fedsm-mode='alg2'\"` makes the same "
     "checks of a `--run-config` string. A plain `flwr run` refuses a key that is not listed "
     "here with only `[code: 15] Invalid run configuration`, and a bad value only in the "

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["VALIDATORS", "ConfigError", "Kind", "Setting"]
+__all__ = ["INT64", "VALIDATORS", "ConfigError", "Kind", "Setting", "reciprocal_steps"]
 
 #: the types a key can have; ``count`` is an int count (>= 1) or a float fraction in (0, 1]
 Kind = Literal["int", "float", "count", "choice", "bool", "str"]
@@ -53,6 +53,8 @@ class Setting:
         Bounds of an int or float: >=, >, <=, <.
     choices : tuple of str
         The values a ``choice`` accepts.
+    reciprocal_integer : bool
+        A float whose inverse must be an integer (e.g. η = 0.1, 0.2, 0.25).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Setting:
     le: float | None = None
     lt: float | None = None
     choices: tuple[str, ...] = ()
+    reciprocal_integer: bool = False
 
     def __post_init__(self) -> None:
         """Refuse an inconsistent declaration (a bug, found at import)."""
@@ -73,6 +76,7 @@ class Setting:
             self.kind not in VALIDATORS
             or (self.kind == "choice") != bool(self.choices)
             or (bounded and self.kind not in ("int", "float"))
+            or (self.reciprocal_integer and self.kind != "float")
             or (self.ge is not None and self.gt is not None)
             or (self.le is not None and self.lt is not None)
         ):
@@ -101,6 +105,11 @@ class Setting:
             return "true, false"
         low = ("[", self.ge) if self.ge is not None else ("(", self.gt)
         high = ("]", self.le) if self.le is not None else (")", self.lt)
+        if self.reciprocal_integer:
+            return f"{self._range(low, high)}, 1/x an integer"
+        return self._range(low, high)
+
+    def _range(self, low: tuple[str, float | None], high: tuple[str, float | None]) -> str:
         if low[1] is not None and high[1] is not None:
             return f"{low[0]}{_num(low[1])}, {_num(high[1])}{high[0]}"
         if low[1] is not None:
@@ -129,14 +138,31 @@ def _check_bounds(setting: Setting, value: float) -> None:
             raise ConfigError(f"{_given(setting, value)}: must be {relation} {_num(bound)}")
 
 
+#: Flower's run_config holds 64-bit signed integers (a larger one fails in Flower itself)
+INT64 = (-(2**63), 2**63 - 1)
+#: how close 1/x must be to an integer (:attr:`Setting.reciprocal_integer`)
+RECIPROCAL_TOLERANCE = 1e-9
+
+
 def validate_int(setting: Setting, value: Any) -> int:
-    """Return an integer within the bounds (``2.0`` is read as ``2``)."""
+    """Return an integer within the bounds (``2.0`` is read as ``2``) and 64 bits."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{_given(setting, value)}: expected an integer")
+    if not INT64[0] <= value <= INT64[1]:
+        raise ConfigError(f"{_given(setting, value)}: beyond the 64-bit integers Flower's "
+                          f"run_config holds (|value| < 2**63)")  # fmt: skip
     _check_bounds(setting, value)
     return value
+
+
+def reciprocal_steps(value: float) -> int | None:
+    """Return 1/value when it is an integer (within :data:`RECIPROCAL_TOLERANCE`), else None."""
+    if not (math.isfinite(value) and value > 0):
+        return None
+    steps = round(1.0 / value)
+    return steps if steps >= 1 and abs(steps * value - 1.0) <= RECIPROCAL_TOLERANCE else None
 
 
 def validate_float(setting: Setting, value: Any) -> float:
@@ -145,6 +171,9 @@ def validate_float(setting: Setting, value: Any) -> float:
         raise ConfigError(f"{_given(setting, value)}: expected a number")
     value = float(value)
     _check_bounds(setting, value)
+    if setting.reciprocal_integer and reciprocal_steps(value) is None:
+        raise ConfigError(f"{_given(setting, value)}: 1/x must be an integer (e.g. 0.1, 0.2, "
+                          "0.25)")  # fmt: skip
     return value
 
 

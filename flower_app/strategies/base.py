@@ -14,8 +14,10 @@ The steps, as Flower's ``FedAvg`` has them:
     work before round 1 (discovery of cohorts, a counting round, the importance protocol);
     returns the number of rounds the protocol will run (the protocol may fix it: FedSM
     Algorithm 1 runs k rounds, whatever ``num_rounds`` says; it says so at construction).
-``before_round(server_round, arrays, grid)``
-    an exchange that must precede sampling (MaxFL's opt-in test, FedSubAvg's index sets).
+``refresh_nodes(grid)``, ``before_round(server_round, arrays, grid)``
+    before each round: the view of the grid (the cohort strategies re-discover which node
+    serves which users), then an exchange that must precede sampling (MaxFL's opt-in test,
+    FedSubAvg's index sets).
 ``evaluate_messages`` / ``aggregate_evaluate``
     federated evaluation; return ``[]`` to skip it in a round (the default).
 ``finalize(arrays)``
@@ -53,7 +55,6 @@ from collections.abc import Callable, Iterable, Mapping
 from logging import INFO
 from typing import Any
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -61,12 +62,6 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies import external_loop, round_rows
-from flower_app.strategies.discovery import (
-    CohortMap,
-    group_for_round,
-    refresh_cohorts,
-    wait_for_mapped_nodes,
-)
 from flower_app.strategies.errors import (
     AllRepliesRejectedError,
     MissingHandlerError,
@@ -111,6 +106,9 @@ class RoundStrategy(Strategy, ABC):
         :func:`~flower_app.privacy.secure_aggregation_mod`. Default None (replies in the
         clear). Strategies whose
         aggregate is not a sum of replies refuse it (``supports_secure_aggregation``).
+    checkpoint_fn : callable, optional
+        Resumable strategies (``resumable``): called as ``checkpoint_fn(payload)`` after
+        every round; ``resume_from(payload)`` before ``start`` continues after that round.
     """
 
     # ------------------------------------------------------------------ declared attributes
@@ -121,31 +119,26 @@ class RoundStrategy(Strategy, ABC):
     #: the strategy implements :meth:`checkpoint_state` / :meth:`restore_state`
     resumable: bool = False
     #: the round's aggregate is a function of the sum of the train replies (see
-    #: :meth:`merge_senders`), so secure aggregation can replace the replies by their sum
+    #: :meth:`~flower_app.strategies.RoundStrategy.merge_senders`), so secure aggregation can
+    #: replace the replies by their sum
     supports_secure_aggregation: bool = False
     #: metrics of a train reply sent in the clear under secure aggregation (every node
     #: must send the same value, e.g. FedSM's ``num-elements``); all others are summed
     secure_public_metrics: tuple[str, ...] = ()
-    #: cohort mode: seconds a round waits, before it is sent, for mapped nodes that left the
-    #: grid's node list to be back (run_config ``node-return-wait``; e.g. a SuperNode
-    #: restarted with its key returns under its node id); 0: no wait, their users are
-    #: skipped. After the wait, a node still away is skipped as without it
-    node_return_wait: float = 0.0
     #: the protocol's length shows only as it runs: rounds are logged as ``[round t/?]``
     rounds_open_ended: bool = False
     #: rounds ``setup`` is told when another loop drives the strategy (it does not say)
     external_num_rounds: int = 1_000_000
     #: the run's seed (secure aggregation's neighbour ring is seeded with it)
     seed: int = 0
-    #: cohort mode: which node serves which users (set by ``setup``'s discovery); None in
-    #: plain mode, where a node is one client
-    cohorts: CohortMap | None = None
 
     def __init__(
         self,
         on_round: RoundCallback | None = None,
         min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
+        *,
+        checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not 0.0 <= float(min_reply_fraction) <= 1.0:
             raise ValueError(f"min_reply_fraction={min_reply_fraction}: expected a value in [0, 1]")
@@ -165,8 +158,7 @@ class RoundStrategy(Strategy, ABC):
         self.min_reply_fraction = float(min_reply_fraction)
         self.history: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
-        #: called as ``checkpoint_fn(payload)`` after every round (resumable strategies)
-        self.checkpoint_fn: Callable[[dict[str, Any]], None] | None = None
+        self.checkpoint_fn = checkpoint_fn
         #: seconds an exchange waits for its replies (``start``'s ``timeout``)
         self.exchange_timeout = 3600.0
         #: the nodes whose replies a secure sum stands for (its survivors)
@@ -235,6 +227,14 @@ class RoundStrategy(Strategy, ABC):
     def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
         """Exchange what must precede the round's sampling (default: nothing)."""
 
+    def refresh_nodes(self, grid: Grid) -> None:
+        """Before each round, before ``before_round``: update the view of the grid.
+
+        Default: nothing (a plain strategy samples from the grid's current nodes every
+        round anyway); the cohort strategies (:mod:`flower_app.strategies.cohort`)
+        re-discover which node serves which users.
+        """
+
     def probe_messages(
         self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord
     ) -> list[Message]:
@@ -282,7 +282,7 @@ class RoundStrategy(Strategy, ABC):
     def sent_users(self, node_id: int) -> int:
         """Return how many clients (users) the round's message to ``node_id`` stands for.
 
-        1 in plain mode; a cohort strategy returns the users it sampled on the node, so that
+        1 for a plain node; a cohort strategy returns the users it sampled on the node, so that
         ``users-missing`` and ``min_reply_fraction`` count users, not nodes.
         """
         return 1
@@ -452,38 +452,6 @@ class RoundStrategy(Strategy, ABC):
     def merged_config(config: ConfigRecord | None, server_round: int, **extra: Any) -> ConfigRecord:
         """Return the user's config with ``server-round`` and the strategy's entries."""
         return merged_config(config, server_round, **extra)
-
-    # ------------------------------------------------------------------ cohorts
-    def refresh_nodes(self, grid: Grid) -> None:
-        """Before each round: re-discover cohorts (cohort mode), see ``refresh_cohorts``.
-
-        Mapped nodes that left the grid are marked offline (their users are skipped and
-        recorded as missing); a node that rejoined under a new id and serves an offline
-        node's users takes its place. With ``node_return_wait`` > 0, mapped nodes not in
-        the grid's node list are first waited for, up to that many seconds. No-op without a
-        ``cohorts`` map (plain mode samples from the grid's current nodes every round
-        anyway).
-        """
-        if self.cohorts is not None:
-            if self.node_return_wait > 0:
-                wait_for_mapped_nodes(grid, self.cohorts, self.node_return_wait)
-            self.cohorts = refresh_cohorts(
-                grid, self.cohorts, timeout=min(self.exchange_timeout, 60.0)
-            )
-
-    def group_users(self, users: np.ndarray) -> dict[int, np.ndarray]:
-        """Split sorted users by the node serving them, skipping offline nodes.
-
-        See :func:`~flower_app.strategies.discovery.group_for_round`; the users of an
-        offline node are recorded in the round's ``failed-nodes`` and ``users-missing``
-        (reason: offline) and count against ``min_reply_fraction``.
-        """
-        assert self.cohorts is not None
-        secure = self.secure_aggregation
-        least = None if secure is None else int(secure.min_nodes)
-        groups, skipped = group_for_round(self.cohorts, users, least)
-        self._skipped.update(skipped)
-        return groups
 
     # ------------------------------------------------------------------ the run
     def start(

@@ -191,8 +191,8 @@ class CohortQueries:
             checked = _query_nodes(self.grid, ask, wait, decode, self.group_id)
         except MissingHandlerError as err:
             raise MissingHandlerError(
-                f"{err} (cohort mode needs every node to say which users it serves; a node "
-                "that is one client needs plain mode, the strategies' default)"
+                f"{err} (a cohort strategy needs every node to say which users it serves; a "
+                "node that is one client needs a public strategy of flower_app.strategies)"
             ) from None
         self.left_out += checked.bad
         for src, reason in checked.errors.items():

@@ -6,37 +6,28 @@ The contract below also covers FedDiscreteGreedyStrategy (Algs. 3-5), which live
 Rafiey (ICML 2024), "Decomposable Submodular Maximization in Federated Setting". The math
 lives in :mod:`flower_app.algorithms.fedcg.continuous` and
 :mod:`flower_app.algorithms.fedcg.discrete_greedy`; this module moves it over Flower's
-Message API on
-:class:`~flower_app.strategies.base.RoundStrategy`.
+Message API on :class:`~flower_app.strategies.base.RoundStrategy`.
 
-Two client modes:
-
-*plain* (the default)
-    one node is one client i with its own utility f_i (its ClientApp uses the helpers of
-    ``flower_app.clients.fedcg``); nodes are sampled from ``grid.get_node_ids()``
-    like Flower's ``FedAvg``; the ground-set size m comes from the replies (metric
-    ``n-elements``; the most common value among the first round's replies is taken and
-    replies with another m are left out), or from ``initial_arrays["x"]`` / ``groups``.
-*cohort* (``cohorts=True`` with a prebuilt server state)
-    a node serves many users (the simulation of :mod:`flower_app.runners.fedcg`): the
-    server asks every node which users it serves (``query.cohort``) and samples users;
-    a node answers for its users with one sum (what secure aggregation reveals).
+One node is one client i with its own utility f_i (its ClientApp uses the helpers of
+``flower_app.clients.fedcg``); nodes are sampled from ``grid.get_node_ids()`` like Flower's
+``FedAvg``; the ground-set size m comes from the replies (metric ``n-elements``; the most
+common value among the first round's replies is taken and replies with another m are left
+out), or from ``initial_arrays["x"]`` / ``groups``. (This app's simulations, where a node
+serves many users, run the cohort classes of :mod:`flower_app.strategies.cohort.fedcg`.)
+:class:`FedCGRounds` is FedCG's round both classes share.
 
 Message contract. Requests carry ``"arrays"`` (ArrayRecord) and ``"config"`` (ConfigRecord:
 the user's ``train_config``, ``server-round`` and the entries below); replies carry
-``"arrays"`` and ``"metrics"`` (MetricRecord). Plain-mode arrays are named; cohort mode
-sends the same arrays positionally (``"0"``, ``"1"``, ...) in the order given, and its
-direction request adds ``"1"`` int64 user ids and ``"2"`` float64 weights c_i.
+``"arrays"`` and ``"metrics"`` (MetricRecord).
 
 =====================  ==============================  ======================================
 message type           request                         reply
 =====================  ==============================  ======================================
 ``train.direction``    ``"x"`` float64 (m,) [#x]_;     ``"values"`` float64 (m,), or ``"ids"``
 (FedCG, each round)    config ``seed``,                int32 + ``"values"`` float64: the sum
-                       ``local-steps``, ``gradient``,  of the τ LMO vertices (cohort: τ·Σ c_i
-                       ``gradient-samples``,           Δ_i); metrics ``num-examples``,
-                       ``fill-base`` (0/1) [#m]_       ``ids-sent``, ``n-elements`` (m;
-                                                       plain), ``weight`` (Σ c_i; cohort)
+                       ``local-steps``, ``gradient``,  of the τ LMO vertices; metrics
+                       ``gradient-samples``,           ``num-examples``, ``ids-sent``,
+                       ``fill-base`` (0/1) [#m]_       ``n-elements`` (m)
 ``train.histogram``    no arrays                       ``"values"`` float64 (m,) or sparse:
 (discrete, setup)                                      Σ_i O_i, O_i = (f_i({j}))_j; metrics
                                                        ``num-examples``, ``n-elements``
@@ -48,7 +39,7 @@ message type           request                         reply
 round)                 [#m]_                           2^-20 units; metrics ``participants``,
                                                        ``num-examples``, ``n-elements``
 ``evaluate``           ``"selected"`` int64 S (the     metrics ``objective`` (f_i(S), float
-(FedCG plain, after    final rounding; ∅ once before   ≥ 0), ``num-examples`` (1)
+(FedCG, after          final rounding; ∅ once before   ≥ 0), ``num-examples`` (1)
 round T [#e]_)         round 1); config: the user's
                        ``evaluate_config`` +
                        ``server-round``
@@ -59,8 +50,8 @@ round T [#e]_)         round 1); config: the user's
    F(S) = mean f_i(S) over the nodes goes to ``Result.evaluate_metrics_clientapp[T]``
    (``objective``, ``nodes``) and the last round's row; the ClientApp answers with
    :func:`~flower_app.clients.fedcg_evaluate` (``add_fedcg_handlers`` registers it).
-.. [#m] plain mode: config ``matroid-k`` (rank of the uniform matroid; 0 for a partition
-   matroid) and, for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
+.. [#m] config ``matroid-k`` (rank of the uniform matroid; 0 for a partition matroid) and,
+   for a partition matroid, arrays ``"matroid-groups"`` int64 (m,) and
    ``"matroid-capacities"`` int64 (G,).
 
 ``Result.arrays`` and the arrays given to ``evaluate_fn(server_round, arrays)``: FedCG
@@ -93,20 +84,17 @@ from flower_app.algorithms.fedcg.continuous import ROUNDINGS, FedCGServer, Local
 from flower_app.algorithms.fedsm.core import check_report, decode_report
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
-from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.errors import InitialArraysError
 from flower_app.strategies.exchange import messages_to
+from flower_app.strategies.records import merged_config
 from flower_app.strategies.replies import CheckedReplies, int_metric
-from flower_app.strategies.round_rows import warn_fixed_length
 from flower_app.strategies.sampling import sample_nodes
 from flower_app.strategies.submodular_records import (
     build_matroid,
     check_common,
-    checkpointed_server,
     drop_replies,
     matroid_entries,
     named_record,
-    positional_record,
     reply_parts,
     report_arrays,
     reported_n_elements,
@@ -115,275 +103,93 @@ from flower_app.strategies.submodular_records import (
 )
 from flower_app.submodular.rounding import check_in_polytope, greedy_rounding
 
-__all__ = ["FedCGStrategy"]
+__all__ = ["FedCGRounds", "FedCGStrategy", "initial_x", "start_at"]
 
-RoundCallback = Callable[[dict[str, Any]], None]
-_TOL = 1e-6
+#: relative tolerance of the checks on a reply's mass and weight
+TOL = 1e-6
 
 
-class FedCGStrategy(RoundStrategy):
-    """Federated continuous greedy: FedCG (τ = 1, Alg. 1) and FedCG+ (τ > 1, Alg. 2).
+def initial_x(arrays: ArrayRecord) -> np.ndarray | None:
+    """Return x₀ of ``initial_arrays`` (None: x starts at 0).
 
-    Each round the server sends x to the round's clients; each takes τ local
-    continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
-    matroid) and replies with the sum of its τ vertices; the server sets
-    x ← x + η Σ c_i Δ_i / Σ c_i. After round T, x is rounded without the objective
-    (Remark 4.4). T is ``num_rounds`` of :meth:`~flower_app.strategies.RoundStrategy.start`
-    (cohort mode: the server's T). Message contract: the table of
-    :mod:`flower_app.strategies.fedcg`.
+    ``initial_arrays`` is empty or has ``"x"`` float64 (m,) (and optionally ``"selected"``,
+    ignored: the keys of ``Result.arrays``).
 
-    Parameters
-    ----------
-    k : int, optional
-        Cardinality bound of the uniform matroid (default 10); with ``groups``, the
-        default capacity of each block.
-    groups : sequence of int, optional
-        Block of every element (length m): a partition matroid (m is then known).
-    capacities : int, sequence or mapping, optional
-        Block capacities of the partition matroid (see
-        ``flower_app.strategies.submodular_records.build_matroid``).
-    eta : float, optional
-        Server step η with η·T ≤ 1; 0 (default) means 1/T.
-    local_steps : int, optional
-        τ: 1 (default) is FedCG, τ > 1 FedCG+.
-    gradient : str, optional
-        Clients' gradient: ``"exact"`` (default) or ``"sampled"`` (Appendix C.3).
-    gradient_samples : int, optional
-        Sets per sampled gradient (default 10).
-    fill_base : bool, optional
-        Clients complete each LMO answer to a base with random zero-gradient elements
-        (default True).
-    rounding : str, optional
-        Final rounding, ``"greedy"`` (default) or ``"pipage"``.
-    fraction_train : float, optional
-        Fraction of connected nodes sampled per round (plain mode; default 1.0: all,
-        FedCG's full participation with uniform weights).
-    min_train_nodes : int, optional
-        Least nodes per round (plain mode; default 2).
-    min_available_nodes : int, optional
-        Least connected nodes before a round starts (plain mode; default 2).
-    seed : int, optional
-        Seeds the node sampler (``random.Random(seed)``), the server's generator
-        (rounding) and the clients' streams (``default_rng([seed, round, user_id])``).
-    cohorts : bool, optional
-        Cohort mode (default False: plain mode).
-    server : FedCGServer, optional
-        Cohort mode's prebuilt server state (users N, p_i, K draws, matroid, T, η, τ;
-        its data-derived sizes come from the dataset); required with ``cohorts=True``,
-        and then the hyperparameters above are not used.
-    objective_fn : callable, optional
-        ``objective_fn(x) -> float``: an oracle recorded per round as ``multilinear``
-        (e.g. the mean F̂(x)); the algorithm never uses it.
-    evaluate_every : int, optional
-        Call ``objective_fn`` every this many rounds and after the last (default 1).
-    federated_evaluation : bool, optional
-        Plain mode: after round T, ask every node for f_i(S) of the final set (an
-        ``evaluate`` message); F(S), their mean, is ``Result.evaluate_metrics_clientapp[T]
-        ["objective"]``, as ``FedAvg``'s Result carries its evaluation (default True; the
-        ClientApp needs ``@app.evaluate()``, which
-        :func:`~flower_app.clients.add_fedcg_handlers` registers, and is asked once before
-        round 1 with S = ∅ so that a missing handler stops the run there).
-    discovery_timeout : float, optional
-        Cohort mode: seconds to wait until the nodes' cohorts cover all users (300).
-    on_round : callable, optional
-        Receives each round's row as the round ends.
-    min_reply_fraction : float, optional
-        Least fraction of a round's clients whose replies must arrive and be accepted, else
-        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
-        failed nodes are recorded per round).
-    secure_aggregation : SecureAggregation, optional
-        Sum each round's direction reports with secure aggregation
-        (:mod:`flower_app.privacy`): nodes report densely, the server learns Σ c_i Δ_i, Σ c_i,
-        the users and ``ids-sent`` (``n-elements`` in the clear); the checks above apply
-        to the sum. Fixed point: 2^-25 per coordinate and node (f = 24). Default None.
+    Raises
+    ------
+    InitialArraysError
+        On other keys, or an ``"x"`` that is not a finite float vector.
+    """
+    keys = set(arrays)
+    if not keys <= {"x", "selected"} or (keys and "x" not in keys):
+        raise InitialArraysError(
+            f"initial_arrays has keys {sorted(keys)}; expected none (x = 0) or 'x' "
+            "float64 (m,) (and optionally 'selected')"
+        )
+    if "x" not in keys:
+        return None
+    x0 = np.asarray(arrays["x"].numpy())
+    if x0.ndim != 1 or x0.dtype.kind != "f" or not np.all(np.isfinite(x0)):
+        raise InitialArraysError("initial_arrays['x'] must be a finite float vector")
+    return x0
 
-    Notes
-    -----
-    A reply with an error, a malformed or non-finite report, another m, a weight or user
-    count that does not match what was sent, a coordinate above τ·Σ c_i, or a total mass
-    that is not that of τ bases (τ r Σ c_i; at most that without base completion) is
-    counted in ``bad-replies`` and left out; the step is normalised by the weight that
-    arrived. In plain mode every client has weight c_i = 1.
+
+def start_at(server: FedCGServer, x0: np.ndarray) -> None:
+    """Start ``server`` from x0, checked to lie in (1 − η·T)·P so that x_T stays in P.
+
+    Raises
+    ------
+    InitialArraysError
+        If x0 has another size than m, or lies outside (1 − η·T)·P.
+    """
+    m = server.matroid.n_elements
+    if x0.shape != (m,):
+        raise InitialArraysError(f"initial_arrays['x'] has shape {x0.shape}; m is {m}")
+    room = 1.0 - server.eta * server.rounds
+    if np.any(x0 != 0):
+        try:
+            if room <= TOL:
+                raise ValueError("η·T = 1 leaves no room")
+            check_in_polytope(x0 / room, server.matroid)
+        except ValueError as err:
+            raise InitialArraysError(
+                f"initial_arrays['x'] must lie in (1 − η·T)·P = {room:.3g}·P so that x "
+                f"stays in the matroid polytope: {err}"
+            ) from err
+    server.x = x0.astype(np.float64).copy()
+
+
+class FedCGRounds:
+    """FedCG's round, shared by :class:`FedCGStrategy` and the runners' ``FedCGCohorts``.
+
+    A mixin for a :class:`~flower_app.strategies.base.RoundStrategy`: the config every
+    direction request carries, the checks of a reply's mass, the sum of the directions and
+    the server step x ← x + η·Σ c_i Δ_i / Σ c_i with the round's row, the rounded set, and
+    the bookkeeping of a secure sum. ``self._sent`` maps a node to the (users, weight) its
+    message stands for.
     """
 
-    supports_secure_aggregation = True
-    secure_public_metrics = ("n-elements",)
+    seed: int
+    rounding: str
+    local: LocalSteps
+    server: FedCGServer | None
+    selected: list[int] | None
+    summed_nodes: list[int]
+    _expected: set[int]
+    #: ``objective_fn(x) -> float``: an oracle recorded as ``multilinear``
+    objective_fn: Callable[[np.ndarray], float] | None = None
+    #: call ``objective_fn`` every this many rounds and after the last
+    evaluate_every: int = 1
 
-    def __init__(
-        self,
-        k: int = 10,
-        groups: Sequence[int] | np.ndarray | None = None,
-        capacities: int | Sequence[int] | Mapping[int, int] | None = None,
-        eta: float = 0.0,
-        local_steps: int = 1,
-        gradient: str = "exact",
-        gradient_samples: int = 10,
-        fill_base: bool = True,
-        rounding: str = "greedy",
-        fraction_train: float = 1.0,
-        min_train_nodes: int = 2,
-        min_available_nodes: int = 2,
-        seed: int = 0,
-        cohorts: bool = False,
-        server: FedCGServer | None = None,
-        objective_fn: Callable[[np.ndarray], float] | None = None,
-        evaluate_every: int = 1,
-        discovery_timeout: float = 300.0,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
-        secure_aggregation: SecureAggregation | None = None,
-        federated_evaluation: bool = True,
-    ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-        )
-        check_common(cohorts, server, k, seed, min_available_nodes)
-        self.cohort_mode = bool(cohorts)
-        self.server: FedCGServer | None = server
-        if server is None:
-            self.local = LocalSteps(
-                steps=local_steps, gradient=gradient, samples=gradient_samples,
-                fill_base=bool(fill_base),
-            )  # fmt: skip
-            if rounding not in ROUNDINGS:
-                raise ValueError(f"rounding={rounding!r}: choose one of {', '.join(ROUNDINGS)}")
-            if not 0.0 < fraction_train <= 1.0:
-                raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
-            if not np.isfinite(eta) or eta < 0:
-                raise ValueError(f"eta={eta!r} must be >= 0 (0 selects 1/T)")
-        else:
-            self.local, seed, rounding = server.local, server.seed, server.rounding
-        self.k, self.groups, self.capacities = k, groups, capacities
-        self.eta, self.rounding, self.seed = float(eta), rounding, int(seed)
-        self.fraction_train = float(fraction_train)
-        self.min_train_nodes = int(min_train_nodes)
-        self.min_available_nodes = int(min_available_nodes)
-        self.objective_fn = objective_fn
-        self.evaluate_every = max(1, int(evaluate_every))
-        self.federated_evaluation = bool(federated_evaluation) and not self.cohort_mode
-        self.discovery_timeout = float(discovery_timeout)
-        self.cohorts: CohortMap | None = None
-        self.selected: list[int] | None = None
-        self._node_rng = random.Random(self.seed)
-        self._rounds = 0
-        self._x0: np.ndarray | None = None
+    def _init_round_state(self) -> None:
+        self.selected = None
         self._sent: dict[int, tuple[int, float]] = {}
         self._bytes_down = 0
         self._draws = 0
-        # cohort mode checkpoints its server state (x, round, generators) after every round
-        self.resumable = self.cohort_mode
 
-    # ------------------------------------------------------------------ resume
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Return the cohort-mode server state (x, the round, the server's generators)."""
-        return {"server": self.server}
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpointed server state (after ``setup``'s discovery).
-
-        Raises
-        ------
-        TypeError, ValueError
-            If the checkpoint is not a FedCG server state of the same instance and T.
-        """
-        assert self.server is not None
-        self.server = checkpointed_server(
-            state, FedCGServer, self.server, "FedCG", "(m, n, T)",
-            lambda s: (s.matroid.n_elements, s.n_users, s.rounds),
-        )  # fmt: skip
-
-    # ------------------------------------------------------------------ setup
-    def summary(self) -> None:
-        """Log the strategy's settings."""
-        s, local = self.server, self.local
-        log(
-            INFO,
-            "FedCGStrategy(%s, %s mode): %s, eta=%s, tau=%d, gradient=%s, rounding=%s, seed=%d",
-            "FedCG" if local.steps == 1 else "FedCG+",
-            "cohort" if self.cohort_mode else "plain",
-            s.matroid if s is not None else f"k={self.k}",
-            "1/T" if self.eta == 0 and s is None else (s.eta if s else self.eta),
-            local.steps,
-            local.gradient,
-            self.rounding,
-            self.seed,
-        )
-
-    def _build_server(self, n_elements: int, n_users: int) -> FedCGServer:
-        matroid = build_matroid(n_elements, self.k, self.groups, self.capacities)
-        server = FedCGServer(
-            max(1, n_users), matroid, self._rounds, self.eta, self.local, 1.0,
-            seed=self.seed, rounding=self.rounding,
-        )  # fmt: skip
-        if self._x0 is not None:
-            self._start_at(server, self._x0)
-        return server
-
-    @staticmethod
-    def _start_at(server: FedCGServer, x0: np.ndarray) -> None:
-        """Start from x0, checked to lie in (1 − η·T)·P so that x_T stays in P."""
-        m = server.matroid.n_elements
-        if x0.shape != (m,):
-            raise InitialArraysError(f"initial_arrays['x'] has shape {x0.shape}; m is {m}")
-        room = 1.0 - server.eta * server.rounds
-        if np.any(x0 != 0):
-            try:
-                if room <= _TOL:
-                    raise ValueError("η·T = 1 leaves no room")
-                check_in_polytope(x0 / room, server.matroid)
-            except ValueError as err:
-                raise InitialArraysError(
-                    f"initial_arrays['x'] must lie in (1 − η·T)·P = {room:.3g}·P so that x "
-                    f"stays in the matroid polytope: {err}"
-                ) from err
-        server.x = x0.astype(np.float64).copy()
-
-    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
-        """Check ``initial_arrays``; cohort mode: discovery; return T.
-
-        ``initial_arrays`` is empty (x starts at 0) or has ``"x"`` float64 (m,) (and
-        optionally ``"selected"``, ignored: the keys of ``Result.arrays``).
-        """
-        keys = set(arrays)
-        if not keys <= {"x", "selected"} or (keys and "x" not in keys):
-            raise InitialArraysError(
-                f"initial_arrays has keys {sorted(keys)}; expected none (x = 0) or 'x' "
-                "float64 (m,) (and optionally 'selected')"
-            )
-        if "x" in keys:
-            x0 = np.asarray(arrays["x"].numpy())
-            if x0.ndim != 1 or x0.dtype.kind != "f" or not np.all(np.isfinite(x0)):
-                raise InitialArraysError("initial_arrays['x'] must be a finite float vector")
-            self._x0 = x0
-        self.selected = None
-        if self.cohort_mode:
-            assert self.server is not None
-            warn_fixed_length("FedCG", num_rounds, self.server.rounds, "T of the server state")
-            if self._x0 is not None:
-                self._start_at(self.server, self._x0)
-            self.cohorts = discover_cohorts(
-                grid, self.server.n_users, self.server.matroid.n_elements,
-                timeout=self.discovery_timeout,
-            )  # fmt: skip
-            return self.server.rounds - self.server.t
-        self._rounds = int(num_rounds)
-        if self._rounds < 1:
-            return 0
-        self.server = None
-        self._node_rng = random.Random(self.seed)
-        m = self._x0.size if self._x0 is not None else None
-        if m is None and self.groups is not None:
-            m = len(self.groups)
-        if m is not None:
-            self.server = self._build_server(m, len(grid.get_node_ids()))
-        return self._rounds
-
-    # ------------------------------------------------------------------ round
     def _config(self, config: ConfigRecord, server_round: int, **extra: Any) -> ConfigRecord:
         local = self.local
-        return self.merged_config(
+        return merged_config(
             config, server_round, seed=self.seed, **{
                 "local-steps": local.steps,
                 "gradient": local.gradient,
@@ -392,52 +198,11 @@ class FedCGStrategy(RoundStrategy):
             }, **extra,
         )  # fmt: skip
 
-    def train_messages(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Pick the round's users (cohort) or nodes (plain); one message per node."""
-        self._sent, self._bytes_down = {}, 0
-        if self.cohort_mode:
-            messages = self._cohort_messages(server_round, config)
-        else:
-            messages = self._plain_messages(server_round, config, grid)
+    def _sent_messages(self, messages: list[Message]) -> list[Message]:
+        """Count the round's download bytes; the nodes sent to are the expected senders."""
         self._bytes_down = sum(m.content.array_records["arrays"].count_bytes() for m in messages)
         self._expected = set(self._sent)
         return messages
-
-    def _cohort_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
-        if self.cohorts is None or self.server is None:
-            raise RuntimeError("discovery has not run: call start()")
-        users, weights = self.server.sample()
-        self._draws = self.server.K
-        cfg = self._config(config, server_round)
-        x = self.server.x.astype(np.float64)
-        messages = []
-        for node, node_users in self.group_users(users).items():
-            node_weights = weights[np.searchsorted(users, node_users)]
-            arrays = positional_record(x, node_users.astype(np.int64), node_weights)
-            messages.append(train_message(node, arrays, cfg, "direction"))
-            self._sent[node] = (int(node_users.size), float(node_weights.sum()))
-        return messages
-
-    def _plain_messages(self, server_round: int, config: ConfigRecord, grid: Grid) -> list[Message]:
-        nodes = sample_nodes(
-            grid, self._node_rng, self.fraction_train, self.min_train_nodes,
-            self.min_available_nodes, timeout=self.exchange_timeout,
-        )  # fmt: skip
-        self._draws = len(nodes)
-        if self.server is None:  # m not known yet: x = 0 travels as an empty vector
-            x = np.zeros(0)
-            entries: dict[str, Any] = {"matroid-k": int(self.k)}
-            extra: dict[str, np.ndarray | None] = {}
-        else:
-            x = self.server.x.astype(np.float64)
-            entries, extra = matroid_entries(self.server.matroid)
-        cfg = self._config(config, server_round, **entries)
-        arrays = named_record(x=x, **extra)
-        for node in nodes:
-            self._sent[node] = (1, 1.0)
-        return [train_message(node, arrays, cfg, "direction") for node in nodes]
 
     def merge_senders(self, nodes: list[int]) -> int:
         """Under secure aggregation: the summed reply stands for the nodes' users and weight."""
@@ -449,73 +214,23 @@ class FedCGStrategy(RoundStrategy):
         """Drop the summed sender's entry once the sum is decoded."""
         self._sent.pop(SUMMED_SENDER, None)
 
-    def decode_train_reply(self, src: int, reply: Message) -> tuple:
-        """Decode one direction report: ``(vector, users, weight, bytes, ids, m)``."""
-        record, metrics, nbytes = reply_parts(reply)
-        if self.cohort_mode or self.server is not None:
-            m = self.server.matroid.n_elements  # type: ignore[union-attr]
-            if not self.cohort_mode and reported_n_elements(metrics) != m:
-                raise ValueError(f"reply for m={metrics['n-elements']}; the run has m={m}")
-        else:
-            m = reported_n_elements(metrics)
-        parts = report_arrays(record)
-        if self.server is None:
-            # m is only a claim until the majority fixes it: check, densify in _resolve_m
-            check_report(parts, m)
-            vec: np.ndarray | list[np.ndarray] = parts
-        else:
-            vec = decode_report(parts, m)
-        n_sent, w_sent = self._sent[src]
-        if self.cohort_mode:
-            n_ex, weight = int_metric(metrics, "num-examples"), float(metrics["weight"])
-            if (
-                n_ex != n_sent
-                or not np.isfinite(weight)
-                or abs(weight - w_sent) > _TOL * max(1.0, w_sent)
-            ):
-                raise ValueError(
-                    f"update for {n_ex} users / weight {weight}, sent {n_sent} / {w_sent}"
-                )
-        else:
-            n_ex, weight = n_sent, w_sent
-        if self.server is not None:
-            self._check_mass(vec, weight)
-        return vec, n_ex, weight, nbytes, int_metric(metrics, "ids-sent", 0), m
-
     def _check_mass(self, vec: np.ndarray, weight: float) -> None:
         assert self.server is not None
         tau, rank = self.local.steps, self.server.matroid.rank
-        if vec.max(initial=0.0) > tau * weight * (1 + _TOL):
+        if vec.max(initial=0.0) > tau * weight * (1 + TOL):
             raise ValueError(
                 f"a coordinate exceeds τ·Σc = {tau * weight:g}: not a sum of τ vertices"
             )
         mass, full = float(vec.sum()), tau * rank * weight
-        if mass > full * (1 + _TOL) + _TOL or (
-            self.local.fill_base and abs(mass - full) > _TOL * max(1.0, full)
+        if mass > full * (1 + TOL) + TOL or (
+            self.local.fill_base and abs(mass - full) > TOL * max(1.0, full)
         ):
             raise ValueError(f"total mass {mass:g} is not that of τ bases ({full:g})")
-
-    def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
-        """Plain mode, first replies: fix m and the matroid; leave out the others."""
-        context = f"round {server_round}"
-        m = resolve_m(checked, lambda value: value[5], "reply", context)
-        self.server = self._build_server(m, grid_nodes)
-
-        def keep(src: int, value: tuple) -> str | None:
-            try:
-                self._check_mass(value[0], value[2])
-            except ValueError as err:
-                return str(err)
-            return None
-
-        drop_replies(checked, keep, context)
 
     def aggregate_accepted(
         self, server_round: int, checked: CheckedReplies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Sum the valid updates and take the server step (x ← x + η·Σ c_i Δ_i / Σ c_i)."""
-        if self.server is None:
-            self._resolve_m(server_round, checked, len(self._sent))
         server = self.server
         assert server is not None
         m = server.matroid.n_elements
@@ -552,6 +267,226 @@ class FedCGStrategy(RoundStrategy):
         chosen = self.selected if server.done else greedy_rounding(server.x, server.matroid)
         return named_record(x=server.x.copy(), selected=np.asarray(chosen, dtype=np.int64))
 
+    def sent_users(self, node_id: int) -> int:
+        """Return the users sampled on ``node_id`` this round (1 for a plain node)."""
+        return int(self._sent[node_id][0]) if node_id in self._sent else 1
+
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the users, nodes and F̂(x) of a round."""
+        if "users" not in row:
+            return ""
+        text = f"users={row.get('users', 0)} nodes={row.get('nodes', 0)}"
+        if "multilinear" in row:
+            text += f"  F^(x)={row['multilinear']:.6g}"
+        return text
+
+    def _summary(self, name: str, matroid: Any, eta: Any) -> None:
+        local = self.local
+        log(INFO, "%s(%s): %s, eta=%s, tau=%d, gradient=%s, rounding=%s, seed=%d", name,
+            "FedCG" if local.steps == 1 else "FedCG+", matroid, eta, local.steps,
+            local.gradient, self.rounding, self.seed)  # fmt: skip
+
+
+class FedCGStrategy(FedCGRounds, RoundStrategy):
+    """Federated continuous greedy: FedCG (τ = 1, Alg. 1) and FedCG+ (τ > 1, Alg. 2).
+
+    Each round the server sends x to the round's clients; each takes τ local
+    continuous-greedy steps from x (gradient of its multilinear extension, LMO over the
+    matroid) and replies with the sum of its τ vertices; the server sets
+    x ← x + η Σ c_i Δ_i / Σ c_i (here c_i = 1). After round T, x is rounded without the
+    objective (Remark 4.4). T is ``num_rounds`` of
+    :meth:`~flower_app.strategies.RoundStrategy.start`. Message contract: the table of
+    :mod:`flower_app.strategies.fedcg`.
+
+    Parameters
+    ----------
+    k : int, optional
+        Cardinality bound of the uniform matroid (default 10); with ``groups``, the
+        default capacity of each block.
+    groups : sequence of int, optional
+        Block of every element (length m): a partition matroid (m is then known).
+    capacities : int, sequence or mapping, optional
+        Block capacities of the partition matroid (see
+        ``flower_app.strategies.submodular_records.build_matroid``).
+    eta : float, optional
+        Server step η with η·T ≤ 1; 0 (default) means 1/T.
+    local : LocalSteps, optional
+        The clients' local computation
+        (:class:`~flower_app.algorithms.fedcg.continuous.LocalSteps`): τ = ``steps`` (1 is
+        FedCG, τ > 1 FedCG+), the ``gradient`` (``"exact"``, or ``"sampled"`` from
+        ``samples`` sets: Appendix C.3) and ``fill_base`` (complete each LMO answer to a
+        base with random zero-gradient elements). Default ``LocalSteps()``: FedCG, exact
+        gradients, bases completed.
+    rounding : str, optional
+        Final rounding, ``"greedy"`` (default) or ``"pipage"``.
+    fraction_train : float, optional
+        Fraction of connected nodes sampled per round (default 1.0: all, FedCG's full
+        participation with uniform weights).
+    min_train_nodes : int, optional
+        Least nodes per round (default 2).
+    min_available_nodes : int, optional
+        Least connected nodes before a round starts (default 2).
+    seed : int, optional
+        Seeds the node sampler (``random.Random(seed)``), the server's generator
+        (rounding) and the clients' streams (``default_rng([seed, round, user_id])``).
+    federated_evaluation : bool, optional
+        After round T, ask every node for f_i(S) of the final set (an ``evaluate``
+        message); F(S), their mean, is ``Result.evaluate_metrics_clientapp[T]
+        ["objective"]``, as ``FedAvg``'s Result carries its evaluation (default True; the
+        ClientApp needs ``@app.evaluate()``, which
+        :func:`~flower_app.clients.add_fedcg_handlers` registers, and is asked once before
+        round 1 with S = ∅ so that a missing handler stops the run there).
+    secure_aggregation : SecureAggregation, optional
+        Sum each round's direction reports with secure aggregation
+        (:mod:`flower_app.privacy`): nodes report densely, the server learns Σ Δ_i, the
+        users and ``ids-sent`` (``n-elements`` in the clear); the checks below apply to
+        the sum. Fixed point: 2^-25 per coordinate and node (f = 24). Default None.
+
+    Notes
+    -----
+    A reply with an error, a malformed or non-finite report, another m, a coordinate above
+    τ, or a total mass that is not that of τ bases (τ r; at most that without base
+    completion) is counted in ``bad-replies`` and left out; the step is normalised by the
+    clients whose replies arrived.
+    """
+
+    supports_secure_aggregation = True
+    secure_public_metrics = ("n-elements",)
+
+    def __init__(
+        self,
+        k: int = 10,
+        groups: Sequence[int] | np.ndarray | None = None,
+        capacities: int | Sequence[int] | Mapping[int, int] | None = None,
+        eta: float = 0.0,
+        local: LocalSteps | None = None,
+        rounding: str = "greedy",
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        seed: int = 0,
+        federated_evaluation: bool = True,
+        *,
+        secure_aggregation: SecureAggregation | None = None,
+    ) -> None:
+        super().__init__(secure_aggregation=secure_aggregation)
+        check_common(k, seed, min_available_nodes)
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding={rounding!r}: choose one of {', '.join(ROUNDINGS)}")
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
+        if not np.isfinite(eta) or eta < 0:
+            raise ValueError(f"eta={eta!r} must be >= 0 (0 selects 1/T)")
+        self.local = LocalSteps() if local is None else local
+        self.k, self.groups, self.capacities = k, groups, capacities
+        self.eta, self.rounding, self.seed = float(eta), rounding, int(seed)
+        self.fraction_train = float(fraction_train)
+        self.min_train_nodes = int(min_train_nodes)
+        self.min_available_nodes = int(min_available_nodes)
+        self.federated_evaluation = bool(federated_evaluation)
+        self.server: FedCGServer | None = None
+        self._node_rng = random.Random(self.seed)
+        self._rounds = 0
+        self._x0: np.ndarray | None = None
+        self._init_round_state()
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        s = self.server
+        eta = "1/T" if self.eta == 0 and s is None else (s.eta if s else self.eta)
+        self._summary("FedCGStrategy", s.matroid if s is not None else f"k={self.k}", eta)
+
+    def _build_server(self, n_elements: int, n_users: int) -> FedCGServer:
+        matroid = build_matroid(n_elements, self.k, self.groups, self.capacities)
+        server = FedCGServer(
+            max(1, n_users), matroid, self._rounds, self.eta, self.local, 1.0,
+            seed=self.seed, rounding=self.rounding,
+        )  # fmt: skip
+        if self._x0 is not None:
+            start_at(server, self._x0)
+        return server
+
+    def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
+        """Check ``initial_arrays`` (empty, or ``"x"``: x₀); return T = ``num_rounds``."""
+        self._x0 = initial_x(arrays)
+        self.selected = None
+        self._rounds = int(num_rounds)
+        if self._rounds < 1:
+            return 0
+        self.server = None
+        self._node_rng = random.Random(self.seed)
+        m = self._x0.size if self._x0 is not None else None
+        if m is None and self.groups is not None:
+            m = len(self.groups)
+        if m is not None:
+            self.server = self._build_server(m, len(grid.get_node_ids()))
+        return self._rounds
+
+    # ------------------------------------------------------------------ round
+    def train_messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample the round's nodes like ``FedAvg``; send each x (and the matroid)."""
+        self._sent, self._bytes_down = {}, 0
+        nodes = sample_nodes(
+            grid, self._node_rng, self.fraction_train, self.min_train_nodes,
+            self.min_available_nodes, timeout=self.exchange_timeout,
+        )  # fmt: skip
+        self._draws = len(nodes)
+        if self.server is None:  # m not known yet: x = 0 travels as an empty vector
+            x = np.zeros(0)
+            entries: dict[str, Any] = {"matroid-k": int(self.k)}
+            extra: dict[str, np.ndarray | None] = {}
+        else:
+            x = self.server.x.astype(np.float64)
+            entries, extra = matroid_entries(self.server.matroid)
+        cfg = self._config(config, server_round, **entries)
+        arrays = named_record(x=x, **extra)
+        for node in nodes:
+            self._sent[node] = (1, 1.0)
+        return self._sent_messages([train_message(n, arrays, cfg, "direction") for n in nodes])
+
+    def decode_train_reply(self, src: int, reply: Message) -> tuple:
+        """Decode one direction report: ``(vector, users, weight, bytes, ids, m)``."""
+        record, metrics, nbytes = reply_parts(reply)
+        if self.server is None:
+            # m is only a claim until the majority fixes it: check, densify in _resolve_m
+            m = reported_n_elements(metrics)
+            parts = report_arrays(record)
+            check_report(parts, m)
+            n_ex, weight = self._sent[src]
+            return parts, n_ex, weight, nbytes, int_metric(metrics, "ids-sent", 0), m
+        m = self.server.matroid.n_elements
+        if reported_n_elements(metrics) != m:
+            raise ValueError(f"reply for m={metrics['n-elements']}; the run has m={m}")
+        vec = decode_report(report_arrays(record), m)
+        n_ex, weight = self._sent[src]
+        self._check_mass(vec, weight)
+        return vec, n_ex, weight, nbytes, int_metric(metrics, "ids-sent", 0), m
+
+    def _resolve_m(self, server_round: int, checked: CheckedReplies, grid_nodes: int) -> None:
+        """First replies: fix m and the matroid; leave out the others."""
+        context = f"round {server_round}"
+        m = resolve_m(checked, lambda value: value[5], "reply", context)
+        self.server = self._build_server(m, grid_nodes)
+
+        def keep(src: int, value: tuple) -> str | None:
+            try:
+                self._check_mass(value[0], value[2])
+            except ValueError as err:
+                return str(err)
+            return None
+
+        drop_replies(checked, keep, context)
+
+    def aggregate_accepted(
+        self, server_round: int, checked: CheckedReplies
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fix m on the first round's replies, then take the server step."""
+        if self.server is None:
+            self._resolve_m(server_round, checked, len(self._sent))
+        return super().aggregate_accepted(server_round, checked)
+
     # ------------------------------------------------------------------ evaluation
     def _evaluate_messages(
         self, grid: Grid, selected: np.ndarray, config: ConfigRecord, server_round: int
@@ -576,7 +511,7 @@ class FedCGStrategy(RoundStrategy):
     def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Plain mode, after round T: ask every node for f_i(S) of the final set."""
+        """After round T: ask every node for f_i(S) of the final set."""
         server = self.server
         if not self.federated_evaluation or server is None or not server.done:
             return []
@@ -606,19 +541,6 @@ class FedCGStrategy(RoundStrategy):
 
     def finalize(self, arrays: ArrayRecord) -> ArrayRecord:
         """Return ``{"x", "selected"}`` of the run (the last round already rounded x)."""
-        if self.server is None or self._rounds == 0 and not self.cohort_mode:
+        if self.server is None or self._rounds == 0:
             return arrays
         return self._arrays()
-
-    def sent_users(self, node_id: int) -> int:
-        """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
-        return int(self._sent[node_id][0]) if node_id in self._sent else 1
-
-    def round_summary(self, row: dict[str, Any]) -> str:
-        """Return the users, nodes and F̂(x) of a round."""
-        if "users" not in row:
-            return ""
-        text = f"users={row.get('users', 0)} nodes={row.get('nodes', 0)}"
-        if "multilinear" in row:
-            text += f"  F^(x)={row['multilinear']:.6g}"
-        return text

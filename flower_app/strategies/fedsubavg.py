@@ -6,7 +6,9 @@ FedAvg, FedProx (μ = 0.01), FedAdam (Table 5) and the server-side SCAFFOLD appr
 Appendix D.2. The math lives in :mod:`flower_app.algorithms.fedsubavg.core` (server steps on a
 flat vector of rows) and :mod:`flower_app.algorithms.fedsubavg.named` (a model of named
 arrays mapped onto that vector); this module moves it over Flower's Message API on the loop
-of :class:`~flower_app.strategies.base.RoundStrategy`.
+of :class:`~flower_app.strategies.base.RoundStrategy`. :class:`FedSubAvgRounds` is the
+round the public strategies and the runners'
+:class:`~flower_app.strategies.cohort.fedsubavg.FedSubAvgCohorts` share.
 
 Why not Flower's own ``FedAvg`` / ``FedProx`` / ``FedAdam``
     They broadcast one ``ArrayRecord`` (the full model) to every sampled node and average
@@ -21,7 +23,7 @@ Why not Flower's own ``FedAvg`` / ``FedProx`` / ``FedAdam``
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -38,19 +40,14 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from flower_app.algorithms.common.gaussian_dp import GaussianAccountant, GaussianDP, dp_config
 from flower_app.algorithms.fedsubavg.core import (
     WEIGHTINGS,
     AdamConfig,
-    ClientSampler,
     FeatureHeat,
-    LocalConfig,
     RoundUpdate,
     ServerUpdate,
-    client_bytes,
     make_server_update,
     merge_updates,
-    resolve_clients_per_round,
 )
 from flower_app.algorithms.fedsubavg.named import (
     NamedLayout,
@@ -60,41 +57,116 @@ from flower_app.algorithms.fedsubavg.named import (
 )
 from flower_app.privacy.secagg_server import SecureAggregation, key_book, secure_sum
 from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
-from flower_app.strategies.discovery import CohortMap, discover_cohorts
 from flower_app.strategies.errors import InitialArraysError, NotEnoughNodesError
 from flower_app.strategies.exchange import messages_to
-from flower_app.strategies.fedsubavg_cohorts import (
-    HEAT_QUERY,
-    HEAT_TRAIN,
-    BadReplyError,
-    add_heat_report,
-    decode_index_sets,
-    decode_update,
-    heat_messages,
-    index_set_messages,
-)
 from flower_app.strategies.records import to_metric
 from flower_app.strategies.replies import CheckedReplies, int_metric
 from flower_app.strategies.sampling import fedavg_evaluate_messages, sample_nodes
 
 __all__ = [
     "HEAT_QUERY",
-    "BadReplyError",
+    "STRATEGIES",
     "FedAdamSubStrategy",
     "FedAvgSubStrategy",
     "FedProxSubStrategy",
+    "FedSubAvgRounds",
     "FedSubAvgStrategy",
     "ScaffoldSubStrategy",
-    "decode_update",
+    "heat_messages",
+    "train_message",
 ]
 
-RoundCallback = Callable[[dict[str, Any]], None]
+#: the counting round (every node declares the rows its data touch)
+HEAT_QUERY = f"{MessageType.QUERY}.feature_heat"
 
 
-class FedSubAvgStrategy(RoundStrategy):
+def heat_messages(node_ids: Any, config: dict[str, Any]) -> list[Message]:
+    """Return one ``query.feature_heat`` message per node with ``config``."""
+    content = RecordDict({"config": ConfigRecord(config)})
+    return messages_to(node_ids, content, HEAT_QUERY, "heat")
+
+
+class FedSubAvgRounds:
+    """FedSubAvg's round, shared by :class:`FedSubAvgStrategy` and ``FedSubAvgCohorts``.
+
+    A mixin for a :class:`~flower_app.strategies.base.RoundStrategy`: the server step built
+    from the counted feature heat, the sum of the accepted updates in node order with the
+    step and the round's row, and the log line. The model is one float64 vector ``x`` of
+    rows (memory O(model size), as a FedAvg server).
+    """
+
+    algorithm: str
+    weighting: str
+    adam: AdamConfig
+    x: np.ndarray
+    heat: FeatureHeat | None
+    server: ServerUpdate | None
+
+    def _init_round_state(self) -> None:
+        self.heat = None
+        self.server = None
+        self.bad_replies = 0
+        self._round_stats: dict[str, Any] = {}
+
+    def _start_server(self) -> None:
+        """Log the counted heat's dispersion; build the algorithm's server step."""
+        assert self.heat is not None
+        log(
+            INFO,
+            "counting query: parameter heat dispersion n_max/n_min = %.0f over %d clients "
+            "(all touched rows, dense ones included; summary.json: parameter-heat-dispersion; "
+            "entries touched: %d of %d)",
+            self.heat.dispersion(), self.heat.n_clients,
+            int((self.heat.clients > 0).sum()), self.heat.clients.size,
+        )  # fmt: skip
+        self.server = make_server_update(
+            self.algorithm, self.x.size, self.heat.n_clients,
+            heat=self.heat, weighting=self.weighting, adam=self.adam,
+        )  # fmt: skip
+
+    def _step(
+        self, server_round: int, checked: CheckedReplies, sent: Iterable[int]
+    ) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+        """Sum the accepted updates (in the order the nodes were sent) and take the step.
+
+        Returns the round's metrics and the accepted replies in that order.
+        """
+        assert self.server is not None
+        sent = list(sent)
+        order = {n: i for i, n in enumerate(sent)}
+        accepted = sorted(checked.accepted, key=lambda item: order.get(item[0], -1))
+        update = merge_updates([part for _, (part, _, _) in accepted])
+        self.server.step(self.x, update, server_round)
+        bad = checked.left_out + int(self._round_stats.get("bad-replies", 0))
+        self.bad_replies += bad
+        up = int(self._round_stats.get("bytes-up", 0))
+        up += sum(nbytes for _, (_, nbytes, _) in accepted)
+        metrics: dict[str, Any] = {
+            **{k: v for k, v in self._round_stats.items() if k not in ("bytes-up", "bad-replies")},
+            "bad-replies": bad,
+            "bytes-up": up,
+            "clients": update.clients,
+            "nodes": len([n for n in sent if n != SUMMED_SENDER]),
+            "union-rows": int(update.rows.size),
+        }
+        return metrics, accepted
+
+    def round_summary(self, row: dict[str, Any]) -> str:
+        """Return the round's key numbers for the log line."""
+        loss = next((row[k] for k in ("train-loss", "loss", "train_loss") if k in row), None)
+        text = f"loss {loss:.5f}  " if isinstance(loss, int | float) else ""
+        if "clients" in row:
+            text += (
+                f"clients={row['clients']} nodes={row['nodes']}  up={row['bytes-up']} B "
+                f"down={row['bytes-down']} B"
+            )
+        return text
+
+
+class FedSubAvgStrategy(FedSubAvgRounds, RoundStrategy):
     """Federated submodel training: FedSubAvg, or a baseline on the same contract.
 
-    **Plain mode** (default): one node is one client; the model is the user's
+    One node is one client; the model is the user's
     ``initial_arrays`` (e.g. ``ArrayRecord(model.state_dict())``), of which ``sparse_keys``
     name the embedding-like tables (first axis = rows); all other arrays are dense and
     behave as in FedAvg. In ``setup`` every connected node declares the rows of each sparse
@@ -110,71 +182,47 @@ class FedSubAvgStrategy(RoundStrategy):
     server keeps the model as one float64 vector (plus, for FedAdam/SCAFFOLD, state of the
     same size): memory O(model size), as a FedAvg server.
 
-    **Cohort mode** (``cohorts=True``, the reproductions): a node serves many users of a
-    MovieLens-style task (flat model ``"x"`` of M rows); discovery finds the cohorts, the
-    server samples K users per round (its own generator), asks their nodes for the users'
-    index sets S(i) in ``before_round`` and sends each node its users' rows. Client i's
-    batches come from ``default_rng([seed, t, i])``, so results do not depend on the engine
-    or on how users are split over nodes. ``initial_arrays`` is ``{"x": float (M,)}`` or
-    None (zeros; ``evaluate_fn`` then gets an empty ArrayRecord at round 0).
+    (This app's reproductions, where a node serves many users of a MovieLens-style task,
+    run :class:`~flower_app.strategies.cohort.fedsubavg.FedSubAvgCohorts`: the same server
+    steps.)
 
     Parameters
     ----------
     sparse_keys : sequence of str, optional
-        Plain mode: names of the sparse (row-indexed) arrays of ``initial_arrays``
+        Names of the sparse (row-indexed) arrays of ``initial_arrays``
         (default none: every array dense; then no counting query is sent and a FedAvg
         ClientApp serves unchanged: ``FedAvgSubStrategy(weighting="samples")`` is FedAvg).
     fraction_train : float, optional
-        Plain mode: fraction of the counted nodes sampled per round (default 1.0).
+        Fraction of the counted nodes sampled per round (default 1.0).
     min_train_nodes : int, optional
-        Plain mode: least nodes sampled per round (default 2).
+        Least nodes sampled per round (default 2).
     min_available_nodes : int, optional
-        Plain mode: nodes to wait for before the counting query (default 2).
+        Nodes to wait for before the counting query (default 2).
     fraction_evaluate : float, optional
-        Plain mode: fraction of nodes sent the *full* model in an ``evaluate`` message after
+        Fraction of nodes sent the *full* model in an ``evaluate`` message after
         each round (default 1.0, as Flower's ``FedAvg``: the one-line swap keeps the
         federated evaluation; 0.0 turns it off, e.g. with an ``evaluate_fn``, since the full
         model download is what submodels avoid).
     min_evaluate_nodes : int, optional
-        Plain mode: least nodes evaluated when ``fraction_evaluate > 0`` (default 2).
+        Least nodes evaluated when ``fraction_evaluate > 0`` (default 2).
     weighting : str, optional
         ``"clients"`` (Algorithm 1: coefficient N/n_m, plain means) or ``"samples"``
         (App. D.4: Σw/W_m, means weighted by ``num-examples``). Default ``"clients"``.
     seed : int, optional
-        Seed of all randomness (default 0).
-    algorithm : str, optional
-        ``"fedsubavg"`` (default), ``"fedavg-sub"``, ``"fedprox-sub"``, ``"fedadam-sub"``
-        or ``"scaffold-sub"``; the subclasses below fix it.
-    adam : AdamConfig, optional
-        FedAdam's server hyperparameters (default: Table 5, MovieLens).
-    proximal_mu : float, optional
-        FedProx's μ, sent to the clients as ``proximal-mu`` (plain mode: only when > 0;
-        cohort mode: ``local.proximal_mu`` is used). Default 0.
-    cohorts : bool, optional
-        Cohort mode (default False).
-    n_clients, n_params : int, optional
-        Cohort mode: users N over all nodes and model rows M.
-    clients_per_round : int or float, optional
-        Cohort mode: K, a count or a fraction of N; a count above N raises ValueError.
-    local : LocalConfig, optional
-        Cohort mode: the clients' I, B, γ and μ, sent as ``local-iters``, ``batch-size``,
-        ``lr``, ``proximal-mu`` (default: I = 10, B = 5, γ = 0.1, μ = 0).
-    discovery_timeout : float, optional
-        Cohort mode: seconds to wait until the cohorts cover all users (default 300).
-    on_round : callable, optional
-        Receives each round's row (e.g. to append to ``metrics.jsonl``).
-    min_reply_fraction : float, optional
-        Least fraction of a round's clients whose replies must arrive and be accepted, else
-        the run stops with ``TooFewRepliesError`` (default 0.0: aggregate what came; the
-        failed nodes are recorded per round).
+        Seed of the node sampling (``random.Random(seed)``; default 0).
+    secure_aggregation : SecureAggregation, optional
+        Under secure aggregation the counting query is a secure sum (every node then gets
+        the whole tables) and each round's nodes send c_i (x_i − x) over the full model,
+        summed by their ``secure_aggregation_mod`` (transform
+        ``fedsubavg-weighted-delta``): the server learns only the sums. Default None.
 
     Notes
     -----
     Message contract (``<key>`` a sparse array of shape ``(R, *d)``, r the node's rows of it;
-    ``<dense>`` any other array; k the node's sampled users):
+    ``<dense>`` any other array):
 
     =================  ====================================  ==================================
-    message (mode)     server → node                         node → server
+    message            server → node                         node → server
     =================  ====================================  ==================================
     ``query.``         ``"config"``: ``sparse-keys``         ``"arrays"``: ``"<key>.rows"``
     ``feature_heat``   list[str]                             int64 (r,) distinct rows per
@@ -192,23 +240,6 @@ class FedSubAvgStrategy(RoundStrategy):
     ``evaluate``       ``"arrays"``: the full model (the     ``"metrics"``: ``num-examples`` +
     (plain, if         initial keys); ``"config"``:          numbers, averaged by
     fraction_eval.)    ``evaluate_config`` + server-round    ``num-examples``
-    ``query.cohort``   ``"config"``: ``kind`` = cohort       ``"properties"``: ``partition-id``,
-    (cohort)                                                 ``num-partitions``, ``first-user``,
-                                                             ``num-users``, ``n-users-total``,
-                                                             ``n-elements`` (int)
-    ``query.``         ``"config"``: ``kind`` =              ``"properties"``: ``rows``,
-    ``feature_heat``   ``"feature-heat"``                    ``clients``, ``samples`` list[int],
-    (cohort)                                                 ``num-users``, ``num-samples`` int
-    ``query.``         ``"config"``: ``kind``, ``users``     ``"properties"``: ``users``,
-    ``submodel``       list[int]                             ``offsets`` (k+1), ``rows``
-    (cohort)                                                 list[int]: S(i) concatenated
-    ``train``          ``"arrays"``: ``"0"`` int64 users     ``"arrays"``: ``"0"`` int64 rows
-    (cohort)           (k,), ``"1"`` int64 offsets (k+1,),   (sorted, ⊆ ∪S(i)), ``"1"`` float64
-                       ``"2"`` int32 rows, ``"3"`` float64   Σ_i c_i Δx_i; ``"metrics"``:
-                       values; ``"config"``: ``seed``,       ``num-examples`` (= k),
-                       ``local-iters``, ``batch-size``,      ``weight-sum`` (Σ c_i),
-                       ``lr``, ``proximal-mu``,              ``samples``
-                       ``weighting``, ``server-round``
     =================  ====================================  ==================================
 
     A reply with an error, rows other than those sent, non-finite values, the wrong shape
@@ -217,6 +248,8 @@ class FedSubAvgStrategy(RoundStrategy):
     """
 
     algorithm = "fedsubavg"
+    #: FedProx's μ, sent to the clients as ``proximal-mu`` when > 0 (:class:`FedProxSubStrategy`)
+    proximal_mu: float = 0.0
 
     supports_secure_aggregation = True
 
@@ -225,38 +258,15 @@ class FedSubAvgStrategy(RoundStrategy):
         sparse_keys: Sequence[str] = (),
         *,
         fraction_train: float = 1.0,
-        min_train_nodes: int = 2,
-        min_available_nodes: int = 2,
         fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
         weighting: str = "clients",
         seed: int = 0,
-        algorithm: str | None = None,
-        adam: AdamConfig | None = None,
-        proximal_mu: float = 0.0,
-        cohorts: bool = False,
-        n_clients: int | None = None,
-        n_params: int | None = None,
-        clients_per_round: int | float | None = None,
-        local: LocalConfig | None = None,
-        discovery_timeout: float = 300.0,
-        on_round: RoundCallback | None = None,
-        min_reply_fraction: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
-        dp: GaussianDP | None = None,
     ) -> None:
-        super().__init__(
-            on_round=on_round,
-            min_reply_fraction=min_reply_fraction,
-            secure_aggregation=secure_aggregation,
-        )
-        if dp is not None and (secure_aggregation is None or not cohorts):
-            raise ValueError("client-level DP (dp=) needs cohorts=True and secure_aggregation")
-        if dp is not None and weighting != "clients":
-            raise ValueError("client-level DP needs weighting='clients' (bounded sensitivity)")
-        self.dp = dp
-        if algorithm is not None:
-            self.algorithm = algorithm
+        super().__init__(secure_aggregation=secure_aggregation)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r}: choose one of {WEIGHTINGS}")
         if isinstance(sparse_keys, str):
@@ -269,103 +279,30 @@ class FedSubAvgStrategy(RoundStrategy):
         self.min_evaluate_nodes = int(min_evaluate_nodes)
         self.weighting = weighting
         self.seed = int(seed)
-        self.adam = adam or AdamConfig()
-        self.proximal_mu = float(proximal_mu)
-        self.cohorts_mode = bool(cohorts)
-        self.local = local or LocalConfig()
-        self.discovery_timeout = float(discovery_timeout)
+        self.adam = AdamConfig()
         self.node_rng = random.Random(self.seed)
         # evaluation samples from its own stream: fraction_evaluate does not move training's
         self.eval_rng = random.Random(f"{self.seed}-evaluate")
-        self.heat: FeatureHeat | None = None
-        self.server: ServerUpdate | None = None
         self.x = np.zeros(0)
-        self.bad_replies = 0
-        self.n_clients = 0 if n_clients is None else int(n_clients)
-        self.n_params = 0 if n_params is None else int(n_params)
-        # plain mode
+        self.n_clients = 0
+        self.n_params = 0
         self.layout: NamedLayout | None = None
         self.node_rows: dict[int, dict[str, np.ndarray]] = {}
         # partition id each node declared in the counting query (optional)
         self.node_partition: dict[int, int] = {}
         self._declared: dict[int, int] = {}
         self._sent_values: dict[int, dict[str, np.ndarray]] = {}
-        # cohort mode
-        self.cohorts: CohortMap | None = None
-        self.k = 0
-        self.sampler: ClientSampler | None = None
-        self._index_sets: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._sent: dict[int, tuple[int, np.ndarray]] = {}
-        self._round_stats: dict[str, Any] = {}
-        self._dp_sampled = 0
-        self._support: np.ndarray | None = None
-        if self.cohorts_mode:
-            if n_clients is None or n_params is None or clients_per_round is None:
-                raise ValueError("cohorts=True needs n_clients, n_params and clients_per_round")
-            self.k = resolve_clients_per_round(clients_per_round, self.n_clients)
-            self.sampler = ClientSampler(self.n_clients, self.k, self.seed)
-            self.x = np.zeros(self.n_params)
-        #: client-level DP: ε against the server and outsiders (cohort mode only)
-        self.accountant = None if dp is None else GaussianAccountant(dp, self.n_clients)
-        # cohort mode checkpoints x, the server step's state and the client sampler
-        self.resumable = self.cohorts_mode
+        self._init_round_state()
 
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Return the cohort-mode server state.
-
-        x, the server step's state (e.g. Adam moments, SCAFFOLD's c), the client sampler with
-        its generator and the bad-reply count.
-        """
-        return {
-            "x": self.x.copy(), "server": self.server, "sampler": self.sampler,
-            "bad-replies": self.bad_replies, "dp-accountant": self.accountant,
-        }  # fmt: skip
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint (after ``setup``'s discovery and counting round).
-
-        Raises
-        ------
-        TypeError, ValueError
-            If the checkpoint is not a FedSubAvg state of a model of this size.
-        """
-        if not isinstance(state, dict) or not {"x", "server", "sampler"} <= set(state):
-            raise TypeError("a FedSubAvg checkpoint holds x, server and sampler")
-        x = np.asarray(state["x"], dtype=np.float64)
-        if x.shape != self.x.shape or type(state["server"]) is not type(self.server):
-            raise ValueError(
-                f"checkpoint of {x.size} parameters ({type(state['server']).__name__}) does "
-                f"not match this run's {self.x.size} ({type(self.server).__name__})"
-            )
-        self.x[:] = x
-        self.server, self.sampler = state["server"], state["sampler"]
-        self.bad_replies = int(state.get("bad-replies", 0))
-        if self.accountant is not None:  # ε goes on from where it was
-            if not isinstance(state.get("dp-accountant"), GaussianAccountant):
-                raise TypeError("a DP run resumes only from a checkpoint with its accountant")
-            self.accountant = state["dp-accountant"]
-
-    # ------------------------------------------------------------------ setup
     def summary(self) -> None:
         """Log the strategy's settings."""
-        if self.cohorts_mode:
-            log(
-                INFO,
-                "%s(%s, cohorts): N=%d clients, M=%d rows, K=%d, I=%d, B=%d, lr=%g, mu=%g, "
-                "weighting=%s, seed=%d",
-                type(self).__name__, self.algorithm, self.n_clients, self.n_params, self.k,
-                self.local.iters, self.local.batch, self.local.lr, self.local.proximal_mu,
-                self.weighting, self.seed,
-            )
-        else:
-            log(
-                INFO,
-                "%s(%s): sparse_keys=%s, fraction_train=%g, min_train_nodes=%d, "
-                "weighting=%s, seed=%d",
-                type(self).__name__, self.algorithm, list(self.sparse_keys), self.fraction_train,
-                self.min_train_nodes, self.weighting, self.seed,
-            )
+        log(
+            INFO,
+            "%s(%s): sparse_keys=%s, fraction_train=%g, min_train_nodes=%d, "
+            "weighting=%s, seed=%d",
+            type(self).__name__, self.algorithm, list(self.sparse_keys), self.fraction_train,
+            self.min_train_nodes, self.weighting, self.seed,
+        )  # fmt: skip
 
     def check_external_loop(self) -> None:
         """Refuse another loop (Flower's DP wrappers) unless the model is dense (FedAvg).
@@ -373,50 +310,22 @@ class FedSubAvgStrategy(RoundStrategy):
         The loops that drive a strategy from outside are Flower's DP wrappers. Flower's
         ``DifferentialPrivacy*`` wrappers clip each reply as a whole model and add
         N(0, (σC/K)²) to the aggregated model: FedAvg's sensitivity. With sparse tables
-        (or in cohort mode) neither holds: a node replies with its rows only (the
-        server-side clip subtracts the full model from them), and FedSubAvg multiplies
-        row m's mean update by N/n_m, so one client's clipped update moves a cold row by up
-        to N/n_m·C/K, far beyond the noise. Without ``sparse_keys`` every n_m = N and the
-        strategy is FedAvg (uniform with ``weighting="clients"``), which the wrappers fit.
+        neither holds: a node replies with its rows only (the server-side clip subtracts
+        the full model from them), and FedSubAvg multiplies row m's mean update by N/n_m,
+        so one client's clipped update moves a cold row by up to N/n_m·C/K, far beyond the
+        noise. Without ``sparse_keys`` every n_m = N and the strategy is FedAvg (uniform
+        with ``weighting="clients"``), which the wrappers fit.
 
         Raises
         ------
         ValueError
-            If another loop drives a strategy with sparse tables or in cohort mode.
+            If another loop drives a strategy with sparse tables.
         """
-        if self.cohorts_mode or self.sparse_keys:
-            raise ValueError(
-                f"another loop (a Flower DP wrapper) cannot drive {type(self).__name__} with "
-                "sparse tables or cohorts: the wrapper clips whole-model replies and calibrates "
-                "its noise to FedAvg's mean (C/K), while a node replies with its rows only and "
-                "the heat correction N/n_m amplifies one client's update on cold rows up to "
-                "N/n_m times; use fsa-dp-noise (cohort mode: the noise goes into the sum, "
-                "and the correction after it is post-processing) or a dense model (no "
-                "sparse_keys), docs/privacy.md"
-            )
+        if self.sparse_keys:
+            raise external_loop_refused(type(self).__name__)
 
     def setup(self, grid: Grid, arrays: ArrayRecord, num_rounds: int) -> int:
-        """Learn the feature heat (and, in cohort mode, the cohorts); build the server step."""
-        if self.cohorts_mode:
-            self._setup_cohorts(grid, arrays)
-        else:
-            self._setup_plain(grid, arrays)
-        assert self.heat is not None
-        log(
-            INFO,
-            "counting query: parameter heat dispersion n_max/n_min = %.0f over %d clients "
-            "(all touched rows, dense ones included; summary.json: parameter-heat-dispersion; "
-            "entries touched: %d of %d)",
-            self.heat.dispersion(), self.heat.n_clients,
-            int((self.heat.clients > 0).sum()), self.heat.clients.size,
-        )
-        self.server = make_server_update(
-            self.algorithm, self.x.size, self.heat.n_clients,
-            heat=self.heat, weighting=self.weighting, adam=self.adam,
-        )
-        return num_rounds
-
-    def _setup_plain(self, grid: Grid, arrays: ArrayRecord) -> None:
+        """Learn the feature heat (counting query); build the server step."""
         if arrays is None or len(arrays) == 0:
             raise InitialArraysError(
                 "FedSubAvgStrategy needs initial_arrays: the model's named arrays, e.g. "
@@ -429,18 +338,28 @@ class FedSubAvgStrategy(RoundStrategy):
             raise InitialArraysError(f"initial_arrays: {err}") from err
         self.x = self.layout.flatten(named)
         nodes = sample_nodes(
-            grid, random.Random(0), 1.0, self.min_train_nodes, self.min_available_nodes,
+            grid,
+            random.Random(0),
+            1.0,
+            self.min_train_nodes,
+            self.min_available_nodes,
             timeout=self.exchange_timeout,
         )
+        config = {"sparse-keys": list(self.sparse_keys)}
         if not self.sparse_keys:
             # a dense model: nothing to count (every heat is N), no query; FedAvg's contract
             self.node_rows = {int(n): {} for n in nodes}
             self.heat = named_heat(self.layout, [({}, 1) for _ in nodes])
-            return
-        config = {"sparse-keys": list(self.sparse_keys)}
-        if self.secure_aggregation is not None:
-            self._count_heat_plain_secure(grid, nodes, config)
-            return
+        elif self.secure_aggregation is not None:
+            self._count_heat_secure(grid, nodes, config)
+        else:
+            self._count_heat(grid, nodes, config)
+        self._start_server()
+        return num_rounds
+
+    def _count_heat(self, grid: Grid, nodes: list[int], config: dict[str, Any]) -> None:
+        """Run the counting query in the clear: every node's rows and examples."""
+        assert self.layout is not None
         replies = self.send(grid, heat_messages(nodes, config))
         self._declared = {}
         checked = self.check(replies, self._decode_heat, "counting query")
@@ -454,17 +373,8 @@ class FedSubAvgStrategy(RoundStrategy):
         assert self.layout is not None
         return {f"rows-{k}": int(self.layout.n_rows(k)) for k in self.sparse_keys}
 
-    def secure_transform(self) -> dict[str, Any] | None:
-        """Plain mode under secure aggregation: nodes sum c_i (x_i − x) over the full model."""
-        if self.cohorts_mode:
-            return None
-        return {"name": "fedsubavg-weighted-delta", "weighting": self.weighting,
-                **self._sparse_rows_params()}  # fmt: skip
-
-    def _count_heat_plain_secure(
-        self, grid: Grid, nodes: list[int], config: dict[str, Any]
-    ) -> None:
-        """Plain mode's counting round as a secure sum; every node then gets every row."""
+    def _count_heat_secure(self, grid: Grid, nodes: list[int], config: dict[str, Any]) -> None:
+        """Run the counting query as a secure sum; every node then gets every row."""
         assert self.layout is not None and self.secure_aggregation is not None
         outcome = secure_sum(
             lambda msgs: self.send(grid, msgs), heat_messages(nodes, config),
@@ -489,8 +399,8 @@ class FedSubAvgStrategy(RoundStrategy):
         self.node_rows = {int(n): full for n in outcome.survivors}
         self.n_clients, self.n_params = self.heat.n_clients, self.layout.size
 
-    def _decode_summed_plain(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
-        """Plain mode, secure aggregation: Σ c_i (x_i − x) over the full model."""
+    def _decode_summed(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
+        """Decode a secure sum: Σ c_i (x_i − x) over the full model."""
         assert self.layout is not None
         record = reply.content.array_records["arrays"]
         metrics = reply.content.metric_records["metrics"]
@@ -545,104 +455,16 @@ class FedSubAvgStrategy(RoundStrategy):
             return {}
         return declared
 
-    def _setup_cohorts(self, grid: Grid, arrays: ArrayRecord) -> None:
-        if arrays is not None and len(arrays):
-            if list(arrays) != ["x"] or arrays["x"].shape != (self.n_params,):
-                raise InitialArraysError(
-                    f"cohort mode takes initial_arrays {{'x': float ({self.n_params},)}}, "
-                    f"got keys {list(arrays)}"
-                )
-            self.x = np.array(arrays["x"].numpy(), dtype=np.float64, copy=True)
-        self.cohorts = discover_cohorts(
-            grid, self.n_clients, self.n_params, timeout=self.discovery_timeout
-        )
-        self.heat = self.count_heat(grid)
-
-    def count_heat(self, grid: Grid) -> FeatureHeat:
-        """Cohort mode's counting round: every node reports its users' row counts; sum them.
-
-        Raises
-        ------
-        RuntimeError
-            If a node fails or the counts do not cover exactly the N clients.
-        """
-        if self.cohorts is None:
-            raise RuntimeError("discovery has not run")
-        if self.secure_aggregation is not None:
-            return self._count_heat_secure(grid)
-        heat = FeatureHeat.zeros(self.n_params)
-        messages = heat_messages(self.cohorts.node_ids, {"kind": "feature-heat"})
-        for reply in self.send(grid, messages):
-            src = reply.metadata.src_node_id
-            if reply.has_error():
-                raise RuntimeError(f"counting round: node {src} failed: {reply.error.reason}")
-            try:
-                add_heat_report(heat, reply)
-            except (KeyError, ValueError) as err:
-                raise RuntimeError(f"counting round: bad report from node {src}: {err}") from err
-        if heat.n_clients != self.n_clients:
-            raise RuntimeError(
-                f"counting round covered {heat.n_clients} of {self.n_clients} clients"
-            )
-        return heat
-
-    def _count_heat_secure(self, grid: Grid) -> FeatureHeat:
-        """Run the counting round as a secure sum of dense per-row counts (all nodes)."""
-        assert self.cohorts is not None and self.secure_aggregation is not None
-        content = RecordDict({"config": ConfigRecord({"kind": "feature_heat"})})
-        messages = messages_to(self.cohorts.node_ids, content, HEAT_TRAIN, "heat")
-        outcome = secure_sum(
-            lambda msgs: self.send(grid, msgs), messages, self.secure_aggregation,
-            0, keys=key_book(grid),
-        )  # fmt: skip
-        if outcome.failed or outcome.content is None:
-            raise RuntimeError(f"counting round (secure aggregation) failed: {outcome.failed}")
-        arrays = outcome.content.array_records["arrays"]
-        clients, samples = arrays["0"].numpy(), arrays["1"].numpy()
-        metrics = outcome.content.metric_records["metrics"]
-        rows = np.flatnonzero(clients)
-        heat = FeatureHeat.zeros(self.n_params)
-        heat.add(rows, clients[rows], samples[rows], int(metrics["num-examples"]),
-                 int(metrics["num-samples"]))  # fmt: skip
-        if heat.n_clients != self.n_clients:
-            raise RuntimeError(
-                f"counting round covered {heat.n_clients} of {self.n_clients} clients"
-            )
-        return heat
+    def secure_transform(self) -> dict[str, Any] | None:
+        """Under secure aggregation the nodes sum c_i (x_i − x) over the full model."""
+        return {"name": "fedsubavg-weighted-delta", "weighting": self.weighting,
+                **self._sparse_rows_params()}  # fmt: skip
 
     # ------------------------------------------------------------------ rounds
-    def before_round(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
-        """Cohort mode: sample K users and fetch their index sets S(i) (Alg. 1, line 5).
-
-        Under secure aggregation the index sets are not asked for: every node gets the
-        full model and cuts its users' submodels itself.
-        """
-        if not self.cohorts_mode:
-            return
-        assert self.cohorts is not None and self.sampler is not None
-        groups = self.group_users(self.sampler.sample())
-        if self.secure_aggregation is not None:
-            self._index_sets = {n: (users, np.zeros(0), np.zeros(0)) for n, users in groups.items()}
-            self._round_stats = {"bad-replies": 0, "bytes-up": 0}
-            return
-        replies = self.send(grid, index_set_messages(server_round, groups))
-        checked = self.check(
-            replies,
-            lambda src, reply: decode_index_sets(reply, groups[src], self.n_params),
-            f"round {server_round} (index sets)",
-        )
-        found = dict(checked.accepted)
-        # keep node order = order of the sampled users (deterministic message order)
-        self._index_sets = {n: found[n] for n in groups if n in found}
-        up = sum(rows.size * 4 + offsets.size * 8 for _, offsets, rows in found.values())
-        self._round_stats = {"bad-replies": checked.left_out, "bytes-up": up}
-
     def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Return one ``train`` message per sampled node holding only its submodel."""
-        if self.cohorts_mode:
-            return self._cohort_train_messages(server_round, config)
         assert self.layout is not None
         nodes = self._sample_counted(grid)
         extra = {"proximal-mu": self.proximal_mu} if self.proximal_mu > 0 else {}
@@ -659,7 +481,7 @@ class FedSubAvgStrategy(RoundStrategy):
                 if key in self.layout.sparse:
                     record[rows_key(key)] = Array(rows[key])
             down += record.count_bytes()
-            messages.append(_train_message(node, record, train_config, server_round))
+            messages.append(train_message(node, record, train_config, server_round))
         self._round_stats = {"bytes-down": down}
         return messages
 
@@ -676,121 +498,16 @@ class FedSubAvgStrategy(RoundStrategy):
         count = min(len(nodes), max(int(self.fraction_train * len(nodes)), self.min_train_nodes))
         return sorted(self.node_rng.sample(nodes, max(count, 1)), key=order)
 
-    def _cohort_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
-        train_config = self.merged_config(
-            config,
-            server_round,
-            seed=self.seed,
-            **{
-                "local-iters": self.local.iters,
-                "batch-size": self.local.batch,
-                "lr": float(self.local.lr),
-                "proximal-mu": float(self.local.proximal_mu),
-                "weighting": self.weighting,
-            },
-        )
-        messages, self._sent = [], {}
-        down = 0
-        sizes: list[np.ndarray] = []
-        if self.secure_aggregation is not None:
-            return self._secure_train_messages(server_round, train_config)
-        for node_id, (node_users, offsets, rows) in self._index_sets.items():
-            record = ArrayRecord(
-                {
-                    "0": Array(node_users.astype(np.int64)),
-                    "1": Array(offsets.astype(np.int64)),
-                    "2": Array(rows.astype(np.int32)),
-                    "3": Array(self.x[rows]),
-                }
-            )
-            down += record.count_bytes()
-            sizes.append(np.diff(offsets))
-            self._sent[node_id] = (int(node_users.size), np.unique(rows))
-            messages.append(_train_message(node_id, record, train_config, server_round))
-        per_client = client_bytes(np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
-        self._round_stats.update(
-            {
-                "bytes-down": down,
-                "bytes-down-client-mean": float(per_client["down"].mean()) if sizes else 0.0,
-                "bytes-down-client-max": int(per_client["down"].max()) if sizes else 0,
-                "submodel-rows-mean": float(np.concatenate(sizes).mean()) if sizes else 0.0,
-            }
-        )
-        return messages
-
-    def _secure_train_messages(self, server_round: int, config: ConfigRecord) -> list[Message]:
-        """Secure aggregation: the full model and the node's users (no index sets)."""
-        messages, self._sent, down = [], {}, 0
-        shared = {"1": Array(self.x.astype(np.float64))}  # the same for every node
-        if self.dp is not None:
-            sampled = sum(int(u.size) for u, _, _ in self._index_sets.values())
-            config = ConfigRecord({**dict(config), **dp_config(self.dp, sampled)})
-            self._dp_sampled = sampled
-            shared["2"] = Array(self._heat_support())  # where the clients put their noise
-        for node_id, (node_users, _, _) in self._index_sets.items():
-            record = ArrayRecord({"0": Array(node_users.astype(np.int64)), **shared})
-            down += record.count_bytes()
-            self._sent[node_id] = (int(node_users.size), np.zeros(0, dtype=np.int64))
-            messages.append(_train_message(node_id, record, config, server_round))
-        self._round_stats.update({"bytes-down": down, "submodel-rows-mean": float(self.x.size)})
-        return messages
-
-    def _heat_support(self) -> np.ndarray:
-        """Return the rows some client touches (fixed once the heat is counted; cached)."""
-        assert self.heat is not None
-        if self._support is None:
-            self._support = np.flatnonzero(self.heat.clients).astype(np.int64)
-        return self._support
-
     def merge_senders(self, nodes: list[int]) -> int:
-        """Under secure aggregation: the summed reply stands for the nodes' users."""
-        self._sent[SUMMED_SENDER] = (
-            sum(self._sent[n][0] for n in nodes if n in self._sent),
-            np.zeros(0, dtype=np.int64),
-        )
+        """Under secure aggregation: the summed reply is one sender (``summed_nodes``)."""
         return SUMMED_SENDER
-
-    def forget_summed_sender(self) -> None:
-        """Drop the summed sender's entry once the sum is decoded."""
-        self._sent.pop(SUMMED_SENDER, None)
-
-    def _decode_summed(self, reply: Message) -> tuple[RoundUpdate, int, dict]:
-        """Decode a securely aggregated round: the union is where the sum is non-zero."""
-        record = reply.content.array_records["arrays"]
-        metrics = dict(reply.content.metric_records["metrics"])
-        if list(record.keys()) != ["0"] or record["0"].shape != (self.n_params,):
-            raise ValueError(f"the summed update must be one ({self.n_params},) array")
-        dense = record["0"].numpy().astype(np.float64)
-        if not np.all(np.isfinite(dense)):
-            raise ValueError("the summed update is not finite")
-        users = int_metric(metrics, "num-examples")
-        if users != self._sent[SUMMED_SENDER][0]:
-            raise ValueError(f"the sum is over {users} users, {self._sent[SUMMED_SENDER][0]} sent")
-        if self.accountant is not None:  # noise on the whole heat support: that is the union
-            rows = self._heat_support()
-            arrived = [u for n in self.summed_nodes if n in self._index_sets
-                       for u in self._index_sets[n][0]]  # fmt: skip
-            self._round_stats.update(self.accountant.record(self._dp_sampled, arrived))
-        else:
-            rows = np.flatnonzero(dense)
-        weight = float(metrics["weight-sum"])
-        part = RoundUpdate(rows.astype(np.int64), dense[rows], users, weight)
-        return part, 0, {}
 
     def decode_train_reply(self, src: int, reply: Message) -> tuple[RoundUpdate, int, dict]:
         """Check one node's reply; return its weighted update, payload bytes and metrics."""
         if src == SUMMED_SENDER:
-            if self.cohorts_mode:
-                return self._decode_summed(reply)
-            return self._decode_summed_plain(reply)
+            return self._decode_summed(reply)
         record = reply.content.array_records["arrays"]
         metrics = dict(reply.content.metric_records["metrics"])
-        if self.cohorts_mode:
-            n_users, allowed = self._sent[src]
-            if list(record.keys()) != ["0", "1"]:
-                raise ValueError(f"reply arrays {list(record.keys())}: expected ['0', '1']")
-            part = decode_update(record.to_numpy_ndarrays(), allowed, n_users, metrics)
-            return part, record.count_bytes(), {}
         assert self.layout is not None
         rows = self.node_rows.get(src, {})
         expected = set(self.layout.keys) | {rows_key(k) for k in self.layout.sparse}
@@ -818,27 +535,8 @@ class FedSubAvgStrategy(RoundStrategy):
         self, server_round: int, checked: CheckedReplies
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Sum the accepted updates (in node order) and apply the algorithm's server step."""
-        assert self.server is not None
-        sent = self._sent if self.cohorts_mode else self._sent_values
-        order = {n: i for i, n in enumerate(sent)}
-        accepted = sorted(checked.accepted, key=lambda item: order.get(item[0], -1))
-        update = merge_updates([part for _, (part, _, _) in accepted])
-        self.server.step(self.x, update, server_round)
-        bad = checked.left_out + int(self._round_stats.get("bad-replies", 0))
-        self.bad_replies += bad
-        up = int(self._round_stats.get("bytes-up", 0))
-        up += sum(nbytes for _, (_, nbytes, _) in accepted)
-        metrics: dict[str, Any] = {
-            **{k: v for k, v in self._round_stats.items() if k not in ("bytes-up", "bad-replies")},
-            "bad-replies": bad,
-            "bytes-up": up,
-            "clients": update.clients,
-            "nodes": len([n for n in sent if n != SUMMED_SENDER]),
-            "union-rows": int(update.rows.size),
-        }
-        if self.cohorts_mode:
-            return ArrayRecord({"x": Array(self.x)}), MetricRecord(metrics)
         assert self.layout is not None
+        metrics, accepted = self._step(server_round, checked, self._sent_values)
         metrics.update(_weighted_means([m for _, (_, _, m) in accepted]))
         arrays = self.layout.unflatten(self.x)
         return ArrayRecord({k: Array(v) for k, v in arrays.items()}), MetricRecord(metrics)
@@ -847,9 +545,7 @@ class FedSubAvgStrategy(RoundStrategy):
     def evaluate_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Plain mode with ``fraction_evaluate > 0``: the full model to a sample of nodes."""
-        if self.cohorts_mode:
-            return []
+        """With ``fraction_evaluate > 0``: the full model to a sample of nodes."""
         sample = (self.fraction_evaluate, self.min_evaluate_nodes, self.min_available_nodes)
         return fedavg_evaluate_messages(grid, self.eval_rng, server_round, arrays, config,
                                         "evaluate", sample, self.exchange_timeout)  # fmt: skip
@@ -867,23 +563,6 @@ class FedSubAvgStrategy(RoundStrategy):
         if not checked.accepted:
             return None
         return MetricRecord(_weighted_means([m for _, m in checked.accepted]))
-
-    def sent_users(self, node_id: int) -> int:
-        """Return the users sampled on ``node_id`` this round (1 in plain mode)."""
-        if self.cohorts_mode and node_id in self._sent:
-            return int(self._sent[node_id][0])
-        return 1
-
-    def round_summary(self, row: dict[str, Any]) -> str:
-        """Return the round's key numbers for the log line."""
-        loss = next((row[k] for k in ("train-loss", "loss", "train_loss") if k in row), None)
-        text = f"loss {loss:.5f}  " if isinstance(loss, int | float) else ""
-        if "clients" in row:
-            text += (
-                f"clients={row['clients']} nodes={row['nodes']}  up={row['bytes-up']} B "
-                f"down={row['bytes-down']} B"
-            )
-        return text
 
 
 def _weighted_means(metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -919,16 +598,14 @@ class FedProxSubStrategy(FedSubAvgStrategy):
     *args, **kwargs
         As :class:`FedSubAvgStrategy`.
     proximal_mu : float, optional
-        μ (default 0.01, Section 5.1), sent as ``proximal-mu`` in every train config (cohort
-        mode: replaces ``local.proximal_mu``).
+        μ (default 0.01, Section 5.1), sent as ``proximal-mu`` in every train config.
     """
 
     algorithm = "fedprox-sub"
 
     def __init__(self, *args: Any, proximal_mu: float = 0.01, **kwargs: Any) -> None:
-        local = kwargs.pop("local", None) or LocalConfig()
-        kwargs["local"] = LocalConfig(local.iters, local.batch, local.lr, float(proximal_mu))
-        super().__init__(*args, proximal_mu=proximal_mu, **kwargs)
+        super().__init__(*args, **kwargs)
+        self.proximal_mu = float(proximal_mu)
 
 
 class FedAdamSubStrategy(FedSubAvgStrategy):
@@ -938,24 +615,18 @@ class FedAdamSubStrategy(FedSubAvgStrategy):
     ----------
     *args, **kwargs
         As :class:`FedSubAvgStrategy`.
-    eta, beta_1, beta_2, tau : float, optional
-        Server learning rate η (1.0), moment decays β₁ (0.9), β₂ (0.99) and adaptivity τ
-        (1e-3): paper Table 5 (MovieLens); τ as Flower's. Ignored when ``adam`` is given.
+    adam : AdamConfig, optional
+        The server's learning rate η, moment decays β₁, β₂ and adaptivity τ
+        (:class:`~flower_app.algorithms.fedsubavg.core.AdamConfig`; default
+        ``AdamConfig()``: 1.0, 0.9, 0.99 and 1e-3, paper Table 5 (MovieLens); τ as
+        Flower's ``FedAdam``).
     """
 
     algorithm = "fedadam-sub"
 
-    def __init__(
-        self,
-        *args: Any,
-        eta: float = 1.0,
-        beta_1: float = 0.9,
-        beta_2: float = 0.99,
-        tau: float = 1e-3,
-        **kwargs: Any,
-    ) -> None:
-        kwargs["adam"] = kwargs.get("adam") or AdamConfig(eta, beta_1, beta_2, tau)
+    def __init__(self, *args: Any, adam: AdamConfig | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.adam = AdamConfig() if adam is None else adam
 
 
 class ScaffoldSubStrategy(FedSubAvgStrategy):
@@ -967,7 +638,7 @@ class ScaffoldSubStrategy(FedSubAvgStrategy):
     algorithm = "scaffold-sub"
 
 
-def _train_message(
+def train_message(
     node: int, record: ArrayRecord, config: ConfigRecord, server_round: int
 ) -> Message:
     """Return the round's ``train`` message to ``node`` (group id ``train-<round>``)."""
@@ -976,4 +647,27 @@ def _train_message(
         dst_node_id=node,
         message_type=MessageType.TRAIN,
         group_id=f"train-{server_round}",
+    )
+
+
+#: algorithm name (run_config ``algorithm``) -> its public strategy
+STRATEGIES: dict[str, type[FedSubAvgStrategy]] = {
+    cls.algorithm: cls
+    for cls in (
+        FedSubAvgStrategy, FedAvgSubStrategy, FedProxSubStrategy, FedAdamSubStrategy,
+        ScaffoldSubStrategy,
+    )
+}  # fmt: skip
+
+
+def external_loop_refused(name: str) -> ValueError:
+    """Return the error of another loop (a Flower DP wrapper) driving a submodel strategy."""
+    return ValueError(
+        f"another loop (a Flower DP wrapper) cannot drive {name} with "
+        "sparse tables or cohorts: the wrapper clips whole-model replies and calibrates "
+        "its noise to FedAvg's mean (C/K), while a node replies with its rows only and "
+        "the heat correction N/n_m amplifies one client's update on cold rows up to "
+        "N/n_m times; use fsa-dp-noise (cohort mode: the noise goes into the sum, "
+        "and the correction after it is post-processing) or a dense model (no "
+        "sparse_keys), docs/privacy.md"
     )

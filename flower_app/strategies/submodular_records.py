@@ -122,7 +122,7 @@ def named_record(**arrays: np.ndarray | None) -> ArrayRecord:
 
 
 def positional_record(*arrays: np.ndarray) -> ArrayRecord:
-    """Return an ArrayRecord of the arrays under keys ``"0"``, ``"1"``, ... (cohort mode)."""
+    """Return an ArrayRecord of the arrays under keys ``"0"``, ``"1"``, ... (cohorts)."""
     return ArrayRecord([np.asarray(a) for a in arrays])
 
 
@@ -186,9 +186,7 @@ def drop_replies(
         )
 
 
-def resolve_m(
-    checked: CheckedReplies, m_of: Callable[[Any], int], what: str, context: str
-) -> int:
+def resolve_m(checked: CheckedReplies, m_of: Callable[[Any], int], what: str, context: str) -> int:
     """Fix the ground-set size m by the replies' majority; leave out the others; decode.
 
     Each accepted value is a tuple whose first item is an undecoded report and from which
@@ -260,26 +258,14 @@ def matroid_entries(matroid: Matroid) -> tuple[dict[str, Any], dict[str, np.ndar
     return {"matroid-k": k}, {"matroid-groups": groups, "matroid-capacities": caps}
 
 
-def check_common(
-    cohorts: bool, server: object | None, k: int, seed: int, min_available_nodes: int
-) -> None:
+def check_common(k: int, seed: int, min_available_nodes: int) -> None:
     """Check the constructor arguments the FedCG and discrete-greedy strategies share.
-
-    Cohort mode needs the prebuilt server state and a server state needs cohort mode;
-    without one, ``seed``, ``min_available_nodes`` and ``k`` are checked (with one, the
-    server's own values are used).
 
     Raises
     ------
     ValueError
         Naming the argument and what it must be.
     """
-    if cohorts and server is None:
-        raise ValueError("cohort mode needs the prebuilt server state: pass server=")
-    if server is not None and not cohorts:
-        raise ValueError("server= is for cohort mode: pass cohorts=True as well")
-    if server is not None:
-        return
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
     if min_available_nodes < 1:

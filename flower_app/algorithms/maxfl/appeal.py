@@ -3,7 +3,7 @@
 :func:`run_protocol` runs the rounds; how a request reaches the clients is a
 :class:`Transport`: the direct engine calls the clients in-process
 (:mod:`flower_app.runners.maxfl`). The Flower strategy
-(:class:`flower_app.strategies.maxfl.AppealStrategy`) runs the same steps as the hooks of
+(:class:`flower_app.strategies.cohort.maxfl.MaxFLCohorts`) runs the same steps as the hooks of
 its base's loop, with the pieces written here (:class:`PoolCache`, :func:`round_row`,
 :func:`outcome_row`, :func:`evaluates_at`, :func:`summarise_metrics`), in the same order:
 opt-in request, sampling, training, step, evaluation; so both engines draw the same clients

@@ -1,10 +1,10 @@
-"""FedSubAvg's cohort-mode exchanges: a node serves many users (the reproductions' mode).
+"""FedSubAvg's exchanges over cohorts: a node serves many users (the reproductions').
 
-Message builders and reply decoders used by
-:class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy` with ``cohorts=True``: the
-counting round (``query.feature_heat``), the sampled users' index sets S(i)
-(``query.submodel``, Algorithm 1 line 5) and the nodes' summed row updates (``train``).
-The nodes answer with :class:`~flower_app.clients.submodel.SubmodelClient`.
+Message builders and reply decoders of
+:class:`~flower_app.strategies.cohort.fedsubavg.FedSubAvgCohorts`: the counting round's
+reports (``query.feature_heat``), the sampled users' index sets S(i) (``query.submodel``,
+Algorithm 1 line 5) and the nodes' summed row updates (``train``). The nodes answer with
+:class:`~flower_app.clients.submodel.SubmodelClient`.
 """
 
 from __future__ import annotations
@@ -15,37 +15,26 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from flower_app.algorithms.fedsubavg.core import FeatureHeat, RoundUpdate
-from flower_app.strategies.exchange import messages_to
 from flower_app.strategies.replies import int_metric
 
 __all__ = [
-    "HEAT_QUERY",
     "HEAT_TRAIN",
     "SUBMODEL_QUERY",
     "BadReplyError",
     "add_heat_report",
     "decode_index_sets",
     "decode_update",
-    "heat_messages",
     "index_set_messages",
 ]
 
-#: the counting round (plain and cohort mode)
-HEAT_QUERY = f"{MessageType.QUERY}.feature_heat"
 #: the counting round under secure aggregation (dense counts, summed unseen)
 HEAT_TRAIN = f"{MessageType.TRAIN}.feature_heat"
-#: the sampled users' index sets (cohort mode)
+#: the sampled users' index sets
 SUBMODEL_QUERY = f"{MessageType.QUERY}.submodel"
 
 
 class BadReplyError(ValueError):
     """A node's reply that is left out of the aggregate."""
-
-
-def heat_messages(node_ids: Any, config: dict[str, Any]) -> list[Message]:
-    """Return one ``query.feature_heat`` message per node with ``config``."""
-    content = RecordDict({"config": ConfigRecord(config)})
-    return messages_to(node_ids, content, HEAT_QUERY, "heat")
 
 
 def config_ints(record: Any, key: str) -> np.ndarray:
