@@ -19,10 +19,11 @@ over a finite group would need them anyway: sums are then exact in any order, so
 does not depend on how users are split over nodes. Ties go to the lowest element index.
 
 Both engines add the nodes' reports with :meth:`DiscreteGreedyServer.accept`: a report above
-what its participants could honestly send (:func:`~flower_app.algorithms.robust.node_bounds.
-discrete_element_bounds`: at most max(λ, O_e/κ) per participant and element) or one that
-would wrap the int64 sum around (:class:`~flower_app.algorithms.robust.sums.
-ReportOverflowError`) is refused and counted in the round's record.
+what its participants could honestly send (at most max(λ, O_e/κ) per participant and
+element:
+:func:`~flower_app.algorithms.robust.node_bounds.discrete_element_bounds`) or one that would
+wrap the int64 sum around (:class:`~flower_app.algorithms.robust.sums.ReportOverflowError`)
+is refused and counted in the round's record.
 """
 
 from __future__ import annotations

@@ -20,12 +20,13 @@ counts both, per reason, for the round's row of ``metrics.jsonl``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from flower_app.algorithms.common.streams import first_uniforms
 
-__all__ = ["REASONS", "ReportTally", "coin_refusals", "refusal_reason"]
+__all__ = ["REASONS", "ReportTally", "coin_refusals", "merge_tally", "refusal_reason"]
 
 #: why a report is refused, in the order the checks run
 REASONS = ("malformed", "range", "draw", "coin", "overflow")
@@ -79,6 +80,15 @@ class ReportTally:
         return out
 
 
+def merge_tally(row: dict[str, Any], tally: ReportTally) -> dict[str, int]:
+    """Return the round row's tally entries: ``tally``'s added to those ``row`` has.
+
+    ``row`` may already count what the server step clipped; the sum goes into the round's
+    row of ``metrics.jsonl``.
+    """
+    return {key: int(row.get(key, 0)) + value for key, value in tally.row().items()}
+
+
 def refusal_reason(
     ids: np.ndarray,
     values: np.ndarray,
@@ -127,8 +137,9 @@ def coin_refusals(
     """Return which of these discrete-greedy reporters had no participation coin this round.
 
     User i takes part in round t iff the first uniform of ``default_rng([seed, t, i])`` is
-    below its probability κ_i (:func:`~flower_app.algorithms.fedcg.discrete_greedy.
-    discrete_report_sum`), so whoever knows κ_i (committed at setup) can recompute the coin.
+    below its probability κ_i (as
+    :func:`~flower_app.algorithms.fedcg.discrete_greedy.discrete_report_sum` draws it), so
+    whoever knows κ_i (committed at setup) can recompute the coin.
 
     Parameters
     ----------
