@@ -70,6 +70,9 @@ class AppConfig:
         d: elements each sampled user evaluates, a count or a fraction of |E|.
     num_users, num_elements : int
         Size of synthetic instances (0 = the dataset's default).
+    report_bound : float
+        Submodular families: the largest value one user may report on one element (0 = the
+        instance's λ; :mod:`flower_app.algorithms.robust`).
     output_dir : str
         Parent folder of run folders ("" = ``$FLOWER_APP_OUTPUT`` or ``~/flower_app_runs``).
     run_name : str
@@ -121,6 +124,7 @@ class AppConfig:
     elements_per_client: int | float
     num_users: int
     num_elements: int
+    report_bound: float
     output_dir: str
     run_name: str
     round_timeout: float

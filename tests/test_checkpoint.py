@@ -313,7 +313,8 @@ def test_a_fedsm_checkpoint_does_not_import_the_other_families() -> None:
         run = FedSMRun(10, UniformMatroid(8, 3), 3, FedSMParams(), 1.0)
         again = checkpoint.loads(checkpoint.dumps({"state": run}))["state"]
         assert again.rng is again.inner.rng
-        fedsm = ("flower_app.algorithms.fedsm", "flower_app.algorithms.common")
+        fedsm = ("flower_app.algorithms.fedsm", "flower_app.algorithms.common",
+                 "flower_app.algorithms.robust")
         others = [m for m in sys.modules
                   if m.startswith("flower_app.algorithms.") and not m.startswith(fedsm)]
         print(sorted(others), "torch" in sys.modules)

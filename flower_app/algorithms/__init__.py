@@ -20,5 +20,8 @@ subpackage    what lives there
               streams, the greedy servers' step (best feasible element), torch on one
               thread, where DP noise comes from, client-level Gaussian DP with its
               accountant
+``robust``    the submodular families' defences against dishonest users and nodes:
+              overflow-checked sums, range and draw checks, per-user claim budgets, the
+              bounds on a node's sum, profiles committed at setup
 ============  ==============================================================================
 """

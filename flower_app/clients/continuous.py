@@ -71,6 +71,9 @@ class ContinuousClient(SubmodularClient):
         RecordDict when None.
     cache : dict, optional
         Per-process cache for :class:`~flower_app.algorithms.fedcg.continuous.UserEntries`.
+    report_bound : float, optional
+        The run's ``report-bound``: the users' profiles are committed (clipped to it) at
+        construction, as in :class:`~flower_app.clients.submodular.SubmodularClient`.
     """
 
     def __init__(
@@ -83,8 +86,12 @@ class ContinuousClient(SubmodularClient):
         matroid: Matroid,
         state: RecordDict | None = None,
         cache: dict[bytes, UserEntries] | None = None,
+        report_bound: float | None = None,
     ) -> None:
-        super().__init__(objective, first_user, n_users_total, partition_id, num_partitions)
+        super().__init__(
+            objective, first_user, n_users_total, partition_id, num_partitions,
+            report_bound=report_bound,
+        )  # fmt: skip
         self.matroid = matroid
         self.state = state if state is not None else RecordDict()
         self.cache = cache if cache is not None else {}

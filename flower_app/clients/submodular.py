@@ -4,8 +4,10 @@ The client holds the rows of its cohort only. Its three calls, in NumPyClient te
 
 ``get_properties(config)``
     ``{"partition-id", "num-partitions", "first-user", "num-users", "n-users-total",
-    "n-elements", "max-singleton"}``: the server's discovery step maps users to nodes with
-    it (``max-singleton``, the cohort's max f_i({e}), gives λ when the server holds no data).
+    "n-elements", "max-singleton", "profile-values-clipped"}``: the server's discovery step
+    maps users to nodes with it (``max-singleton``, the cohort's max f_i({e}), gives λ when
+    the server holds no data; ``profile-values-clipped``: the users' values this node clipped
+    to ``report-bound`` when it committed their profiles).
 ``fit(parameters=[selected, users, (pool, sequence), (x ids, x values)], config)``
     ``selected``: int64 S (T inside an amplification step); ``users``: int64 global ids of
     the cohort's sampled users; ``config``: ``server-round``, ``d``, ``seed`` and ``mode``
@@ -31,6 +33,7 @@ from flower_app.algorithms.fedsm.core import ENTRY_BYTES
 from flower_app.algorithms.fedsm.dp import dp_local_epsilon
 from flower_app.algorithms.fedsm.modes import RoundPlan, cohort_report
 from flower_app.algorithms.fedsm.sampling import check_scheme
+from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
 from flower_app.privacy.ledger import local_release
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -83,6 +86,12 @@ class SubmodularClient(NumPyClient):
         The research mode ``dp-reproducible-noise`` (default False), from the node's own
         run_config (never from a message): the shuffle-DP randomiser keyed by
         (seed, round, user) instead of OS entropy; no privacy against the server.
+    report_bound : float, optional
+        The run's ``report-bound`` (0 or None: this node's own largest value, i.e. nothing
+        to clip). The users' profiles are committed at construction: clipped to the bound
+        once (:func:`~flower_app.algorithms.robust.profiles.commit_profiles`), every later
+        report computed from them; the count is reported at discovery
+        (``profile-values-clipped``).
     """
 
     def __init__(
@@ -93,8 +102,10 @@ class SubmodularClient(NumPyClient):
         partition_id: int,
         num_partitions: int,
         reproducible_noise: bool = False,
+        report_bound: float | None = None,
     ) -> None:
-        self.objective = objective
+        bound = declared_bound(report_bound or 0.0, objective.max_singleton)
+        self.objective, self.profile_values_clipped = commit_profiles(objective, bound)
         self.reproducible_noise = bool(reproducible_noise)
         self.first_user = int(first_user)
         self.n_users_total = int(n_users_total)
@@ -116,6 +127,7 @@ class SubmodularClient(NumPyClient):
             "n-users-total": self.n_users_total,
             "n-elements": self.objective.n_elements,
             "max-singleton": self.objective.max_singleton,
+            "profile-values-clipped": self.profile_values_clipped,
         }
 
     def _selected(self, array: np.ndarray) -> np.ndarray:

@@ -59,6 +59,7 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
     DiscreteGreedyServer,
     run_discrete_greedy_direct,
 )
+from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
@@ -135,9 +136,11 @@ def discrete_server(
     probability κ_i = min(1, κ w_i) (``dgreedy-kappa``); a config that sets it is refused
     (:mod:`flower_app.settings.rules`).
     """
+    lam = problem.max_singleton if problem.objective is None else problem.objective.max_singleton
     return DiscreteGreedyServer(
-        problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed
-    )
+        problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed,
+        report_bound=declared_bound(cfg.report_bound, lam),
+    )  # fmt: skip
 
 
 def _server(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> Any:
@@ -321,12 +324,17 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
                 "participants": rnd.participants,
                 "users": rnd.participants,
                 "expected-participants": rnd.expected,
+                **rnd.checks,
             }
         )
 
     if isinstance(server, DiscreteGreedyServer):
-        selected = run_discrete_greedy_direct(exp.problem.objective, server, on_discrete)
-        extra = _discrete_extra(server)
+        # the one in-process node computes every report from the profiles committed at setup
+        committed, clipped = commit_profiles(exp.problem.objective, server.report_bound or 0.0)
+        selected = run_discrete_greedy_direct(
+            committed, server, on_discrete, oracle=exp.problem.objective
+        )
+        extra = {**_discrete_extra(server), "profile-values-clipped": clipped}
     else:
         selected = run_fedcg_direct(exp.problem.objective, server, on_continuous)
         extra = _continuous_extra(server, exp)
@@ -371,8 +379,9 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     else:
         objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
     return ContinuousClient(
-        objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache
-    )
+        objective, first, n_total, pid, parts, matroid, state=context.state, cache=cache,
+        report_bound=cfg.report_bound,
+    )  # fmt: skip
 
 
 def summary_line(summary: dict) -> str:

@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
+from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
@@ -141,6 +142,7 @@ def _run(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Ma
             fedsm_params(cfg),
             _lam(problem),
             seed=cfg.seed,
+            report_bound=declared_bound(cfg.report_bound, _lam(problem)),
         )
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -261,6 +263,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         fedsm_params(cfg),
         seed=cfg.seed,
         lam=obj.max_singleton,
+        report_bound=declared_bound(cfg.report_bound, obj.max_singleton),
         progress_fn=lambda run: run.progress_value(obj),
         on_round=exp.writer.log_round,
         min_reply_fraction=cfg.min_reply_fraction,
@@ -288,6 +291,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         fedsm_params(cfg),
         seed=cfg.seed,
         lam=problem.max_singleton,
+        report_bound=declared_bound(cfg.report_bound, problem.max_singleton),
         federated_evaluation=True,
         on_round=exp.writer.log_round,
         min_reply_fraction=cfg.min_reply_fraction,
@@ -315,9 +319,14 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     rounds = DirectRounds(exp, progress, f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}")
-    run_modes_direct(exp.problem.objective, run, rounds.log)
+    # the one in-process node computes every report from the profiles committed at setup
+    committed, clipped = commit_profiles(exp.problem.objective, run.report_bound or 0.0)
+    run_modes_direct(committed, run, rounds.log, oracle=exp.problem.objective)
     rounds.close()
-    return _finish(exp, run, rounds.history)
+    summary = _finish(exp, run, rounds.history)
+    summary["profile-values-clipped"] = clipped
+    exp.writer.write_summary(summary)
+    return summary
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
@@ -331,7 +340,8 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     if path is not None:
         rows = load_node_rows(path, cfg.dataset)
         return SubmodularClient(rows.objective, rows.first_user, rows.n_users_total, pid, parts,
-                                reproducible_noise=cfg.dp_reproducible_noise)
+                                reproducible_noise=cfg.dp_reproducible_noise,
+                                report_bound=cfg.report_bound)  # fmt: skip
     return _client(cfg, pid, parts)
 
 
@@ -340,4 +350,5 @@ def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> Submodula
     problem = load_problem(cfg)
     objective, first = cohort_objective(problem, partition_id, num_partitions)
     return SubmodularClient(objective, first, problem.n_users, partition_id, num_partitions,
-                            reproducible_noise=cfg.dp_reproducible_noise)
+                            reproducible_noise=cfg.dp_reproducible_noise,
+                            report_bound=cfg.report_bound)  # fmt: skip

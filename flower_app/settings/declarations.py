@@ -68,6 +68,13 @@ _DECLARED = (
         "d: elements each sampled user evaluates, a count or a fraction of |E|",
     ),
     Setting(
+        "report-bound", "float", 0.0, _COMMON,
+        "submodular families: the largest value one user may report on one element (0 = the "
+        "instance's λ: its top rating for facility location, 1 for coverage); reports above "
+        "it are refused, profiles clipped to it; set it lower to tighten "
+        "(docs/strategies/fedsm.md#dishonest-users-and-nodes)", ge=0,
+    ),
+    Setting(
         "num-users", "int", 0, _COMMON,
         "users of a synthetic instance, or MaxFL's seen clients (0 = default: 2,000 facility "
         "location, 704,738 DBLP stand-in, 6,040 MovieLens-1M, 100 FMNIST, 500 EMNIST, 308 "

@@ -279,12 +279,9 @@ class DiscreteGreedyRounds:
         """Sum the valid fixed-point reports and add the best feasible element."""
         server = self.server
         assert server is not None
-        total = np.zeros(self._m, dtype=np.int64)
-        participants, bytes_up = 0, 0
-        for _, (vec, count, nbytes) in checked.accepted:
-            total += vec
-            participants += count
-            bytes_up += nbytes
+        reports = [(vec, count) for _, (vec, count, _) in checked.accepted]
+        total, participants, _ = server.accept(reports)  # overflow-checked, bounded per node
+        bytes_up = sum(nbytes for _, (_, _, nbytes) in checked.accepted)
         rnd = server.select(total, participants)
         values: dict[str, Any] = {
             "element": rnd.element,
@@ -296,6 +293,7 @@ class DiscreteGreedyRounds:
             "bytes-up": bytes_up,
             "bad-replies": checked.left_out,
             "users": participants,
+            **rnd.checks,
         }
         if self.objective_fn is not None:
             values["objective"] = float(self.objective_fn(list(server.selected)))
@@ -353,11 +351,19 @@ class FedDiscreteGreedyStrategy(DiscreteGreedyRounds, RoundStrategy):
     secure_aggregation : SecureAggregation, optional
         Sum the histograms, the expected participations and every round's reports with
         secure aggregation (:mod:`flower_app.privacy`); default None.
+    report_bound : float, optional
+        The clients' declared range λ (e.g. the top rating; 1 for coverage). With it a
+        report above participants · max(λ, O_e/κ) on an element is refused
+        (``refused-range``); without it (default) only a report that would wrap the int64
+        sum around is (``refused-overflow``, always checked).
 
     Notes
     -----
     A node whose histogram or importance reply is bad is left out of the run (O sums over
-    the clients that answered). Later bad replies are counted in ``bad-replies``.
+    the clients that answered). Later bad replies are counted in ``bad-replies``; reports
+    the sum refuses
+    (:meth:`~flower_app.algorithms.fedcg.discrete_greedy.DiscreteGreedyServer.accept`) in
+    ``reports-refused`` and ``refused-<reason>``.
     """
 
     supports_secure_aggregation = True
@@ -373,9 +379,13 @@ class FedDiscreteGreedyStrategy(DiscreteGreedyRounds, RoundStrategy):
         seed: int = 0,
         *,
         secure_aggregation: SecureAggregation | None = None,
+        report_bound: float | None = None,
     ) -> None:
         super().__init__(secure_aggregation=secure_aggregation)
         check_common(k, seed, min_available_nodes)
+        if report_bound is not None and not (np.isfinite(report_bound) and report_bound > 0):
+            raise ValueError(f"report_bound={report_bound!r} must be positive")
+        self.report_bound = report_bound
         if not np.isfinite(kappa) or kappa <= 0:
             raise ValueError(f"kappa={kappa!r} must be positive")
         self.server: DiscreteGreedyServer | None = None
@@ -430,7 +440,10 @@ class FedDiscreteGreedyStrategy(DiscreteGreedyRounds, RoundStrategy):
             )
         m = resolve_m(checked, lambda value: value[3], "histogram", "importance factors")
         matroid = build_matroid(m, self.k, self.groups, self.capacities)
-        self.server = DiscreteGreedyServer(len(nodes), matroid, self.k, self.kappa, seed=self.seed)
+        self.server = DiscreteGreedyServer(
+            len(nodes), matroid, self.k, self.kappa, seed=self.seed,
+            report_bound=self.report_bound,
+        )  # fmt: skip
         senders = [src for src, _ in checked.accepted]
         if senders == [SUMMED_SENDER]:
             senders = list(self.summed_nodes)

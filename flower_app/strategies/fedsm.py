@@ -33,8 +33,10 @@ from flwr.app import (
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from flower_app.algorithms.fedsm.checks import report_refusal
 from flower_app.algorithms.fedsm.core import decode_report
 from flower_app.algorithms.fedsm.modes import MODES, FedSMParams, FedSMRun, RoundPlan
+from flower_app.algorithms.robust.reports import ReportTally, merge_tally
 from flower_app.privacy.secagg_server import SecureAggregation
 from flower_app.strategies.base import SUMMED_SENDER, RoundStrategy
 from flower_app.strategies.errors import InitialArraysError
@@ -170,6 +172,8 @@ class FedSMRounds:
     _expected: set[int]
     #: ``progress_fn(run) -> float``: an experiment oracle recorded as ``objective``
     progress_fn: Callable[[FedSMRun], float] | None = None
+    #: the declared range λ a report is held to (None: not checked)
+    report_bound: float | None = None
 
     def _init_round_state(self) -> None:
         self._sent: dict[int, int] = {}  # node -> users its message stands for
@@ -177,6 +181,7 @@ class FedSMRounds:
         self._plan: RoundPlan | None = None
         self._down: dict[str, int] = {}
         self._started = False
+        self._refused = ReportTally()
 
     @property
     def server(self) -> Any:
@@ -276,6 +281,12 @@ class FedSMRounds:
         n_ex = int_metric(metrics, "num-examples")
         if n_ex != self._sent[src]:
             raise ValueError(f"reports for {n_ex} users, {self._sent[src]} were sent")
+        users = self._sent_users.get(src)
+        one = int(users[0]) if users is not None and users.size == 1 else None
+        reason = report_refusal(report, plan, n_ex, self.report_bound, self.seed, one)
+        if reason is not None:
+            self._refused.refuse(reason)
+            raise ValueError(f"report refused ({reason}): more than {n_ex} honest users send")
         values = sum(int(a.size) for a in ndarrays)
         positive = int_metric(metrics, "positive-entries", 0)
         return report, n_ex, record.count_bytes(), values, positive
@@ -302,6 +313,8 @@ class FedSMRounds:
         empty = np.zeros(0, np.int64)
         arrived = np.concatenate([empty] + [self._sent_users.get(n, empty) for n in senders])
         row = run.update(total, users, arrived=arrived if plan.dp_bits else None)
+        row.update(merge_tally(row, self._refused))
+        self._refused = ReportTally()
         self._plan = None
         nodes = max(len(self._sent), 1)
         row.update(
@@ -444,6 +457,14 @@ class FedSMStrategy(FedSMRounds, RoundStrategy):
         are integers (e.g. ratings) are summed exactly, so S is the run's in the clear. The
         setup exchange (m, λ_i, f_i(S₀)) and the federated evaluation are not covered.
         Default None.
+    report_bound : float, optional
+        The largest value one user may report on one element, your utilities' declared
+        range (e.g. the top rating; 1 for coverage). Default: the largest λ_i the nodes
+        announced at setup (a dishonest node may announce more: pass the range you know).
+        Algorithm 1's reports are held to it: a user's report above it, or off its own
+        draw (recomputed from the seed), is refused and counted (``refused-range``,
+        ``refused-draw``, ``reports-refused``); a secure sum above it per user is clipped
+        (``values-clipped``). See docs/strategies/fedsm.md, "Dishonest users and nodes".
 
     Notes
     -----
@@ -502,8 +523,12 @@ class FedSMStrategy(FedSMRounds, RoundStrategy):
         *,
         params: FedSMParams | None = None,
         secure_aggregation: SecureAggregation | None = None,
+        report_bound: float | None = None,
     ) -> None:
         super().__init__(secure_aggregation=secure_aggregation)
+        if report_bound is not None and not (np.isfinite(report_bound) and report_bound > 0):
+            raise ValueError(f"report_bound={report_bound!r} must be positive")
+        self._declared_bound = report_bound
         if params is None:
             if mode not in MODES:
                 raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
@@ -588,9 +613,11 @@ class FedSMStrategy(FedSMRounds, RoundStrategy):
         self.lam = max(lam_i for _, (_, lam_i, _, _) in checked.accepted)
         reported = [g for _, (_, _, g, _) in checked.accepted if g is not None]
         self.matroid = self._build_matroid(m, reported)
+        bound = self._declared_bound or (self.lam if self.lam > 0 else None)
+        self.report_bound = bound
         self.run = FedSMRun(
             self.n_users, self.matroid, self.k, self.params, self.lam, seed=self.seed,
-            initial=initial,
+            initial=initial, report_bound=bound,
         )  # fmt: skip
         log(
             INFO,

@@ -17,6 +17,13 @@ server adds argmax_e Σ_i Δ_i[e]. Σ_i κ_i is the expected number of participa
 Reports are fixed-point integers (``round(Δ_i · 2^20)``, int64), as a secure aggregator
 over a finite group would need them anyway: sums are then exact in any order, so the set
 does not depend on how users are split over nodes. Ties go to the lowest element index.
+
+Both engines add the nodes' reports with :meth:`DiscreteGreedyServer.accept`: a report above
+what its participants could honestly send (at most max(λ, O_e/κ) per participant and
+element:
+:func:`~flower_app.algorithms.robust.node_bounds.discrete_element_bounds`) or one that would
+wrap the int64 sum around (:class:`~flower_app.algorithms.robust.sums.ReportOverflowError`)
+is refused and counted in the round's record.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ import numpy as np
 
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
 from flower_app.algorithms.common.streams import first_uniforms, user_rng
+from flower_app.algorithms.robust.node_bounds import discrete_element_bounds, node_reason
+from flower_app.algorithms.robust.reports import ReportTally
+from flower_app.algorithms.robust.sums import ReportOverflowError, checked_int_add
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -208,6 +218,10 @@ class DiscreteGreedyRound:
         Users that sent a report.
     expected : float
         Σ_i κ_i (expected participants).
+    checks : dict
+        What :meth:`DiscreteGreedyServer.accept` refused this round
+        (:meth:`~flower_app.algorithms.robust.reports.ReportTally.row`; empty if the sum was
+        not made by it).
     """
 
     server_round: int
@@ -215,6 +229,7 @@ class DiscreteGreedyRound:
     estimate: float
     participants: int
     expected: float
+    checks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -233,6 +248,10 @@ class DiscreteGreedyServer:
         κ > 0 (κ_i = min(1, κ·w_i)).
     seed : int
         Seeds the users' coins.
+    report_bound : float, optional
+        λ, the largest value one user can hold (the objective's declared range); with it
+        :meth:`accept` refuses a node's report above what its participants could honestly
+        send. None: only the overflow check.
     """
 
     n_users: int
@@ -244,11 +263,17 @@ class DiscreteGreedyServer:
     rounds: list[DiscreteGreedyRound] = field(default_factory=list)
     histogram: np.ndarray | None = None
     expected: float = 0.0
+    report_bound: float | None = None
+    _checks: dict[str, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_greedy_run(self.seed, self.k, self.matroid)
         if not np.isfinite(self.kappa) or self.kappa <= 0:
             raise ValueError(f"κ={self.kappa!r} must be positive")
+        if self.report_bound is not None and not (
+            np.isfinite(self.report_bound) and self.report_bound > 0
+        ):
+            raise ValueError(f"report bound {self.report_bound!r} must be positive")
 
     @property
     def done(self) -> bool:
@@ -261,6 +286,57 @@ class DiscreteGreedyServer:
         if o.shape != (self.matroid.n_elements,) or not np.all(np.isfinite(o)) or (o < 0).any():
             raise ValueError("the histogram must be finite, non-negative, one entry per element")
         self.histogram = o
+
+    def accept(
+        self, reports: Sequence[tuple[np.ndarray, int]]
+    ) -> tuple[np.ndarray, int, ReportTally]:
+        """Sum the nodes' fixed-point reports, refusing those no honest users could send.
+
+        A report is refused (left out of the sum, its participants not counted) when adding
+        it would wrap the int64 sum around (``refused-overflow``,
+        :class:`~flower_app.algorithms.robust.sums.ReportOverflowError`), or when a value
+        exceeds ``participants · max(λ, O_e/κ)`` in fixed point (``refused-range``; with
+        :attr:`report_bound` λ and the histogram set). The tally goes into the next
+        :meth:`select`'s record.
+
+        Parameters
+        ----------
+        reports : sequence of (numpy.ndarray, int)
+            Each node's int64 report (length m) and its number of participants.
+
+        Returns
+        -------
+        tuple
+            ``(total, participants, tally)``.
+        """
+        m = self.matroid.n_elements
+        tally = ReportTally()
+        cap = None
+        if self.report_bound is not None and self.histogram is not None:
+            # an honest participant sends rint(Δ·2^20) ≤ B_e·2^20 + 1/2 on element e
+            cap = discrete_element_bounds(self.histogram, self.report_bound, self.kappa)
+            cap = cap * FIXED_POINT_SCALE + 0.5
+        total = np.zeros(m, dtype=np.int64)
+        participants = 0
+        for vec, count in reports:
+            vec = np.asarray(vec)
+            if vec.shape != (m,) or vec.dtype.kind not in "iu" or count < 0:
+                tally.refuse("malformed")
+                continue
+            try:
+                added = checked_int_add(total, vec)
+            except ReportOverflowError:
+                tally.refuse("overflow")
+                continue
+            if cap is not None:
+                reason = node_reason(vec, np.floor(cap * int(count)))
+                if reason is not None:
+                    tally.refuse(reason)
+                    continue
+            total = added
+            participants += int(count)
+        self._checks = tally.row()
+        return total, participants, tally
 
     def select(self, report_sum: np.ndarray, participants: int) -> DiscreteGreedyRound:
         """Add argmax over feasible e of the summed reports (ties: lowest index).
@@ -288,7 +364,9 @@ class DiscreteGreedyServer:
             float(report[e]) / FIXED_POINT_SCALE,
             int(participants),
             float(self.expected),
+            dict(self._checks or {}),
         )
+        self._checks = None
         self.selected.append(e)
         self.rounds.append(record)
         return record
@@ -378,17 +456,20 @@ def run_discrete_greedy_direct(
     objective: MaxRowObjective,
     server: DiscreteGreedyServer,
     on_round: Callable[[DiscreteGreedyRound, float], None] | None = None,
+    oracle: MaxRowObjective | None = None,
 ) -> list[int]:
     """Run Algs. 4/5 then Alg. 3 in one process (the direct engine).
 
     Parameters
     ----------
     objective : MaxRowObjective
-        All users' rows.
+        All users' rows (the profiles their reports are computed from).
     server : DiscreteGreedyServer
         Fresh server state.
     on_round : callable, optional
         Called after each round with the record and the true F(S).
+    oracle : MaxRowObjective, optional
+        The rows F(S) is computed on (default ``objective``).
 
     Returns
     -------
@@ -400,14 +481,16 @@ def run_discrete_greedy_direct(
     w = importance_factors(objective, server.histogram)
     kappa_i = participation_probabilities(w, server.kappa)
     server.expected = float(kappa_i.sum())
-    current = np.zeros(objective.n_users)
+    truth = objective if oracle is None else oracle
+    current = np.zeros(truth.n_users)
     while not server.done:
         t = len(server.selected) + 1
-        total, participants = discrete_report_sum(
+        node = discrete_report_sum(
             objective, server.selected, server.matroid, kappa_i, server.seed, t, ids
         )
+        total, participants, _ = server.accept([node])  # the one in-process node
         record = server.select(total, participants)
-        current = objective.update_current(current, record.element)
+        current = truth.update_current(current, record.element)
         if on_round is not None:
-            on_round(record, float(current.sum()) / max(objective.n_users, 1))
+            on_round(record, float(current.sum()) / max(truth.n_users, 1))
     return list(server.selected)

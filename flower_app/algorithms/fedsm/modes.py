@@ -48,6 +48,7 @@ from flower_app.algorithms.fedsm.shuffle_dp import (
     local_epsilon,
     query_epsilon,
 )
+from flower_app.algorithms.robust.reports import ReportTally
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
 from flower_app.submodular.objectives import MaxRowObjective
@@ -342,6 +343,12 @@ class FedSMRun:
     initial : sequence of int, optional
         A starting set S₀ (independent, |S₀| ≤ k; Algorithms 1 and 2 only): the run adds
         elements to it until |S| = k (default: S₀ = ∅, the paper's).
+    report_bound : float, optional
+        The largest value one user may report on one element (the objective's declared
+        range, e.g. λ). With it, Algorithm 1's summed report (without amplification or DP)
+        is held to what the users in it could honestly send: at most ``report_bound`` per
+        user on each element outside S, nothing on S; values past it are clipped and
+        counted in the round's row (:meth:`update`). None (default): no check.
 
     Raises
     ------
@@ -358,6 +365,7 @@ class FedSMRun:
         lam: float,
         seed: int = 0,
         initial: Sequence[int] = (),
+        report_bound: float | None = None,
     ) -> None:
         if params.mode not in MODES:
             raise ValueError(f"fedsm mode {params.mode!r}: choose one of {', '.join(MODES)}")
@@ -415,6 +423,9 @@ class FedSMRun:
                 raise ValueError(f"fedsm dp-epsilon needs λ > 0 (the bound on a value), got {lam}")
         self.n_users, self.matroid, self.k = n_users, matroid, k
         self.params, self.lam, self.seed = params, float(lam), int(seed)
+        if report_bound is not None and not (math.isfinite(report_bound) and report_bound > 0):
+            raise ValueError(f"report bound {report_bound!r} must be positive")
+        self.report_bound = None if report_bound is None else float(report_bound)
         dp_users = n_users if params.dp_epsilon else 0
         self.dp_queries = np.zeros(dp_users, dtype=np.int64)
         # per user: Σ ε of the queries it answered, under the shuffle bound (what an analyzer
@@ -571,6 +582,9 @@ class FedSMRun:
                 report_sum, reporters, plan.dp_lam, plan.dp_bits, plan.dp_flip
             )
             row.update(self._dp_account(plan, ids, reporters))
+        if self._bounded(plan):
+            report_sum, checks = self._bound_sum(plan, report_sum, users)
+            row.update(checks)
         if isinstance(inner, FedSMServer):
             rec = inner.select(report_sum, users)
             row.update(element=rec.element, estimate=rec.estimate, **{"elements-added": 1})
@@ -595,6 +609,29 @@ class FedSMRun:
             if inner.done:
                 self._finish_step()
         return row
+
+    def _bounded(self, plan: RoundPlan) -> bool:
+        """Return True when the round's summed report is a sum of bounded user values."""
+        return (
+            getattr(self, "report_bound", None) is not None
+            and plan.mode == "alg1"
+            and plan.surrogate == "none"
+            and not plan.dp_bits
+        )
+
+    def _bound_sum(
+        self, plan: RoundPlan, report_sum: np.ndarray, users: int
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """Clip the summed report to what ``users`` honest users could send; count."""
+        assert self.report_bound is not None
+        tally = ReportTally()
+        cap = np.full(plan.report_size, self.report_bound * int(users))
+        cap[plan.selected] = 0.0
+        over = report_sum > cap
+        if over.any():
+            tally.clip(int(over.sum()))
+            report_sum = np.where(over, cap, report_sum)
+        return report_sum, tally.row()
 
     def _dp_account(
         self, plan: RoundPlan, ids: np.ndarray, reporters: np.ndarray
@@ -722,18 +759,22 @@ def run_direct(
     objective: MaxRowObjective,
     run: FedSMRun,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    oracle: MaxRowObjective | None = None,
 ) -> list[int]:
     """Run any FedSM mode in one process (the direct engine), one user per "node".
 
     Parameters
     ----------
     objective : MaxRowObjective
-        All users' rows.
+        All users' rows (the profiles their reports are computed from).
     run : FedSMRun
         Fresh server state.
     on_round : callable, optional
         Receives each round's metrics, with the oracle's ``objective`` and the modelled
         communication of one-user nodes (``values-*``, ``bytes-*``).
+    oracle : MaxRowObjective, optional
+        The rows the row's ``objective`` F(S) is computed on (default ``objective``; the
+        true data when the reports come from profiles clipped at setup).
 
     Returns
     -------
@@ -756,7 +797,7 @@ def run_direct(
                 "values-down-per-client": down,
                 "bytes-down": k_users * 8 * down,
                 "positive-entries": hits,
-                "objective": run.progress_value(objective),
+                "objective": run.progress_value(objective if oracle is None else oracle),
             }
         )
         if on_round is not None:

@@ -67,6 +67,7 @@ __all__ = [
     "RNG_SCHEMES",
     "check_scheme",
     "dense_draw",
+    "draw_counts",
     "hypergeometric",
     "keyed_uniforms",
     "keyed_words",
@@ -360,3 +361,41 @@ def user_draw(
     if scheme == "batched":
         return dense_draw(user, n_candidates, d, seed, server_round)
     return user_rng(seed, server_round, user).choice(n_candidates, d, replace=False)
+
+
+def draw_counts(
+    user_ids: np.ndarray,
+    pool: np.ndarray,
+    d: int,
+    seed: int,
+    server_round: int,
+    n_elements: int,
+    scheme: str = "per-user",
+) -> np.ndarray:
+    """Return, per element, how many of these FedSM users drew it this round.
+
+    Parameters
+    ----------
+    user_ids : numpy.ndarray
+        Global ids of the sampled users (a node's, or all of the round's).
+    pool : numpy.ndarray
+        Sorted elements the users draw from (E \\ S).
+    d : int
+        Elements per user.
+    seed, server_round : int
+        Key the users' draws.
+    n_elements : int
+        m.
+    scheme : str, optional
+        ``"per-user"`` or ``"batched"`` (as the run's ``fedsm-rng``).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 counts of length m.
+    """
+    counts = np.zeros(n_elements, dtype=np.int64)
+    pool = np.asarray(pool, dtype=np.int64)
+    for user in np.asarray(user_ids, dtype=np.int64):
+        counts[pool[user_draw(int(user), pool.size, d, seed, server_round, scheme)]] += 1
+    return counts

@@ -82,6 +82,11 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
     federated_evaluation : bool, optional
         After the last round, ask every node for Σ_i f_i(S) over its users (default False;
         runs without server data).
+    report_bound : float, optional
+        The declared range λ (``report-bound``): Algorithm 1's node sums are held to it per
+        user sent (a node with one sampled user: to its own draw too) and refused
+        otherwise; a secure sum above it is clipped
+        (:mod:`flower_app.algorithms.fedsm.checks`). None (default): not checked.
     **options
         The run's options of :class:`~flower_app.strategies.cohort.base.CohortStrategy`
         (``on_round``, ``min_reply_fraction``, ``secure_aggregation``, ``checkpoint_fn``,
@@ -127,9 +132,11 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
         lam: float = 0.0,
         progress_fn: Callable[[FedSMRun], float] | None = None,
         federated_evaluation: bool = False,
+        report_bound: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        self.report_bound = None if report_bound is None else float(report_bound)
         self.params = checked_params(params, k, seed, self.secure_aggregation)
         self.k, self.seed = k, seed
         self.n_users, self.matroid = int(n_users), matroid
@@ -143,7 +150,7 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
     def _new_run(self, initial: list[int]) -> FedSMRun:
         return FedSMRun(
             self.n_users, self.matroid, self.k, self.params, self.lam, seed=self.seed,
-            initial=initial,
+            initial=initial, report_bound=self.report_bound,
         )  # fmt: skip
 
     def summary(self) -> None:

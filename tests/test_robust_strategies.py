@@ -1,0 +1,126 @@
+"""The strategies refuse and count what no honest user or node sends (in-process grid)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from test_fedsm_dropin import M, N, _objective
+
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
+from flower_app.algorithms.fedsm.modes import FedSMParams
+from flower_app.clients.adapter import numpy_client_app
+from flower_app.clients.cohorts import cohort_range
+from flower_app.clients.continuous import ContinuousClient
+from flower_app.clients.fedsm import fedsm_reply
+from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.fedsm import FedSMStrategy
+from flower_app.submodular.matroids import UniformMatroid
+from flower_app.submodular.objectives import MaxRowObjective
+from tests.support.local_grid import LocalGrid
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _liar_app(obj: MaxRowObjective, lie: str) -> ClientApp:
+    """Node 0 answers setup honestly, then in every round sends ``lie``; the rest are honest."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        config = msg.content.config_records["config"]
+        if int(context.node_config["partition-id"]) != 0 or config.get("stage") != "round":
+            return _honest(msg, context, obj)
+        reply = _honest(msg, context, obj)
+        selected = set(msg.content.array_records["arrays"]["selected"].numpy().tolist())
+        outside = [e for e in range(M) if e not in selected]
+        values = np.zeros(M)
+        if lie == "range":
+            values[outside[0]] = 1e3
+        else:  # λ on every element outside S: most are not in its draw
+            values[outside] = obj.max_singleton
+        out = ArrayRecord({"values": Array(values)})
+        return Message(
+            RecordDict({"arrays": out, "metrics": reply.content.metric_records["metrics"]}),
+            reply_to=msg,
+        )
+
+    return app
+
+
+def _honest(msg, context, obj: MaxRowObjective) -> Message:
+    user = int(context.node_config["partition-id"])
+    row = obj.values[user]
+    scores = dict(zip(row.indices.tolist(), row.data.tolist(), strict=True))
+    return fedsm_reply(msg, context, scores, n_elements=M)
+
+
+@pytest.mark.parametrize("lie", ["range", "draw"])
+def test_plain_fedsm_refuses_a_report_no_honest_user_sends(lie) -> None:
+    """A node whose report exceeds λ, or lies off its own draw, is refused every round and
+    counted by reason; the run ends as the run in which that node sent nothing."""
+    obj = _objective()
+    params = FedSMParams("alg1", 1.0, 0.2)  # every user every round: node 0 always asked
+    liar = FedSMStrategy(k=4, seed=3, min_available_nodes=N, params=params)
+    result = liar.start(LocalGrid(N, {}, app=_liar_app(obj, lie)))
+    rows = [r for r in liar.history if r.get("server-round", 0) > 0]
+    assert len(rows) == 4
+    for row in rows:
+        assert row[f"refused-{lie}"] == 1 and row["reports-refused"] == 1
+        assert row["bad-replies"] == 1 and row["users"] == N - 1
+    assert liar.report_bound == pytest.approx(obj.max_singleton)
+
+    def silent(msg, context):  # node 0 sends nothing in the rounds
+        config = msg.content.config_records["config"]
+        if int(context.node_config["partition-id"]) == 0 and config.get("stage") == "round":
+            raise RuntimeError("no reply")
+        return _honest(msg, context, obj)
+
+    app = ClientApp()
+    app.train()(silent)
+    quiet = FedSMStrategy(k=4, seed=3, min_available_nodes=N, params=params)
+    expected = quiet.start(LocalGrid(N, {}, app=app))
+    assert (
+        result.arrays["selected"].numpy().tolist() == expected.arrays["selected"].numpy().tolist()
+    )
+
+
+def test_cohort_discrete_greedy_refuses_a_wrapping_node_by_name() -> None:
+    """One node sends 2^63 − 1 on every element every round: added after the honest nodes'
+    reports it would wrap the sum, so it is refused as an overflow, counted in every round's
+    row, and the other nodes' sum decides."""
+    obj = _objective(seed=7)
+    n, k, parts = obj.n_users, 3, 3
+    matroid = UniformMatroid(M, k)
+
+    def factory(context):
+        p = int(context.node_config["partition-id"])
+        first, count = cohort_range(n, p, parts)
+        rows = MaxRowObjective(obj.values[first : first + count])
+        client = ContinuousClient(rows, first, n, p, parts, matroid, state=context.state)
+        if p != parts - 1:  # the last node replies after the others: its report would wrap
+            return client
+        fit = client.fit
+
+        def evil_fit(parameters, config):
+            arrays, count_, metrics = fit(parameters, config)
+            if config.get("kind", "") == "discrete":
+                arrays = [np.full(M, INT64_MAX, dtype=np.int64)]
+            return arrays, count_, metrics
+
+        client.fit = evil_fit
+        return client
+
+    server = DiscreteGreedyServer(n, matroid, k, 5.0, seed=2, report_bound=obj.max_singleton)
+    strategy = DiscreteGreedyCohorts(server)
+    strategy.start(LocalGrid(parts, {}, app=numpy_client_app(factory)), num_rounds=k)
+    rows = [r for r in strategy.history if "element" in r]
+    assert len(rows) == k
+    assert all(r["refused-overflow"] == 1 and r["reports-refused"] == 1 for r in rows)
+    assert len(set(server.selected)) == k
+
+
+def test_report_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="report_bound"):
+        FedSMStrategy(k=2, report_bound=0.0)
