@@ -6,9 +6,11 @@ messages and then waits a hard-coded 0.1 s (``f_stop.wait(0.1)``). A round whose
 shorter than that waits for the next look, so a simulated round takes at least ~0.1 s.
 
 Put this directory first on ``PYTHONPATH`` when running a benchmark and the ``flwr-simulation``
-process (and only it) replaces that loop with the same loop waiting 5 ms::
+process (and only it) replaces that loop with the same loop waiting 5 ms. The path must be
+absolute (Flower's processes run in other folders), and a local SuperLink already running for
+the ``FLWR_HOME`` keeps the environment it started with: use a fresh ``FLWR_HOME``::
 
-    PYTHONPATH=benchmarks/diagnostics python benchmarks/fedsm_cost_growth.py \\
+    FLWR_HOME=$(mktemp -d) PYTHONPATH="$PWD/benchmarks/diagnostics" python benchmarks/fedsm_cost_growth.py \\
         --sizes 1000 --schemes batched --flower 2 16 --out /tmp/diagnosis
 
 It changes Flower's code in memory, so it is never used by the app, the tests or the
