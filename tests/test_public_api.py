@@ -46,7 +46,12 @@ def test_submodular_imports_do_not_load_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_a_clientapp_imports_only_what_its_family_needs():
+#: the heavy modules each family's ClientApp may import (MaxFL trains torch)
+CLIENT_NEEDS = {"fedsm": "", "fedcg": "", "fedsubavg": "", "maxfl": "torch"}
+
+
+@pytest.mark.parametrize("family", sorted(CLIENT_NEEDS))
+def test_a_clientapp_imports_only_what_its_family_needs(family):
     """Flower starts a fresh ``flwr-clientapp`` process for every message on a SuperNode:
     each module imported on the way to ``make_client`` is paid per message per node (torch
     and scipy.stats ~3.4 CPU-s, pandas ~0.3-1, scipy.special ~0.2 on this machine)."""
@@ -58,11 +63,9 @@ def test_a_clientapp_imports_only_what_its_family_needs():
         "heavy = ('torch', 'pandas', 'pyarrow', 'scipy.special', 'scipy.stats', 'matplotlib')\n"
         "print(' '.join(m for m in heavy if m in sys.modules))\n"
     )
-    needs = {"fedsm": "", "fedcg": "", "fedsubavg": "", "maxfl": "torch"}  # MaxFL trains torch
-    for family, expected in needs.items():
-        out = subprocess.run([sys.executable, "-c", code, family], capture_output=True,
-                             text=True, check=True)  # fmt: skip
-        assert out.stdout.strip() == expected, family
+    out = subprocess.run([sys.executable, "-c", code, family], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == CLIENT_NEEDS[family]
 
 
 ROOT = Path(__file__).resolve().parents[1]
