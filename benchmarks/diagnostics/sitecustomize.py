@@ -10,8 +10,9 @@ process (and only it) replaces that loop with the same loop waiting 5 ms. The pa
 absolute (Flower's processes run in other folders), and a local SuperLink already running for
 the ``FLWR_HOME`` keeps the environment it started with: use a fresh ``FLWR_HOME``::
 
-    FLWR_HOME=$(mktemp -d) PYTHONPATH="$PWD/benchmarks/diagnostics" python benchmarks/fedsm_cost_growth.py \\
-        --sizes 1000 --schemes batched --flower 2 16 --out /tmp/diagnosis
+    FLWR_HOME=$(mktemp -d) PYTHONPATH="$PWD/benchmarks/diagnostics" \\
+        python benchmarks/fedsm_cost_growth.py --sizes 1000 --schemes batched --flower 2 16 \\
+        --out /tmp/diagnosis
 
 It changes Flower's code in memory, so it is never used by the app, the tests or the
 recorded results other than the diagnosis rows docs/performance.md labels as such.
