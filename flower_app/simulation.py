@@ -148,7 +148,7 @@ class LocalSimulation:
             self.env["RAY_ADDRESS"] = ray_address
         self.superlink: subprocess.Popen | None = None
         #: put before every ``flwr`` command (e.g. ``ip netns exec NS`` to run the CLI in
-        #: the network namespace of a rehearsal's SuperLink, flower_app.deploy.rehearsal)
+        #: the network namespace of a rehearsal's SuperLink: the repository's rehearsal/)
         self.prefix: list[str] = []
 
     @property
