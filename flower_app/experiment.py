@@ -28,12 +28,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Experiment",
     "check_remote_resume",
+    "cohort_options",
     "finish_run",
     "open_remote_run",
     "open_run",
     "partition_of",
     "remote_checkpoint_fn",
     "run_direct",
+    "serve_rounds",
     "summary_line",
 ]
 
@@ -250,6 +252,54 @@ def remote_checkpoint_fn(
         )
 
     return save
+
+
+def cohort_options(
+    cfg: AppConfig,
+    writer: RunWriter,
+    checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Return what every cohort strategy takes from the run's configuration and folder.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        ``min-reply-fraction``, ``secure-aggregation``, ``discovery-timeout``,
+        ``node-return-wait``.
+    writer : RunWriter
+        The run folder: its rows (``on_round``) and, by default, its checkpoint.
+    checkpoint_fn : callable, optional
+        Another checkpoint writer (a run without server data adds what the nodes reported).
+
+    Returns
+    -------
+    dict
+        Keyword arguments of :class:`~flower_app.strategies.cohort.CohortStrategy`.
+    """
+    return {
+        "on_round": writer.log_round,
+        "min_reply_fraction": cfg.min_reply_fraction,
+        "secure_aggregation": cfg.secure,
+        "checkpoint_fn": writer.save_checkpoint if checkpoint_fn is None else checkpoint_fn,
+        "discovery_timeout": cfg.discovery_timeout,
+        "node_return_wait": cfg.node_return_wait,
+    }
+
+
+def serve_rounds(
+    strategy: Any, grid: Any, writer: RunWriter, cfg: AppConfig, num_rounds: int, **start: Any
+) -> Any:
+    """Run a cohort strategy's rounds for a run folder; return :meth:`start`'s result.
+
+    It resumes from the folder's checkpoint when there is one, runs ``num_rounds`` with the
+    configured ``round-timeout`` (``start``: more arguments of ``strategy.start``), and
+    records the nodes that failed in ``summary.json``.
+    """
+    if writer.checkpoint is not None:
+        strategy.resume_from(writer.checkpoint)
+    result = strategy.start(grid=grid, num_rounds=num_rounds, timeout=cfg.round_timeout, **start)
+    writer.record_failures(strategy.failure_summary())
+    return result
 
 
 def check_remote_resume(writer: RunWriter, problem: RemoteProblem) -> None:
