@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Context
-
 from flower_app.config import AppConfig, ConfigError
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
@@ -32,7 +30,6 @@ __all__ = [
     "finish_run",
     "open_remote_run",
     "open_run",
-    "partition_of",
     "remote_checkpoint_fn",
     "run_direct",
     "serve_rounds",
@@ -418,17 +415,6 @@ def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
     """
     with run_session():  # summary.json's run-wall-time counts from here
         return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
-
-
-def partition_of(context: Context) -> tuple[int, int]:
-    """Return ``(partition-id, num-partitions)`` of a node, with a clear error if absent."""
-    node_config = context.node_config
-    if "partition-id" not in node_config or "num-partitions" not in node_config:
-        raise ValueError(
-            "node_config needs 'partition-id' and 'num-partitions' (start a SuperNode with "
-            '--node-config "partition-id=0 num-partitions=2"; simulation sets them itself)'
-        )
-    return int(node_config["partition-id"]), int(node_config["num-partitions"])
 
 
 def summary_line(summary: dict) -> str:
