@@ -7,9 +7,9 @@ reply every 0.5 s. The anchor is therefore Flower's own app on the same federati
 FedAvg in the shape of Flower's quickstart-numpy example (``benchmarks/fedavg_anchor``; a
 round = train on every node, then evaluate on every node, as ``FedAvg()`` does by default).
 
-One rehearsal (``flower_app.deploy.rehearsal``: TLS, node authentication, a database,
+One rehearsal (``rehearsal.rehearsal``: TLS, node authentication, a database,
 ``--nodes`` SuperNodes each in its own network namespace with its own exported file and the
-cgroup limits of :data:`~flower_app.deploy.rehearsal.EDGE_DEVICE`) runs, interleaved, per
+cgroup limits of :data:`~rehearsal.rehearsal.EDGE_DEVICE`) runs, interleaved, per
 superexec poll interval and repetition:
 
 * nodes holding their MovieLens-1M file: anchor (k rounds), FedSM (Alg. 1, k = 10,
@@ -19,7 +19,7 @@ superexec poll interval and repetition:
 Recorded per run: every round's time (the families' ``round-time`` of ``metrics.jsonl``; the
 anchor's from its own timer), the median of rounds 2.. (round 1 pays for FAB installs and
 cold caches), and per node the peak of its whole process tree's RSS (SuperNode + superexec
-+ ClientApps, polled every 50 ms by :class:`~flower_app.deploy.PeakRSS`; shared pages
++ ClientApps, polled every 50 ms by :class:`~rehearsal.PeakRSS`; shared pages
 counted per process) and of its cgroup's memory charge (shared pages once, page cache
 included). Per family: ``ratio-to-fedavg`` = its median round ÷ the median round of the
 anchor runs beside it (same nodes, same settings, minutes apart), also per exchange (a
@@ -49,12 +49,12 @@ from typing import Any
 
 import flwr
 
-from flower_app.deploy import PeakRSS
-from flower_app.deploy.processes import BIN
-from flower_app.deploy.rehearsal import EDGE_DEVICE, EdgeDevice, Rehearsal
 from flower_app.export import main as export_main
 from flower_app.results import read_rows
 from flower_app.simulation import toml_value
+from rehearsal import PeakRSS
+from rehearsal.processes import BIN
+from rehearsal.rehearsal import EDGE_DEVICE, EdgeDevice, Rehearsal
 
 ANCHOR = Path(__file__).resolve().parent / "fedavg_anchor"
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (Path(args.data_dir) / "ml-1m" / "ratings.dat").is_file():
         parser.error("--data-dir (or FLOWER_APP_DATA) must hold ml-1m/ and fashion-mnist/")
-    from flower_app.deploy.isolation import parse_memory
+    from rehearsal.isolation import parse_memory
 
     device = EdgeDevice(EDGE_DEVICE.name, parse_memory(args.memory), args.cpus)
     work = args.work or Path(tempfile.mkdtemp(prefix="deploy-rounds-"))

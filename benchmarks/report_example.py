@@ -22,10 +22,10 @@ from pathlib import Path
 
 from flower_app.cli.report import write_report
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import kill_tree
 from flower_app.experiment import run_direct
 from flower_app.results import read_rows
 from flower_app.simulation import LocalSimulation, superlink_pids
+from rehearsal.processes import kill_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "figures" / "report-example"

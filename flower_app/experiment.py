@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Context
-
 from flower_app.config import AppConfig, ConfigError
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
 from flower_app.registry import load_runner
@@ -28,12 +26,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Experiment",
     "check_remote_resume",
+    "cohort_options",
     "finish_run",
     "open_remote_run",
     "open_run",
-    "partition_of",
     "remote_checkpoint_fn",
     "run_direct",
+    "serve_rounds",
     "summary_line",
 ]
 
@@ -252,6 +251,54 @@ def remote_checkpoint_fn(
     return save
 
 
+def cohort_options(
+    cfg: AppConfig,
+    writer: RunWriter,
+    checkpoint_fn: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Return what every cohort strategy takes from the run's configuration and folder.
+
+    Parameters
+    ----------
+    cfg : AppConfig
+        ``min-reply-fraction``, ``secure-aggregation``, ``discovery-timeout``,
+        ``node-return-wait``.
+    writer : RunWriter
+        The run folder: its rows (``on_round``) and, by default, its checkpoint.
+    checkpoint_fn : callable, optional
+        Another checkpoint writer (a run without server data adds what the nodes reported).
+
+    Returns
+    -------
+    dict
+        Keyword arguments of :class:`~flower_app.strategies.cohort.CohortStrategy`.
+    """
+    return {
+        "on_round": writer.log_round,
+        "min_reply_fraction": cfg.min_reply_fraction,
+        "secure_aggregation": cfg.secure,
+        "checkpoint_fn": writer.save_checkpoint if checkpoint_fn is None else checkpoint_fn,
+        "discovery_timeout": cfg.discovery_timeout,
+        "node_return_wait": cfg.node_return_wait,
+    }
+
+
+def serve_rounds(
+    strategy: Any, grid: Any, writer: RunWriter, cfg: AppConfig, num_rounds: int, **start: Any
+) -> Any:
+    """Run a cohort strategy's rounds for a run folder; return :meth:`start`'s result.
+
+    It resumes from the folder's checkpoint when there is one, runs ``num_rounds`` with the
+    configured ``round-timeout`` (``start``: more arguments of ``strategy.start``), and
+    records the nodes that failed in ``summary.json``.
+    """
+    if writer.checkpoint is not None:
+        strategy.resume_from(writer.checkpoint)
+    result = strategy.start(grid=grid, num_rounds=num_rounds, timeout=cfg.round_timeout, **start)
+    writer.record_failures(strategy.failure_summary())
+    return result
+
+
 def check_remote_resume(writer: RunWriter, problem: RemoteProblem) -> None:
     """Refuse to resume when the nodes now report another instance than the checkpoint's.
 
@@ -368,17 +415,6 @@ def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
     """
     with run_session():  # summary.json's run-wall-time counts from here
         return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
-
-
-def partition_of(context: Context) -> tuple[int, int]:
-    """Return ``(partition-id, num-partitions)`` of a node, with a clear error if absent."""
-    node_config = context.node_config
-    if "partition-id" not in node_config or "num-partitions" not in node_config:
-        raise ValueError(
-            "node_config needs 'partition-id' and 'num-partitions' (start a SuperNode with "
-            '--node-config "partition-id=0 num-partitions=2"; simulation sets them itself)'
-        )
-    return int(node_config["partition-id"]), int(node_config["num-partitions"])
 
 
 def summary_line(summary: dict) -> str:

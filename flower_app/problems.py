@@ -13,10 +13,13 @@ import numpy as np
 
 from flower_app.clients.cohorts import cohort_range
 from flower_app.config import AppConfig, ConfigError
+from flower_app.settings.rules import Instance, raise_size_problems
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.objectives import FacilityLocation, MaxCoverage, MaxRowObjective
 
-__all__ = ["SubmodularProblem", "build_matroid", "cohort_objective", "load_problem"]
+__all__ = [
+    "SubmodularProblem", "build_matroid", "cohort_objective", "config_matroid", "load_problem",
+]
 
 #: default sizes of the embedded synthetic facility-location instance
 SYNTHETIC_FL_SIZE = (2000, 500)
@@ -131,14 +134,28 @@ def load_problem(cfg: AppConfig) -> SubmodularProblem:
 
 
 def build_matroid(cfg: AppConfig, problem: SubmodularProblem) -> Matroid:
+    """Build the constraint of the configuration over the instance's element groups.
+
+    See :func:`config_matroid` (``problem`` supplies its name, m and the groups).
+    """
+    return config_matroid(cfg, problem.name, problem.n_elements, problem.element_groups)
+
+
+def config_matroid(
+    cfg: AppConfig, name: str, n_elements: int, groups: np.ndarray | None = None
+) -> Matroid:
     """Build the constraint of the configuration and check that k fits its rank.
 
     Parameters
     ----------
     cfg : AppConfig
         Uses ``matroid``, ``k`` and ``partition_capacity``.
-    problem : SubmodularProblem
-        Supplies m and the element groups.
+    name : str
+        The instance, as the message names it.
+    n_elements : int
+        m.
+    groups : numpy.ndarray, optional
+        One label per element (a partition matroid's blocks).
 
     Returns
     -------
@@ -148,20 +165,16 @@ def build_matroid(cfg: AppConfig, problem: SubmodularProblem) -> Matroid:
     Raises
     ------
     ConfigError
-        If k exceeds the rank or the ground set.
+        If k exceeds the rank or the ground set (the ``k`` rule of
+        :data:`flower_app.settings.rules.SIZE_RULES`, as ``flower-app run`` says it).
     """
-    m = problem.n_elements
     if cfg.matroid == "uniform":
-        if cfg.k > m:
-            raise ConfigError(f"k={cfg.k} exceeds the ground set: {problem.name} has {m} elements")
-        return UniformMatroid(m, cfg.k)
-    matroid = PartitionMatroid.from_labels(problem.element_groups, cfg.partition_capacity)
-    if cfg.k > matroid.rank:
-        raise ConfigError(
-            f"k={cfg.k} exceeds the rank {matroid.rank} of the partition matroid "
-            f"({matroid.capacities.size} groups of {problem.name}, capacity "
-            f"{cfg.partition_capacity} each): lower k or raise partition-capacity"
-        )
+        matroid: Matroid = UniformMatroid(n_elements, min(cfg.k, n_elements))
+    else:
+        matroid = PartitionMatroid.from_labels(groups, cfg.partition_capacity)
+    caps = getattr(matroid, "capacities", None)
+    raise_size_problems(cfg, Instance(name, elements=n_elements, rank=int(matroid.rank),
+                                      groups=None if caps is None else len(caps)))  # fmt: skip
     return matroid
 
 

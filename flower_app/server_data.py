@@ -162,15 +162,15 @@ def remote_matroid(cfg: AppConfig, n_elements: int):  # noqa: ANN201 - a Matroid
     Raises
     ------
     ConfigError
-        If k does not fit, or a partition matroid has no groups file.
+        If k does not fit (:func:`~flower_app.problems.config_matroid`), or a partition
+        matroid has no groups file.
     """
     from flower_app.node_data import NodeDataError, read_groups
-    from flower_app.submodular.matroids import PartitionMatroid, UniformMatroid
+    from flower_app.problems import config_matroid
 
+    name = f"the nodes' {cfg.dataset}"
     if cfg.matroid == "uniform":
-        if cfg.k > n_elements:
-            raise ConfigError(f"k={cfg.k} exceeds the ground set: the nodes hold {n_elements}")
-        return UniformMatroid(n_elements, cfg.k)
+        return config_matroid(cfg, name, n_elements)
     if not cfg.element_groups:
         raise ConfigError(
             "matroid = 'partition' with server-data = 'none' needs run_config "
@@ -181,13 +181,7 @@ def remote_matroid(cfg: AppConfig, n_elements: int):  # noqa: ANN201 - a Matroid
         groups = read_groups(cfg.element_groups, n_elements)
     except NodeDataError as err:
         raise ConfigError(f"run_config 'element-groups': {err}") from None
-    matroid = PartitionMatroid.from_labels(groups, cfg.partition_capacity)
-    if cfg.k > matroid.rank:
-        raise ConfigError(
-            f"k={cfg.k} exceeds the rank {matroid.rank} of the partition matroid "
-            f"({matroid.capacities.size} groups, capacity {cfg.partition_capacity} each)"
-        )
-    return matroid
+    return config_matroid(cfg, name, n_elements, groups)
 
 
 def federated_objective(

@@ -21,17 +21,14 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flower_app import procfs
+from flower_app.cli.run import BIN, free_ports, start_local_superlink, superlink_pids
 
 __all__ = ["FlwrRun", "LocalSimulation", "free_ports", "superlink_pids", "toml_value"]
 
@@ -39,24 +36,6 @@ _log = logging.getLogger(__name__)
 
 #: the project root (where pyproject.toml lives)
 PROJECT = Path(__file__).resolve().parents[1]
-#: flwr and flower-superlink of this interpreter's environment
-BIN = Path(sys.executable).parent
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Return ``count`` distinct TCP ports that are free on ``host`` right now.
-
-    All are bound at once before any is released: ports chosen one at a time can repeat (the
-    kernel may hand out a just-released port again; a Ray head once got the same port for
-    two of its components and refused to start).
-    """
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-
-
 
 
 def toml_value(value: Any) -> str:
@@ -66,16 +45,6 @@ def toml_value(value: Any) -> str:
     if isinstance(value, str):
         return "'" + value + "'"
     return repr(value)
-
-
-def superlink_pids(port: int) -> list[int]:
-    """Return the PIDs of ``flower-superlink`` processes listening on ``port``."""
-    found = []
-    for pid in procfs.pids():
-        argv = procfs.argv(pid)
-        if argv and any("flower-superlink" in a for a in argv) and str(port) in argv:
-            found.append(pid)
-    return found
 
 
 @dataclass
@@ -148,7 +117,7 @@ class LocalSimulation:
             self.env["RAY_ADDRESS"] = ray_address
         self.superlink: subprocess.Popen | None = None
         #: put before every ``flwr`` command (e.g. ``ip netns exec NS`` to run the CLI in
-        #: the network namespace of a rehearsal's SuperLink, flower_app.deploy.rehearsal)
+        #: the network namespace of a rehearsal's SuperLink: the repository's rehearsal/)
         self.prefix: list[str] = []
 
     @property
@@ -156,20 +125,13 @@ class LocalSimulation:
         """The log file of the SuperLink :meth:`start` starts."""
         return self.home / "local-superlink" / "superlink.log"
 
-    def _healthy(self) -> bool:
-        url = f"http://127.0.0.1:{self.http_port}/health"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (loopback)
-                return 200 <= response.status < 300
-        except (urllib.error.URLError, OSError):
-            return False
-
     def start(self, timeout: float = 300.0) -> None:
         """Start this object's local SuperLink (if not running) and wait until it answers.
 
-        The command is the one ``flwr run`` uses for its managed local SuperLink
-        (``flwr/cli/local_superlink.py``), on this object's ports and ``FLWR_HOME``, in a
-        session of its own (stopped by :meth:`stop` by its process group).
+        The command is the one ``flwr run`` uses for its managed local SuperLink, as
+        ``flower-app run`` starts it (:func:`flower_app.cli.run.start_local_superlink`), on
+        this object's ports and ``FLWR_HOME``, in a session of its own (stopped by
+        :meth:`stop` by its process group).
 
         Parameters
         ----------
@@ -184,46 +146,16 @@ class LocalSimulation:
         """
         if self.superlink is not None and self.superlink.poll() is None:
             return
-        self.superlink_log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            str(BIN / "flower-superlink"),
-            "--insecure",
-            "--simulation",
-            "--isolation",
-            "subprocess",
-            "--control-api-address",
-            f"127.0.0.1:{self.control_port}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.http_port),
-            "--log-file",
-            str(self.superlink_log),
-            "--database",
-            str(self.superlink_log.parent / "state.db"),
-        ]
         started = time.monotonic()
-        self.superlink = subprocess.Popen(
-            cmd,
-            cwd=self.home,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        while not self._healthy():
-            if self.superlink.poll() is not None or time.monotonic() - started > timeout:
-                code = self.superlink.poll()
-                self.stop()
-                tail = self.superlink_log.read_text(errors="replace")[-3000:] if (
-                    self.superlink_log.exists()
-                ) else ""
-                reason = f"exited with code {code}" if code is not None else (
-                    f"did not answer within {timeout:.0f} s"
-                )
-                raise RuntimeError(f"local SuperLink on port {self.http_port} {reason}:\n{tail}")
-            time.sleep(0.2)
+        ports = {"http-api-port": self.http_port, "control-api-port": self.control_port}
+        try:
+            self.superlink = start_local_superlink(self.home, ports, self.env, timeout)
+        except RuntimeError as err:
+            self.stop()
+            tail = self.superlink_log.read_text(errors="replace")[-3000:] if (
+                self.superlink_log.exists()
+            ) else ""
+            raise RuntimeError(f"port {self.http_port}: {err}:\n{tail}") from None
         waited = time.monotonic() - started
         if waited > 15:
             _log.warning("local SuperLink on port %d took %.0f s to start", self.http_port, waited)

@@ -14,14 +14,14 @@ import pytest
 from flower_app.cli.report import write_report
 from flower_app.cli.run import local_superlink_pids
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import (
+from flower_app.experiment import run_direct
+from rehearsal.processes import (
     flwr_env,
     free_port,
     start_process,
     superlink_command,
     wait_for_port,
 )
-from flower_app.experiment import run_direct
 
 ROOT = Path(__file__).resolve().parents[1]
 

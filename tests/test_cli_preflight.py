@@ -27,11 +27,11 @@ from flower_app.cli.run import (
     preflight,
 )
 from flower_app.config import fresh_run_name
-from flower_app.deploy.processes import free_port, wait_for_port
 from flower_app.quiet import Collapser
 from flower_app.settings import ConfigError
 from flower_app.settings.__main__ import main as settings_main
 from flower_app.settings.overrides import read_overrides
+from rehearsal.processes import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -51,7 +51,7 @@ def test_k_above_rank_is_refused() -> None:
     with pytest.raises(ConfigError, match="exceeds the rank 18 of the partition matroid"):
         build_matroid(cfg, load_problem(cfg))
     cfg = AppConfig.from_run_config({"k": 501})
-    with pytest.raises(ConfigError, match="k=501 exceeds the ground set"):
+    with pytest.raises(ConfigError, match="'k' = 501 exceeds the 500 elements of synthetic"):
         build_matroid(cfg, load_problem(cfg))
 
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import pytest
 
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import process_tree
-from flower_app.deploy.rehearsal import EDGE_DEVICE
 from flower_app.experiment import run_direct
+from rehearsal.processes import process_tree
+from rehearsal.rehearsal import EDGE_DEVICE
 from tests.support.deployment import BackgroundRun, data_root, rows
 
 #: seconds within which nothing of a dead node may be left (the supervisor takes < 1 s idle)

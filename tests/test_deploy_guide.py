@@ -9,8 +9,8 @@ Each command of the guide's ``bash`` blocks is one of:
   unregister``, ``flwr run . edge``, ``flwr ls edge``: a connection named ``edge`` points to
   it; only ``NODE_ID`` is filled in);
 * or the ``flower-superlink`` / ``flower-supernode`` lines, which must equal, argument for
-  argument, what :func:`~flower_app.deploy.processes.superlink_command` and
-  :func:`~flower_app.deploy.processes.supernode_command` build for the guide's paths: the
+  argument, what :func:`~rehearsal.processes.superlink_command` and
+  :func:`~rehearsal.processes.supernode_command` build for the guide's paths: the
   exact commands every rehearsal starts (``tests/test_deploy.py`` and the others run them).
 
 A command the guide gains without being covered here fails
@@ -33,13 +33,14 @@ from pathlib import Path
 import pytest
 
 from flower_app import procfs
+from flower_app.deploy.connection import connection_toml
 from flower_app.deploy.credentials import Certificates, NodeKey, read_public_keys
-from flower_app.deploy.isolation import Cgroup
-from flower_app.deploy.processes import connection_toml, superlink_command, supernode_command
-from flower_app.deploy.rehearsal import EDGE_DEVICE
-from flower_app.deploy.supervisor import marked, program
 from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 from flower_app.simulation import PROJECT
+from rehearsal.isolation import Cgroup
+from rehearsal.processes import superlink_command, supernode_command
+from rehearsal.rehearsal import EDGE_DEVICE
+from rehearsal.supervisor import marked, program
 
 GUIDE = PROJECT / "docs" / "deployment.md"
 BIN = Path(sys.executable).parent
@@ -51,8 +52,8 @@ COVERED = {
     "python -m flower_app.deploy connection": "run as written",
     "python -m flower_app.deploy identity-keys": "run as written",
     "python -m flower_app.deploy trusted-keys": "run as written",
-    "python -m flower_app.deploy rehearse": "run as written (SIGTERM)",
-    "python -m flower_app.deploy drill": "run as written on the rehearse command",
+    "python -m rehearsal start": "run as written (SIGTERM)",
+    "python -m rehearsal drill": "run as written on the start command",
     "flwr config ls": "run as written",
     "mkdir -p": "not run (it would create /var/lib/flower on the test machine)",
     "flower-superlink": "= superlink_command()",
@@ -182,7 +183,7 @@ def test_operator_commands_run_as_written_on_the_rehearsal(rehearsal, node_expor
 
 def _drill(action: str, out: Path, cwd: Path) -> tuple[str, float]:
     """Run the guide's ``drill ACTION`` line as written, with the rehearsal's ``--out``."""
-    line = _one(f"python -m flower_app.deploy drill --out /tmp/rehearsal {action}")
+    line = _one(f"python -m rehearsal drill --out /tmp/rehearsal {action}")
     start = time.monotonic()
     text = _shell(line.replace("/tmp/rehearsal", str(out)), cwd, _fresh_env(cwd))
     return text, time.monotonic() - start
@@ -207,7 +208,7 @@ def test_rehearse_command_runs_the_failure_drills_and_cleans_up_on_sigterm(tmp_p
     superexec in its cgroup, with the device's limits. SIGTERM then stops every process
     the rehearsal started, the restarted ones too, and removes its namespaces and cgroups.
     """
-    line = _one("python -m flower_app.deploy rehearse")
+    line = _one("python -m rehearsal start")
     args = shlex.split(line)[3:]
     out = tmp_path / "rehearsal"
     args[args.index("--nodes") + 1] = "2"
@@ -216,7 +217,7 @@ def test_rehearse_command_runs_the_failure_drills_and_cleans_up_on_sigterm(tmp_p
     args[args.index("--data-dir") + 1] = ""
     args += ["--export-options", "--num-users 40 --num-elements 60"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flower_app.deploy", *args],
+        [sys.executable, "-m", "rehearsal", *args],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: list[str] = []

@@ -1,20 +1,20 @@
 """A rehearsal's devices: names of their own, no process outside its cgroup, rebuilt at restart.
 
 Real objects (``ip netns``, the machine's cgroup hierarchy) and real processes, no Flower
-(a second each). Needs root and ``ip``; where :func:`~flower_app.deploy.isolation.probe`
+(a second each). Needs root and ``ip``; where :func:`~rehearsal.isolation.probe`
 says namespaces or cgroups are unavailable, the part that needs them is not run and the
 probe must have said why.
 
-* Two :class:`~flower_app.deploy.isolation.Devices` in one process (two rehearsals in a
+* Two :class:`~rehearsal.isolation.Devices` in one process (two rehearsals in a
   notebook, ``pytest -m deploy -n 0``) get names of their own, each still traceable to the
   process for the stale sweep (their names were ``fa-<pid>-...`` alone: the second failed
   with "File exists").
 * A process that did not get into its device's cgroup is an error, never a run without
   limits: started by hand inside ``ip netns exec`` (which mounts a sysfs without the cgroup
   hierarchy, so the join fails with "No such file or directory" and a ``;`` goes on), it is
-  caught by :meth:`~flower_app.deploy.isolation.Host.check`; and
-  :func:`~flower_app.deploy.processes.start_process` refuses to leave one running.
-* :meth:`~flower_app.deploy.isolation.Devices.restore` makes a removed cgroup and a deleted
+  caught by :meth:`~rehearsal.isolation.Host.check`; and
+  :func:`~rehearsal.processes.start_process` refuses to leave one running.
+* :meth:`~rehearsal.isolation.Devices.restore` makes a removed cgroup and a deleted
   node namespace again, with the device's limits and address.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import pytest
 
 from flower_app import procfs
-from flower_app.deploy.isolation import (
+from rehearsal.isolation import (
     Devices,
     IsolationError,
     Support,
@@ -36,7 +36,7 @@ from flower_app.deploy.isolation import (
     owner_pid,
     probe,
 )
-from flower_app.deploy.processes import start_process
+from rehearsal.processes import start_process
 
 MIB = 1 << 20
 

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from flower_app import procfs
-from flower_app.deploy.isolation import Devices, probe
-from flower_app.deploy.processes import start_process
-from flower_app.deploy.supervisor import Supervisor
+from rehearsal.isolation import Devices, probe
+from rehearsal.processes import start_process
+from rehearsal.supervisor import Supervisor
 
 #: a node: its child checks the node's PID as Flower's --parent-pid does (every argv[3]
 #: seconds; Flower: 0.2) and exits when it is gone; the grandchild sleeps. argv[1]: where to

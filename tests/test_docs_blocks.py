@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.deploy.processes import free_port
 from flower_app.simulation import superlink_pids
+from rehearsal.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

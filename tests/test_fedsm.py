@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flower_app.algorithms.common.counts import resolve_count
-from flower_app.algorithms.fedsm.core import FedSMServer, run_fedsm_direct, user_report_sum
-from flower_app.algorithms.fedsm.modes import FedSMParams
+from flower_app.algorithms.fedsm.core import FedSMServer, user_report_sum
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
 from flower_app.clients.adapter import handle_train
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient, encode_report
@@ -38,20 +38,24 @@ def _fl(n=300, m=80, seed=0) -> FacilityLocation:
     return FacilityLocation(rm.values)
 
 
+def _alg1_direct(obj, matroid, k, clients, elements, seed) -> list[int]:
+    """Algorithm 1 (fedsm-mode alg1) on the direct engine."""
+    params = FedSMParams("alg1", clients, elements)
+    return run_direct(obj, FedSMRun(obj.n_users, matroid, k, params, obj.max_singleton, seed=seed))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_full_information_equals_centralized_greedy(seed) -> None:
     obj = _fl(seed=seed)
     matroid = UniformMatroid(obj.n_elements, 25)
-    server = FedSMServer(obj.n_users, matroid, 25, 1.0, 1.0, seed=seed)
-    assert run_fedsm_direct(obj, server) == greedy(obj, matroid).selected
+    assert _alg1_direct(obj, matroid, 25, 1.0, 1.0, seed) == greedy(obj, matroid).selected
 
 
 def test_full_information_equals_greedy_under_partition_matroid_and_coverage() -> None:
     vs = synthetic_dblp(n_researchers=3000, n_venues=120, seed=3)
     obj = MaxCoverage(vs.matrix)
     matroid = PartitionMatroid.from_labels(vs.element_groups, 6)
-    server = FedSMServer(obj.n_users, matroid, matroid.rank, obj.n_users, obj.n_elements, seed=5)
-    selected = run_fedsm_direct(obj, server)
+    selected = _alg1_direct(obj, matroid, matroid.rank, obj.n_users, obj.n_elements, 5)
     assert selected == lazy_greedy(obj, matroid).selected
     assert matroid.is_independent(selected)
 
@@ -62,8 +66,7 @@ def test_returned_set_is_independent(seed, cap, k) -> None:
     obj = _fl(60, 30, seed=seed % 7)
     matroid = PartitionMatroid(np.arange(30) % 5, cap)
     k = min(k, matroid.rank)
-    server = FedSMServer(obj.n_users, matroid, k, 0.2, 3, seed=seed)
-    selected = run_fedsm_direct(obj, server)
+    selected = _alg1_direct(obj, matroid, k, 0.2, 3, seed)
     assert len(selected) == k and matroid.is_independent(selected)
 
 

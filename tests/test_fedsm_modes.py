@@ -10,11 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flower_app.algorithms.fedsm.alg2 import (
-    FedSMAlg2Server,
     PlainPairGains,
     pair_report_sum,
     random_feasible_sequence,
-    run_alg2_direct,
 )
 from flower_app.algorithms.fedsm.amplify import SurrogatePairGains, surrogate_entries
 from flower_app.algorithms.fedsm.core import user_report_sum
@@ -249,10 +247,8 @@ def test_alg2_with_full_information_and_tiny_epsilon_is_close_to_greedy() -> Non
 
     obj = _fl(200, 60, seed=3)
     matroid = UniformMatroid(60, 10)
-    server = FedSMAlg2Server(
-        200, matroid, 10, 1.0, 1.0, 0.1, 0.0, obj.max_singleton, seed=0, j_from=0
-    )
-    selected = run_alg2_direct(obj, server)
+    params = FedSMParams("alg2", 1.0, 1.0, epsilon=0.1, tau=0.0, j_from=0)
+    selected = run_modes(obj, FedSMRun(200, matroid, 10, params, obj.max_singleton, seed=0))
     assert len(selected) == 10
     assert obj.mean_value(selected) >= 0.95 * greedy(obj, matroid).value
 

@@ -79,7 +79,7 @@ def test_invalid_config_fails_the_run_before_any_round(flwr_cli) -> None:
     (``test_config.py``) and ``flower-app run``'s preflight (``test_cli_preflight.py``)."""
     run = flwr_cli.run({"k": 999}, num_supernodes=2)
     assert run.status == "finished:failed"
-    assert "k=999 exceeds the ground set" in run.output + run.details
+    assert "'k' = 999 exceeds the 500 elements" in run.output + run.details
     assert not (run.folder / "metrics.jsonl").exists()
 
 

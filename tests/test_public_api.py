@@ -70,7 +70,9 @@ def test_a_clientapp_imports_only_what_its_family_needs(family):
 
 ROOT = Path(__file__).resolve().parents[1]
 #: top-level parts of the repository that are never installed nor shipped in the FAB
-NOT_SHIPPED = ("benchmarks/", "docs/", "examples/", "reproductions/", "run_sim.py", "tests/")
+NOT_SHIPPED = (
+    "benchmarks/", "docs/", "examples/", "rehearsal/", "reproductions/", "run_sim.py", "tests/",
+)
 
 
 # Flower 1.42's FAB builder uses a pathspec pattern class that pathspec deprecates: not ours
@@ -90,7 +92,8 @@ def test_the_wheel_installs_the_package_only_and_it_imports_nothing_that_is_not(
     reproductions, the tests' harnesses or Flower's private simulation entry point."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["flower_app"]
-    outside = ("reproductions", "tests", "run_sim", "benchmarks", "flwr.simulation.run_simulation")
+    outside = ("reproductions", "rehearsal", "tests", "run_sim", "benchmarks",
+               "flwr.simulation.run_simulation")
     found = []
     for path in sorted((ROOT / "flower_app").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

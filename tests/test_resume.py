@@ -27,9 +27,9 @@ import time
 import pytest
 
 from flower_app.config import AppConfig
-from flower_app.deploy.processes import kill_tree
 from flower_app.experiment import run_direct
 from flower_app.simulation import LocalSimulation, superlink_pids
+from rehearsal.processes import kill_tree
 
 pytestmark = pytest.mark.deploy
 

@@ -8,7 +8,7 @@ of ours still inside its cgroup and namespace, and a veth link to the other set)
 after a process that runs; each of the three sweepers (:func:`remove_stale` itself, a new
 :class:`Devices`, the test run's watchdog) must remove the first and leave the second.
 
-Needs root and ``ip``; where :func:`flower_app.deploy.isolation.probe` says namespaces or
+Needs root and ``ip``; where :func:`rehearsal.isolation.probe` says namespaces or
 cgroups are unavailable, that part is not made and the probe must have said why (as the
 deploy tests do with the rehearsal's fallbacks).
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from flower_app import procfs
-from flower_app.deploy.isolation import Cgroup, Devices, Host, Support, probe, remove_stale
+from rehearsal.isolation import Cgroup, Devices, Host, Support, probe, remove_stale
 from tests.support import process_sweep
 
 

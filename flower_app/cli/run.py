@@ -53,19 +53,21 @@ from typing import Any
 
 from flower_app import procfs
 from flower_app.quiet import Collapser, is_noise
-from flower_app.simulation import free_ports
 
 __all__ = [
     "PORT_ENV",
     "RunPlan",
     "flwr_home",
+    "free_ports",
     "local_nodes",
     "local_ports",
     "local_superlink_pids",
     "plan_run",
     "preflight",
     "run_app",
+    "start_local_superlink",
     "stop_local_superlink",
+    "superlink_pids",
     "superlinks_report",
 ]
 
@@ -83,6 +85,20 @@ PORT_ENV = {
 PORTS_FILE = "flower-app-ports.json"
 #: where flower-app run writes each run's full log, in FLWR_HOME
 LOG_DIR = "flower-app-logs"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return ``count`` distinct TCP ports that are free on ``host`` right now.
+
+    All are bound at once before any is released: ports chosen one at a time can repeat (the
+    kernel may hand out a just-released port again; a Ray head once got the same port for
+    two of its components and refused to start).
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 def flwr_home() -> Path:
@@ -144,7 +160,7 @@ def superlinks_report(home: Path | None = None) -> list[str]:
     return lines
 
 
-def _superlinks_on(port: int) -> list[int]:
+def superlink_pids(port: int) -> list[int]:
     """Return the PIDs of ``flower-superlink`` processes started with HTTP API ``port``."""
     return [
         pid
@@ -199,7 +215,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
         ports, note = running, f"adopted the running local SuperLink of {home} (PID {mine[0]})"
     elif len(ports) == 2:
         http = ports["http-api-port"]
-        others = [p for p in _superlinks_on(http) if p not in mine]
+        others = [p for p in superlink_pids(http) if p not in mine]
         busy = [v for v in ports.values() if not mine and not _port_free(v)]
         if others or busy:
             who = f"the SuperLink (PID {others[0]}) of another FLWR_HOME" if others else "a program"
@@ -218,7 +234,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
 
 def start_local_superlink(
     home: Path, ports: dict[str, int], env: dict[str, str], timeout: float = 300.0
-) -> int | None:
+) -> subprocess.Popen | None:
     """Start ``home``'s local SuperLink as ``flwr run`` would, without its 15 s limit.
 
     The command is Flower's own for its managed local SuperLink (``flwr/cli/
@@ -240,8 +256,8 @@ def start_local_superlink(
 
     Returns
     -------
-    int or None
-        The PID of the SuperLink started, or None if it was already running.
+    subprocess.Popen or None
+        The SuperLink started (its own session), or None if it was already running.
 
     Raises
     ------
@@ -271,7 +287,7 @@ def start_local_superlink(
             urllib.request.urlopen(url, timeout=5) as response,  # noqa: S310 (loopback)
         ):
             if 200 <= response.status < 300:
-                return proc.pid
+                return proc
         if proc.poll() is not None or time.monotonic() > deadline:
             if proc.poll() is None:
                 proc.kill()

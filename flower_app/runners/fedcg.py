@@ -66,19 +66,27 @@ from flower_app.experiment import (
     DirectRounds,
     Experiment,
     check_direct_engine,
+    cohort_options,
     finish_run,
     open_remote_run,
     open_run,
     remote_checkpoint_fn,
+    serve_rounds,
 )
 from flower_app.experiment import summary_line as _base_summary_line
 from flower_app.node_data import load_node_rows, node_groups, node_partition
-from flower_app.problems import SubmodularProblem, build_matroid, cohort_objective, load_problem
+from flower_app.problems import (
+    SubmodularProblem,
+    build_matroid,
+    cohort_objective,
+    config_matroid,
+    load_problem,
+)
 from flower_app.server_data import RemoteProblem, evaluator, probe_instance
 from flower_app.settings.rules import raise_size_problems, submodular_instance
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
-from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
+from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
 
 __all__ = ["direct_run", "make_client", "server_run", "summary_line"]
@@ -233,26 +241,16 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         exp = _open(cfg, "flower")
     log(20, "run folder: %s", exp.writer.folder)
     # the checkpoint of a run without server data also holds the nodes' n and m
-    checkpoint_fn = (
-        remote_checkpoint_fn(exp.writer, exp.problem) if remote else exp.writer.save_checkpoint
+    options = cohort_options(
+        cfg, exp.writer, remote_checkpoint_fn(exp.writer, exp.problem) if remote else None
     )
     server = _server(cfg, exp.problem, exp.matroid)
     if isinstance(server, DiscreteGreedyServer):
         strategy = DiscreteGreedyCohorts(
-            server,
-            objective_fn=None if remote else exp.problem.objective.mean_value,
-            on_round=exp.writer.log_round,
-            min_reply_fraction=cfg.min_reply_fraction,
-            secure_aggregation=cfg.secure,
-            checkpoint_fn=checkpoint_fn,
-            discovery_timeout=cfg.discovery_timeout,
-            node_return_wait=cfg.node_return_wait,
+            server, objective_fn=None if remote else exp.problem.objective.mean_value, **options
         )
-        if exp.writer.checkpoint is not None:
-            strategy.resume_from(exp.writer.checkpoint)
-        strategy.start(grid=grid, num_rounds=server.k, timeout=cfg.round_timeout)
+        serve_rounds(strategy, grid, exp.writer, cfg, server.k)
         server = strategy.server
-        exp.writer.record_failures(strategy.failure_summary())
         extra = {**_discrete_extra(server), "protocol-bytes": strategy.protocol_bytes}
         selected = list(server.selected)
         objective = None
@@ -261,22 +259,11 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             objective = evaluate(selected)
         return _finish(exp, selected, strategy.history, extra, objective)
     fedcg = FedCGCohorts(
-        server,
-        objective_fn=None if remote else _multilinear(exp),
-        evaluate_every=10,
-        on_round=exp.writer.log_round,
-        min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
-        checkpoint_fn=checkpoint_fn,
-        discovery_timeout=cfg.discovery_timeout,
-        node_return_wait=cfg.node_return_wait,
+        server, objective_fn=None if remote else _multilinear(exp), evaluate_every=10, **options
     )
-    if exp.writer.checkpoint is not None:
-        fedcg.resume_from(exp.writer.checkpoint)
-    fedcg.start(grid=grid, num_rounds=server.rounds, timeout=cfg.round_timeout)
+    serve_rounds(fedcg, grid, exp.writer, cfg, server.rounds)
     server = fedcg.server  # a resumed run continues the checkpoint's server state
     assert server is not None
-    exp.writer.record_failures(fedcg.failure_summary())
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
     if not remote:
         return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))
@@ -354,12 +341,8 @@ def _cohort(cfg: AppConfig, partition_id: int, num_partitions: int) -> tuple:
 def _node_file(cfg: AppConfig, path: str, stamp: tuple) -> tuple:
     """Return a node's own file (node_config ``data-path``) and the matroid over its groups."""
     rows = load_node_rows(path, cfg.dataset)
-    if cfg.matroid == "uniform":
-        if cfg.k > rows.n_elements:
-            raise ConfigError(f"k={cfg.k} exceeds the ground set of {rows.n_elements} elements")
-        matroid: Matroid = UniformMatroid(rows.n_elements, cfg.k)
-    else:
-        matroid = PartitionMatroid.from_labels(node_groups(rows), cfg.partition_capacity)
+    groups = None if cfg.matroid == "uniform" else node_groups(rows)
+    matroid = config_matroid(cfg, f"the node's file {path}", rows.n_elements, groups)
     cache: dict[bytes, UserEntries] = {}
     return rows.objective, rows.first_user, rows.n_users_total, matroid, cache
 

@@ -57,10 +57,12 @@ from flower_app.experiment import (
     DirectRounds,
     Experiment,
     check_direct_engine,
+    cohort_options,
     finish_run,
     open_remote_run,
     open_run,
     remote_checkpoint_fn,
+    serve_rounds,
     summary_line,
 )
 from flower_app.node_data import load_node_rows, node_partition
@@ -251,64 +253,31 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     nodes, the matroid from configuration, F(S) by federated evaluation after the last
     round (``federated_evaluation=True``), no greedy reference (:mod:`flower_app.server_data`).
     """
-    if cfg.server_data == "none":
-        return _server_run_remote(grid, cfg)
-    exp = _open(cfg, "flower")
-    log(INFO, "run folder: %s", exp.writer.folder)
-    obj = exp.problem.objective
-    strategy = FedSMCohorts(
-        exp.problem.n_users,
-        exp.matroid,
-        cfg.k,
-        fedsm_params(cfg),
-        seed=cfg.seed,
-        lam=obj.max_singleton,
-        report_bound=declared_bound(cfg.report_bound, obj.max_singleton),
-        progress_fn=lambda run: run.progress_value(obj),
-        on_round=exp.writer.log_round,
-        min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
-        checkpoint_fn=exp.writer.save_checkpoint,
-        discovery_timeout=cfg.discovery_timeout,
-        node_return_wait=cfg.node_return_wait,
-    )
-    if exp.writer.checkpoint is not None:
-        strategy.resume_from(exp.writer.checkpoint)
-    strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
-    exp.writer.record_failures(strategy.failure_summary())
-    assert strategy.run is not None
-    return _finish(exp, strategy.run, strategy.history)
-
-
-def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
-    problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
-    exp = open_remote_run(cfg, problem, "flower", check=lambda p, m: _run(cfg, p, m))
-    log(INFO, "run folder: %s (server-data = none)", exp.writer.folder)
-    strategy = FedSMCohorts(
-        problem.n_users,
-        exp.matroid,
-        cfg.k,
-        fedsm_params(cfg),
-        seed=cfg.seed,
-        lam=problem.max_singleton,
-        report_bound=declared_bound(cfg.report_bound, problem.max_singleton),
-        federated_evaluation=True,
-        on_round=exp.writer.log_round,
-        min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
+    remote = cfg.server_data == "none"
+    if remote:
+        problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
+        exp = open_remote_run(cfg, problem, "flower", check=lambda p, m: _run(cfg, p, m))
+        log(INFO, "run folder: %s (server-data = none)", exp.writer.folder)
         # resumable like the run with server data; the checkpoint also holds the nodes' n, m, λ
-        checkpoint_fn=remote_checkpoint_fn(exp.writer, problem),
-        discovery_timeout=cfg.discovery_timeout,
-        node_return_wait=cfg.node_return_wait,
-    )
-    if exp.writer.checkpoint is not None:
-        strategy.resume_from(exp.writer.checkpoint)
-    result = strategy.start(grid=grid, num_rounds=cfg.k, timeout=cfg.round_timeout)
-    exp.writer.record_failures(strategy.failure_summary())
+        options = cohort_options(cfg, exp.writer, remote_checkpoint_fn(exp.writer, problem))
+        lam = problem.max_singleton
+        options["federated_evaluation"] = True
+    else:
+        exp = _open(cfg, "flower")
+        log(INFO, "run folder: %s", exp.writer.folder)
+        obj = exp.problem.objective
+        options = cohort_options(cfg, exp.writer)
+        lam = obj.max_singleton
+        options["progress_fn"] = lambda run: run.progress_value(obj)
+    strategy = FedSMCohorts(
+        exp.problem.n_users, exp.matroid, cfg.k, fedsm_params(cfg), seed=cfg.seed, lam=lam,
+        report_bound=declared_bound(cfg.report_bound, lam), **options,
+    )  # fmt: skip
+    result = serve_rounds(strategy, grid, exp.writer, cfg, cfg.k)
     assert strategy.run is not None
-    evaluations = result.evaluate_metrics_clientapp
     objective = None
-    if evaluations:
+    if remote and result.evaluate_metrics_clientapp:
+        evaluations = result.evaluate_metrics_clientapp
         objective = evaluations[max(evaluations)].get("objective")
     return _finish(exp, strategy.run, strategy.history, objective)
 

@@ -57,7 +57,9 @@ from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
 from flower_app.experiment import (
     check_direct_engine,
     check_remote_resume,
+    cohort_options,
     remote_checkpoint_fn,
+    serve_rounds,
 )
 from flower_app.node_data import (
     RATING_SOURCE_KEYS,
@@ -329,15 +331,11 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     strategy = FedSubAvgCohorts(
         spec.algorithm, problem.n_users, problem.n_elements, k, seed=spec.seed,
         weighting=spec.weighting, local=spec.local, adam=spec.adam, dp=spec.dp,
-        on_round=writer.log_round, min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
         # resumable: the checkpoint holds x, the server step's state, the sampler, the
         # nodes' n and model size, and the round-0 federated metrics (a resumed run does
         # not redo them)
-        checkpoint_fn=remote_checkpoint_fn(
-            writer, problem, lambda: {"initial-metrics": dict(initial)}
-        ),
-        discovery_timeout=cfg.discovery_timeout, node_return_wait=cfg.node_return_wait,
+        **cohort_options(cfg, writer, remote_checkpoint_fn(
+            writer, problem, lambda: {"initial-metrics": dict(initial)})),
     )  # fmt: skip
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -352,10 +350,7 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
 
     if writer.checkpoint is not None:
         initial.update(writer.checkpoint.get("initial-metrics", {}))
-        strategy.resume_from(writer.checkpoint)
-    strategy.start(grid=grid, num_rounds=spec.rounds, timeout=cfg.round_timeout,
-                   evaluate_fn=evaluate_fn)  # fmt: skip
-    writer.record_failures(strategy.failure_summary())
+    serve_rounds(strategy, grid, writer, cfg, spec.rounds, evaluate_fn=evaluate_fn)
     assert strategy.heat is not None
     history = strategy.history
     losses = [float(r["train-loss"]) for r in history if "train-loss" in r]
@@ -428,12 +423,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         local=run.spec.local,
         adam=run.spec.adam,
         dp=run.spec.dp,
-        on_round=run.writer.log_round,
-        min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
-        checkpoint_fn=run.writer.save_checkpoint,
-        discovery_timeout=cfg.discovery_timeout,
-        node_return_wait=cfg.node_return_wait,
+        **cohort_options(cfg, run.writer),
     )
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -442,15 +432,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
             return None
         return to_metric_record(evaluate(arrays["x"].numpy()))
 
-    if run.writer.checkpoint is not None:
-        strategy.resume_from(run.writer.checkpoint)
-    strategy.start(
-        grid=grid,
-        num_rounds=run.spec.rounds,
-        timeout=cfg.round_timeout,
-        evaluate_fn=evaluate_fn,
-    )
-    run.writer.record_failures(strategy.failure_summary())
+    serve_rounds(strategy, grid, run.writer, cfg, run.spec.rounds, evaluate_fn=evaluate_fn)
     assert strategy.heat is not None
     return _finish(run, strategy.history, strategy.heat, x0_loss)
 

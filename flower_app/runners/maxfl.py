@@ -55,6 +55,7 @@ from flower_app.datasets.maxfl_clients import DATASETS, SENT140, client_counts
 from flower_app.datasets.own_images import load_image_clients
 from flower_app.datasets.paths import resolve_data_dir
 from flower_app.datasets.sent140_features import DIM
+from flower_app.experiment import cohort_options, serve_rounds
 from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
@@ -402,22 +403,10 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         s.n_clients,
         eval_every=s.eval_every,
         dp=s.dp,
-        on_round=writer.log_round,
-        min_reply_fraction=cfg.min_reply_fraction,
-        secure_aggregation=cfg.secure,
-        checkpoint_fn=writer.save_checkpoint,
-        discovery_timeout=cfg.discovery_timeout,
-        node_return_wait=cfg.node_return_wait,
+        **cohort_options(cfg, writer),
     )
-    if writer.checkpoint is not None:
-        strategy.resume_from(writer.checkpoint)
-    strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord([np.asarray(w) for w in server.weights]),
-        num_rounds=s.rounds,
-        timeout=cfg.round_timeout,
-    )
-    writer.record_failures(strategy.failure_summary())
+    initial = ArrayRecord([np.asarray(w) for w in server.weights])
+    serve_rounds(strategy, grid, writer, cfg, s.rounds, initial_arrays=initial)
     return _finish(writer, s, "flower", strategy.history, strategy.server.weights, started,
                    strategy.accountant)  # fmt: skip
 

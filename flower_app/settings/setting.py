@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["INT64", "VALIDATORS", "ConfigError", "Kind", "Setting", "reciprocal_steps"]
+from flower_app.algorithms.common.counts import reciprocal_steps
+
+__all__ = ["INT64", "VALIDATORS", "ConfigError", "Kind", "Setting"]
 
 #: the types a key can have; ``count`` is an int count (>= 1) or a float fraction in (0, 1]
 Kind = Literal["int", "float", "count", "choice", "bool", "str"]
@@ -140,8 +142,6 @@ def _check_bounds(setting: Setting, value: float) -> None:
 
 #: Flower's run_config holds 64-bit signed integers (a larger one fails in Flower itself)
 INT64 = (-(2**63), 2**63 - 1)
-#: how close 1/x must be to an integer (:attr:`Setting.reciprocal_integer`)
-RECIPROCAL_TOLERANCE = 1e-9
 
 
 def validate_int(setting: Setting, value: Any) -> int:
@@ -155,14 +155,6 @@ def validate_int(setting: Setting, value: Any) -> int:
                           f"run_config holds (|value| < 2**63)")  # fmt: skip
     _check_bounds(setting, value)
     return value
-
-
-def reciprocal_steps(value: float) -> int | None:
-    """Return 1/value when it is an integer (within :data:`RECIPROCAL_TOLERANCE`), else None."""
-    if not (math.isfinite(value) and value > 0):
-        return None
-    steps = round(1.0 / value)
-    return steps if steps >= 1 and abs(steps * value - 1.0) <= RECIPROCAL_TOLERANCE else None
 
 
 def validate_float(setting: Setting, value: Any) -> float:

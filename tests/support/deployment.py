@@ -1,8 +1,9 @@
-"""Deployment fixtures: real SuperLinks and SuperNodes, started by flower_app.deploy.
+"""Deployment fixtures: real SuperLinks and SuperNodes, started by the
+repository's rehearsal/.
 
 * ``rehearsal`` (session): the edge-device rehearsal the ``deploy`` tests share — a TLS +
   node-authentication SuperLink with a database and 3 SuperNodes, each in its own network
-  namespace with the memory and CPU limits of :data:`~flower_app.deploy.rehearsal.EDGE_DEVICE`
+  namespace with the memory and CPU limits of :data:`~rehearsal.rehearsal.EDGE_DEVICE`
   (loopback and no limits where the machine has neither, said once on stderr), each with its
   secure-aggregation identity and the federation's trusted identities (endorsed keys, the
   default). A test gives the nodes their data with ``rehearsal.provision(node_export(...),
@@ -21,7 +22,7 @@ Everything is stopped by process group (and every namespace and cgroup removed) 
 session ends, however it ends: each process also gets SIGTERM if the test process dies
 (``setpriv --pdeathsig``), and Flower's own ``--parent-pid`` takes its children with it.
 While the session runs, each rehearsal's supervisor reaps a process that dies and stops what
-it left (:mod:`flower_app.deploy.supervisor`).
+it left (:mod:`rehearsal.supervisor`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from typing import Any
 
 import pytest
 
-from flower_app.deploy import SecureFederation
-from flower_app.deploy.processes import (
+from flower_app.export import main as export_main
+from flower_app.simulation import FlwrRun, LocalSimulation
+from rehearsal import SecureFederation
+from rehearsal.processes import (
     ManagedProcess,
     flwr_env,
     free_port,
@@ -47,9 +50,7 @@ from flower_app.deploy.processes import (
     wait_for_listen,
     write_connection,
 )
-from flower_app.deploy.rehearsal import EDGE_DEVICE, Rehearsal
-from flower_app.export import main as export_main
-from flower_app.simulation import FlwrRun, LocalSimulation
+from rehearsal.rehearsal import EDGE_DEVICE, Rehearsal
 
 #: SuperNodes of the shared rehearsal: 3, the fewest SecAgg+ accepts (a 2-node sum would
 #: reveal each node's update to the other). Every node costs a ClientApp process per
@@ -95,7 +96,7 @@ def rehearsal_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehears
 @pytest.fixture(scope="session")
 def node_export(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """``node_export(dataset, nodes=3, **options)``: the dataset exported for ``nodes``
-    nodes (a rehearsal's :attr:`~flower_app.deploy.rehearsal.Rehearsal.nodes`)."""
+    nodes (a rehearsal's :attr:`~rehearsal.rehearsal.Rehearsal.nodes`)."""
     root = tmp_path_factory.mktemp("exports")
     made: dict[tuple, Path] = {}
 

@@ -35,7 +35,7 @@ SIGKILL), then sweeps and writes what it found to a report file. Used by
 ``tests/conftest.py``.
 
 After the sweep the watchdog also removes the network namespaces and cgroups that exited
-processes left behind (:func:`flower_app.deploy.isolation.remove_stale`): a rehearsal names
+processes left behind (:func:`rehearsal.isolation.remove_stale`): a rehearsal names
 them ``fa-<pid>-...`` after the run's process that made them, which is dead by then, so a
 run stopped from outside leaves none; objects named after a live process (another run's
 rehearsal) stay.
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(path, ignore_errors=True)
     # the run's namespaces and cgroups, named after its (now exited) processes; imported
     # here, once the run is over, so the waiting watchdog stays small
-    from flower_app.deploy.isolation import remove_stale
+    from rehearsal.isolation import remove_stale
 
     remove_stale()
     if args.report is not None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["resolve_count"]
+__all__ = ["RECIPROCAL_TOLERANCE", "reciprocal_steps", "resolve_count"]
+
+#: how close 1/x must be to an integer (:func:`reciprocal_steps`)
+RECIPROCAL_TOLERANCE = 1e-9
 
 
 def resolve_count(spec: int | float, total: int, name: str) -> int:
@@ -42,3 +45,14 @@ def resolve_count(spec: int | float, total: int, name: str) -> int:
     if not 1 <= spec <= total:
         raise ValueError(f"{name}={spec}: an absolute count must lie in 1..{total}")
     return int(spec)
+
+
+def reciprocal_steps(value: float) -> int | None:
+    """Return 1/value when it is an integer (within :data:`RECIPROCAL_TOLERANCE`), else None.
+
+    FedSM's amplification takes 1/η steps of size η: η = 0.1, 0.2, 0.25 are valid, 0.3 is not.
+    """
+    if not (math.isfinite(value) and value > 0):
+        return None
+    steps = round(1.0 / value)
+    return steps if steps >= 1 and abs(steps * value - 1.0) <= RECIPROCAL_TOLERANCE else None

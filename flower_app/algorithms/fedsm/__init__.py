@@ -5,8 +5,7 @@ module             what it holds
 =================  ============================================================================
 ``core``           Algorithm 1: the server step (:class:`~.core.FedSMServer`: scale the summed
                    reports, add the best feasible element), the users' step
-                   (:func:`~.core.user_report_sum`), report encoding, the direct engine of
-                   Algorithm 1 alone
+                   (:func:`~.core.user_report_sum`), report encoding
 ``alg2``           Algorithm 2 (O(log m) rounds, Section 4): random feasible sequences,
                    thresholds, the pairs users report (:class:`~.alg2.FedSMAlg2Server`)
 ``amplify``        Algorithm 3 (Appendix B): the users' values of the surrogate g (exact

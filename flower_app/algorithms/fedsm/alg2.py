@@ -38,7 +38,7 @@ Choices where the paper is silent (also in the README):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -590,43 +590,3 @@ class FedSMAlg2Server:
         self.sequence = np.zeros(0, dtype=np.int64)
         self.rounds.append(record)
         return record
-
-
-def run_alg2_direct(
-    objective: MaxRowObjective,
-    server: FedSMAlg2Server,
-    on_round: Callable[[Alg2Round, float, int], None] | None = None,
-) -> list[int]:
-    """Run FedSM Algorithm 2 in one process (the direct engine).
-
-    Parameters
-    ----------
-    objective : MaxRowObjective
-        All users' rows.
-    server : FedSMAlg2Server
-        Fresh server state.
-    on_round : callable, optional
-        Called after each round with the record, the true F(S) and the positive values sent.
-
-    Returns
-    -------
-    list of int
-        S in the order added.
-    """
-    while not server.done:
-        users, seq = server.plan()
-        gains = PlainPairGains(objective, users, server.selected, seq, server.j_from)
-        total, hits = pair_report_sum(
-            gains,
-            users,
-            users,
-            server.pool,
-            seq.size,
-            server.round_d(),
-            server.seed,
-            server.server_round + 1,
-        )
-        record = server.update(total, users.size)
-        if on_round is not None:
-            on_round(record, objective.mean_value(server.selected), hits)
-    return list(server.selected)

@@ -10,8 +10,9 @@ One communication round t = 1..r (r = k ≤ rank):
    argmax_{e : S ∪ {e} ∈ I} F̂(e | S) to S.
 
 The server step (:class:`FedSMServer`) and the users' step (:func:`user_report_sum`) are
-shared by the Flower strategy and by the direct engine (:func:`run_fedsm_direct`), so both
-give the same S for the same seed. Because every user has its own random stream, the sum a
+shared by the Flower strategy and by the direct engine
+(:func:`~flower_app.algorithms.fedsm.modes.run_direct`), so both give the same S for the
+same seed. Because every user has its own random stream, the sum a
 node reports for its sampled users does not depend on how users are split over nodes.
 
 Choices where the paper is silent (also in the README):
@@ -27,7 +28,7 @@ Choices where the paper is silent (also in the README):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,6 @@ __all__ = [
     "FedSMServer",
     "check_report",
     "decode_report",
-    "run_fedsm_direct",
     "sampled_entry_sum",
     "user_report_sum",
 ]
@@ -296,40 +296,6 @@ class FedSMServer:
         self.selected.append(e)
         self.rounds.append(record)
         return record
-
-
-def run_fedsm_direct(
-    objective: MaxRowObjective,
-    server: FedSMServer,
-    on_round: Callable[[FedSMRound, float], None] | None = None,
-) -> list[int]:
-    """Run FedSM Algorithm 1 in one process: the direct engine.
-
-    Parameters
-    ----------
-    objective : MaxRowObjective
-        All users' rows.
-    server : FedSMServer
-        Fresh server state (its ``seed`` also seeds the users).
-    on_round : callable, optional
-        Called after each round with the round record and the true F(S).
-
-    Returns
-    -------
-    list of int
-        The selected set S in order.
-    """
-    current = objective.user_values(server.selected)
-    while not server.done:
-        users = server.sample_users()
-        d = server.round_d()
-        t = len(server.selected) + 1
-        total = user_report_sum(objective, users, server.selected, d, server.seed, t)
-        record = server.select(total, users.size)
-        current = objective.update_current(current, record.element)
-        if on_round is not None:
-            on_round(record, float(current.sum()) / max(objective.n_users, 1))
-    return list(server.selected)
 
 
 #: the largest real value a report may carry: sums over 10^8 users and products of two

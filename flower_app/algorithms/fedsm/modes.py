@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_app.algorithms.common.counts import reciprocal_steps
 from flower_app.algorithms.common.dp_noise import NoiseSource
 from flower_app.algorithms.fedsm.alg2 import FedSMAlg2Server, PlainPairGains, pair_report_sum
 from flower_app.algorithms.fedsm.amplify import (
@@ -145,8 +146,8 @@ class FedSMParams:
         """Return the amplification's 1/η, checking η."""
         if not (math.isfinite(self.eta) and 0.0 < self.eta < 1.0):
             raise ValueError(f"eta={self.eta} must lie in (0, 1)")
-        steps = round(1.0 / self.eta)
-        if abs(steps * self.eta - 1.0) > 1e-9:
+        steps = reciprocal_steps(self.eta)
+        if steps is None:
             raise ValueError(f"eta={self.eta}: 1/eta must be an integer (e.g. 0.1, 0.2, 0.25)")
         return steps
 

@@ -383,13 +383,6 @@ class FedSubAvgCohorts(FedSubAvgRounds, CohortStrategy):
             self._support = np.flatnonzero(self.heat.clients).astype(np.int64)
         return self._support
 
-    def _heat_support(self) -> np.ndarray:
-        """Return the rows some client touches (fixed once the heat is counted; cached)."""
-        assert self.heat is not None
-        if self._support is None:
-            self._support = np.flatnonzero(self.heat.clients).astype(np.int64)
-        return self._support
-
     def merge_senders(self, nodes: list[int]) -> int:
         """Under secure aggregation: the summed reply stands for the nodes' users."""
         self._sent[SUMMED_SENDER] = (

@@ -10,11 +10,11 @@ node's restarted SuperNode: two pollers on one node).
 A :class:`Supervisor` watches every process given to it through a pidfd (the kernel wakes
 it the moment the process exits; a thread per process, no polling), reaps it at once, and
 stops, by PID with SIGKILL, every process the dead one left: those whose environment
-carries its marker (:data:`~flower_app.deploy.processes.MARKER_VAR`, which everything it
+carries its marker (:data:`~rehearsal.processes.MARKER_VAR`, which everything it
 started inherits) and, for a device, whatever is still in its cgroup. It records a
 :class:`Death`, sets the process's ``ended`` event (a restart waits for it, so it can never
 hit the new process), and says what happened, unless the end was asked for
-(:meth:`~flower_app.deploy.processes.ManagedProcess.stop`) and nothing was left.
+(:meth:`~rehearsal.processes.ManagedProcess.stop`) and nothing was left.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flower_app import procfs
-from flower_app.deploy.isolation import Cgroup
-from flower_app.deploy.processes import MARKER_VAR, ManagedProcess
+from rehearsal.isolation import Cgroup
+from rehearsal.processes import MARKER_VAR, ManagedProcess
 
 __all__ = ["Death", "Supervisor", "marked", "program", "stop_marked"]
 

@@ -3,12 +3,12 @@
 :class:`SecureFederation` makes the certificates and node keys, starts ``flower-superlink``
 with TLS, SuperNode authentication and a persistent database, registers the nodes' public
 keys, starts the SuperNodes and runs the app with ``flwr run . <connection>``. On loopback
-by default; given :class:`~flower_app.deploy.isolation.Devices`, the SuperLink and every
+by default; given :class:`~rehearsal.isolation.Devices`, the SuperLink and every
 SuperNode run on a device of their own (network namespace, cgroup limits), with the ports
 ``docs/deployment.md`` uses (9092, 9094): that is the edge-device rehearsal
-(:mod:`flower_app.deploy.rehearsal`).
+(:mod:`rehearsal.rehearsal`).
 
-Every process it starts is supervised (:mod:`flower_app.deploy.supervisor`): reaped the
+Every process it starts is supervised (:mod:`rehearsal.supervisor`): reaped the
 moment it ends, whatever it left (a SuperNode's superexec and ClientApps, a SuperLink's
 superexec and ServerApp) stopped within seconds. The failure drills are methods:
 :meth:`SecureFederation.kill_node` / :meth:`~SecureFederation.restart_node` and
@@ -41,8 +41,11 @@ from flower_app.deploy.credentials import (
     make_node_keys,
     write_trusted_keys,
 )
-from flower_app.deploy.isolation import Devices, Host, new_tag
-from flower_app.deploy.processes import (
+from flower_app.privacy.ledger import LEDGER_FILE
+from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
+from flower_app.simulation import FlwrRun, LocalSimulation
+from rehearsal.isolation import Devices, Host, new_tag
+from rehearsal.processes import (
     BIN,
     ManagedProcess,
     connected_to,
@@ -56,10 +59,7 @@ from flower_app.deploy.processes import (
     wait_for_listen,
     write_connection,
 )
-from flower_app.deploy.supervisor import Death, Supervisor, stop_marked
-from flower_app.privacy.ledger import LEDGER_FILE
-from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
-from flower_app.simulation import FlwrRun, LocalSimulation
+from rehearsal.supervisor import Death, Supervisor, stop_marked
 
 __all__ = ["SecureFederation"]
 
@@ -108,7 +108,7 @@ class SecureFederation:
         ``{"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}``.
     die_with_parent : bool, optional
         Every process started here gets SIGTERM if the thread that started it ends (see
-        :func:`~flower_app.deploy.processes.start_process`): start them from the main thread.
+        :func:`~rehearsal.processes.start_process`): start them from the main thread.
     endorsed : bool, optional
         Give every SuperNode an identity key and the federation's trusted identities
         (node_config ``secagg-identity-key``, ``secagg-trusted-keys``): secure aggregation
@@ -272,7 +272,7 @@ class SecureFederation:
         """Start the SuperLink again where it ran, on its database; wait for the nodes.
 
         A running SuperLink is stopped first (SIGTERM). Its namespace must still exist
-        (:meth:`~flower_app.deploy.isolation.Devices.restore`). The running SuperNodes
+        (:meth:`~rehearsal.isolation.Devices.restore`). The running SuperNodes
         reconnect by themselves (same node ids, from the database): this returns once the
         SuperLink lists every one of them online.
         """
@@ -368,7 +368,7 @@ class SecureFederation:
         """Start SuperNode ``index`` again where it ran; return once the SuperLink took it.
 
         Its device is checked and rebuilt where needed (namespace, cgroup, limits:
-        :meth:`~flower_app.deploy.isolation.Devices.restore`), and it gets the same key (so
+        :meth:`~rehearsal.isolation.Devices.restore`), and it gets the same key (so
         the same node id), environment and node_config. A running node is stopped first
         (SIGTERM). After a death that did not deactivate the node (SIGKILL, a crash) the
         SuperLink refuses the key until it lists the old session offline, at most

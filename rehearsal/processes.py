@@ -36,17 +36,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flower_app import procfs
+from flower_app.deploy.connection import connection_toml
 from flower_app.deploy.credentials import Certificates, NodeKey
-from flower_app.deploy.isolation import Host, IsolationError
+from rehearsal.isolation import Host, IsolationError
 
 if TYPE_CHECKING:
-    from flower_app.deploy.supervisor import Death
+    from rehearsal.supervisor import Death
 
 __all__ = [
     "MARKER_VAR",
     "ManagedProcess",
     "PeakRSS",
-    "connection_toml",
     "flwr_env",
     "free_port",
     "kill_tree",
@@ -65,7 +65,7 @@ __all__ = [
 BIN = Path(sys.executable).parent
 #: environment variable that marks a started process and everything it starts (Flower's
 #: superexec, ClientApps and ServerApps inherit it): ``<tag>/<name>/<incarnation>``, how
-#: :mod:`flower_app.deploy.supervisor` finds what a dead process left behind
+#: :mod:`rehearsal.supervisor` finds what a dead process left behind
 MARKER_VAR = "FLOWER_APP_DEPLOY_PROCESS"
 #: seconds a process may take to get from its wrapper (cgroup, namespace) to its command
 PLACEMENT_TIMEOUT = 60.0
@@ -201,31 +201,6 @@ def supernode_command(
     return cmd
 
 
-def connection_toml(name: str, address: str, root_certificates: Path | None) -> str:
-    """Return a ``[superlink.NAME]`` entry for ``$FLWR_HOME/config.toml``.
-
-    Parameters
-    ----------
-    name : str
-        Connection name (``flwr run . NAME``, ``flwr ls NAME``).
-    address : str
-        ``host:port`` of the SuperLink.
-    root_certificates : pathlib.Path or None
-        The CA certificate (absolute path); None for ``insecure = true``.
-
-    Returns
-    -------
-    str
-        TOML text.
-    """
-    lines = [f"[superlink.{name}]", f'address = "{address}"']
-    if root_certificates is None:
-        lines.append("insecure = true")
-    else:
-        lines.append(f'root-certificates = "{Path(root_certificates).resolve()}"')
-    return "\n".join(lines) + "\n"
-
-
 def write_connection(home: Path, name: str, address: str, root_certificates: Path | None) -> Path:
     """Write ``home/config.toml`` with one SuperLink connection, made the default.
 
@@ -234,7 +209,7 @@ def write_connection(home: Path, name: str, address: str, root_certificates: Pat
     home : pathlib.Path
         ``FLWR_HOME`` (created).
     name, address, root_certificates
-        As in :func:`connection_toml`.
+        As in :func:`~flower_app.deploy.connection.connection_toml`.
 
     Returns
     -------
@@ -381,7 +356,7 @@ class ManagedProcess:
     marker : str or None
         Its :data:`MARKER_VAR` value (inherited by what it starts).
     ended : threading.Event
-        Set once a :class:`~flower_app.deploy.supervisor.Supervisor` has reaped the process
+        Set once a :class:`~rehearsal.supervisor.Supervisor` has reaped the process
         and stopped whatever it left behind.
     death : Death or None
         What the supervisor recorded when it ended.
@@ -466,7 +441,7 @@ def start_process(
     cwd : pathlib.Path, optional
         Working directory.
     host : Host, optional
-        Run it there (its network namespace and cgroup, :mod:`flower_app.deploy.isolation`);
+        Run it there (its network namespace and cgroup, :mod:`rehearsal.isolation`);
         default: here.
     die_with_parent : bool, optional
         The process gets SIGTERM when the *thread* that started it ends (``setpriv
@@ -515,7 +490,7 @@ def start_process(
 def _check_placement(proc: ManagedProcess, host: Host, target: str) -> None:
     """Wait until ``proc`` runs ``target`` (past its wrappers), then check where it runs.
 
-    Its cgroup and namespace (:meth:`~flower_app.deploy.isolation.Host.check`): outside
+    Its cgroup and namespace (:meth:`~rehearsal.isolation.Host.check`): outside
     either, it is killed and :class:`IsolationError` raised.
     """
     deadline = time.monotonic() + PLACEMENT_TIMEOUT

@@ -1,6 +1,6 @@
 """Separate "devices" on one Linux machine: network namespaces and cgroup limits.
 
-The edge-device rehearsal (:mod:`flower_app.deploy.rehearsal`) gives the SuperLink and every
+The edge-device rehearsal (:mod:`rehearsal.rehearsal`) gives the SuperLink and every
 SuperNode a device of its own:
 
 * a **network namespace** each (``ip netns``), linked by veth pairs to a bridge in the

@@ -1,6 +1,6 @@
 """Edge-device rehearsal: a secure federation whose SuperNodes are separate small devices.
 
-``python -m flower_app.deploy rehearse --nodes 4 --memory 1G --cpus 0.5 --export movielens``
+``python -m rehearsal start --nodes 4 --memory 1G --cpus 0.5 --export movielens``
 starts what ``docs/deployment.md`` describes, on one Linux machine, with every SuperNode a
 device of its own:
 
@@ -15,16 +15,16 @@ device of its own:
 
 By default every SuperNode also gets an identity key for secure aggregation and the
 federation's trusted identities (endorsed keys: ``docs/privacy.md``); ``endorsed=False``
-(``rehearse --tofu``) leaves them trusting keys on first use.
+(``start --tofu``) leaves them trusting keys on first use.
 
 It prints the ``flwr run`` line, and on exit (also SIGTERM or Ctrl-C) stops every process it
 started by its process group and removes its namespaces and cgroups. It supervises what it
-starts (:mod:`flower_app.deploy.supervisor`): a SuperNode or SuperLink that dies is reaped at
+starts (:mod:`rehearsal.supervisor`): a SuperNode or SuperLink that dies is reaped at
 once and what it left (superexec, ClientApps, ServerApp) is stopped within seconds, with a
 line saying so. The failure drills (:meth:`Rehearsal.kill_node`,
 :meth:`Rehearsal.restart_node`, :meth:`Rehearsal.kill_superlink`,
-:meth:`Rehearsal.restart_superlink`; ``python -m flower_app.deploy drill`` for a running
-``rehearse``) restart a process where it ran. Where namespaces or cgroups cannot be made
+:meth:`Rehearsal.restart_superlink`; ``python -m rehearsal drill`` for a running
+``start``) restart a process where it ran. Where namespaces or cgroups cannot be made
 (not root, no ``ip``, no memory/cpu cgroup controllers) it says so and falls back to
 loopback and/or no limits. The ``deploy`` tests run on it.
 """
@@ -42,11 +42,11 @@ from typing import Any
 import flwr
 
 from flower_app import procfs
-from flower_app.deploy.federation import SecureFederation
-from flower_app.deploy.isolation import Devices, probe
-from flower_app.deploy.processes import ManagedProcess, process_tree
-from flower_app.deploy.supervisor import Death, program
 from flower_app.simulation import PROJECT, toml_value
+from rehearsal.federation import SecureFederation
+from rehearsal.isolation import Devices, probe
+from rehearsal.processes import ManagedProcess, process_tree
+from rehearsal.supervisor import Death, program
 
 __all__ = ["EDGE_DEVICE", "EdgeDevice", "Rehearsal"]
 
@@ -81,7 +81,7 @@ EDGE_DEVICE = EdgeDevice("a 1 GiB single-board computer (Raspberry Pi 3 class)",
 
 
 class Rehearsal:
-    """A :class:`~flower_app.deploy.federation.SecureFederation` on separate devices.
+    """A :class:`~rehearsal.federation.SecureFederation` on separate devices.
 
     Parameters
     ----------
@@ -239,7 +239,7 @@ class Rehearsal:
         """SIGKILL SuperNode ``index``'s process alone (the OOM killer, ``kill -9``).
 
         Returns once the supervisor has reaped it and stopped what it left (its superexec,
-        a ClientApp in flight): the :class:`~flower_app.deploy.supervisor.Death` lists them.
+        a ClientApp in flight): the :class:`~rehearsal.supervisor.Death` lists them.
         """
         return self.federation.kill_node(index)
 
@@ -248,7 +248,7 @@ class Rehearsal:
 
         Same namespace and address, cgroup and limits (rebuilt where missing), key and node
         id, environment, data and node_config
-        (:meth:`~flower_app.deploy.federation.SecureFederation.restart_node`: after a
+        (:meth:`~rehearsal.federation.SecureFederation.restart_node`: after a
         SIGKILL this waits until the SuperLink has listed the dead session offline, ≤ 61 s
         after the death).
         """

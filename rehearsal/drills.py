@@ -1,7 +1,7 @@
-"""Failure drills on a running rehearsal: ``python -m flower_app.deploy drill``.
+"""Failure drills on a running rehearsal: ``python -m rehearsal drill``.
 
-``python -m flower_app.deploy rehearse --out DIR`` serves drills from ``DIR/control``:
-``python -m flower_app.deploy drill --out DIR ACTION [NODE]`` puts a request there, the
+``python -m rehearsal start --out DIR`` serves drills from ``DIR/control``:
+``python -m rehearsal drill --out DIR ACTION [NODE]`` puts a request there, the
 rehearsal carries it out in its main thread (a restarted process is the rehearsal's child
 like the first one, in the same namespace and cgroup, and its teardown stops it), and
 ``drill`` prints the reply and exits 0 (1 if the drill failed, 2 if no rehearsal runs there).
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from flower_app import procfs
 
 if TYPE_CHECKING:
-    from flower_app.deploy.rehearsal import Rehearsal
+    from rehearsal.rehearsal import Rehearsal
 
 __all__ = ["ACTIONS", "Control", "DrillError", "perform", "request"]
 
