@@ -365,6 +365,7 @@ def torch_summary(runs: list[dict[str, Any]], interval: float, fraction: float) 
                 (f_whole - a_whole) - round0 - (f_rounds_total - a_rounds_total), 3
             ),
         },  # fmt: skip
+        "per-rep": [_rep_ratios(f, [r for r in anchor if r["rep"] == f["rep"]]) for f in fam],
         "maxfl-clientapps-per-node": max(r["clientapps-per-node"] for r in fam),
         "pytorch-fedavg-clientapps-per-node": max(r["clientapps-per-node"] for r in anchor),
         "maxfl-cpu-s-per-node": med(r["cpu-s-per-node"] for r in fam),
@@ -374,6 +375,20 @@ def torch_summary(runs: list[dict[str, Any]], interval: float, fraction: float) 
         "load-average": [min(x for r in mine for ld in r["load-before-after"] for x in ld),
                          max(x for r in mine for ld in r["load-before-after"] for x in ld)],
         "repetitions": len(fam),
+    }  # fmt: skip
+
+
+def _rep_ratios(fam: dict[str, Any], anchors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return one repetition's ratios: MaxFL ÷ the mean of the two anchor runs beside it."""
+    a_round = statistics.mean(r["median-round"] for r in anchors)
+    a_whole = statistics.mean(r["whole-run-s"] for r in anchors)
+    return {
+        "rep": fam["rep"],
+        "round": round(fam["median-round"] / a_round, 3),
+        "whole-run": round(fam["whole-run-s"] / a_whole, 3),
+        "maxfl-round-0-s": fam["round-0-s"],
+        "load": [min(x for r in [fam, *anchors] for ld in r["load-before-after"] for x in ld),
+                 max(x for r in [fam, *anchors] for ld in r["load-before-after"] for x in ld)],
     }  # fmt: skip
 
 
@@ -388,7 +403,8 @@ def markdown_torch(section: dict[str, Any]) -> str:
         poll, fraction = key.split("/poll-")[1].split("/fraction-train-")
         lo, hi = s["load-average"]
         lines.append(
-            f"| {poll} s, anchor trains {fraction} of the nodes ({s['repetitions']} reps) | "
+            f"| {poll} s, anchor trains {float(fraction):.0%} of the nodes "
+            f"({s['repetitions']} reps) | "
             f"{s['maxfl-median-round']:.1f} s | "
             f"{s['pytorch-fedavg-median-round']:.1f} s | **{s['ratio-to-pytorch-fedavg']:.2f}** | "
             f"{s['maxfl-median-train-exchange']:.1f} s "
@@ -428,7 +444,30 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON results; an existing file keeps what this run did not measure (the "
         "numpy-anchor entries or the 'pytorch-fedavg' section)",
     )  # fmt: skip
+    parser.add_argument(
+        "--add-reps", action="store_true",
+        help="keep --out's PyTorch-anchor runs of the settings measured now and add these "
+        "as further repetitions (default: replace them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resummarise", action="store_true",
+        help="measure nothing: recompute the 'pytorch-fedavg' summaries of --out from its runs",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.resummarise:
+        if args.out is None or not args.out.exists():
+            parser.error("--resummarise needs an existing --out")
+        base = json.loads(args.out.read_text())
+        section = base["pytorch-fedavg"]
+        settings = sorted({(r["poll-interval"], _fraction(r)) for r in section["runs"]},
+                          reverse=True)  # fmt: skip
+        section["summary"] = {
+            f"maxfl/poll-{i:g}/fraction-train-{f:g}": torch_summary(section["runs"], i, f)
+            for i, f in settings
+        }
+        args.out.write_text(json.dumps(base, indent=2) + "\n")
+        print(markdown_torch(section))
+        return 0
     datasets = sorted({_ways(p)[1] for p in args.parts})
     if "movielens" in datasets and not (Path(args.data_dir) / "ml-1m" / "ratings.dat").is_file():
         parser.error("--data-dir (or FLOWER_APP_DATA) must hold ml-1m/ and fashion-mnist/")
@@ -532,14 +571,20 @@ def main(argv: list[str] | None = None) -> int:
         })  # fmt: skip
         print(markdown(base))
     if "maxfl-torch" in args.parts:
-        # an earlier section's runs at other poll intervals stay (and keep their summaries)
         # an earlier section's runs in other settings stay (and keep their summaries)
         kept = base.get("pytorch-fedavg", {})
         now = {(i, args.torch_fraction_train) for i in args.poll_intervals}
-        t_runs = [r for r in kept.get("runs", []) if (r["poll-interval"], _fraction(r)) not in now]
+        t_runs = [r for r in kept.get("runs", []) if (r["poll-interval"], _fraction(r)) not in now
+                  or args.add_reps]  # fmt: skip
         t_imports = [i for i in kept.get("imports", [])
-                     if (i["poll-interval"], _fraction(i)) not in now]  # fmt: skip
-        t_runs += [r for r in runs if r["beside"] == "maxfl-torch"]
+                     if (i["poll-interval"], _fraction(i)) not in now or args.add_reps]
+        offset = 1 + max((r["rep"] for r in t_runs if (r["poll-interval"], _fraction(r)) in now),
+                         default=-1)  # fmt: skip
+        mine = [r for r in runs if r["beside"] == "maxfl-torch"]
+        for r in [*mine, *imports]:
+            r["rep"] += offset
+        t_runs += mine
+        t_imports += imports
         settings = sorted({(r["poll-interval"], _fraction(r)) for r in t_runs}, reverse=True)
         section = {
             "what": "MaxFL beside Flower's quickstart-pytorch FedAvg on MaxFL's MLP and the "
@@ -567,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"fraction-train {f:g}" for f in sorted({f for _, f in settings}))}},
             "summary": {f"maxfl/poll-{i:g}/fraction-train-{f:g}": torch_summary(t_runs, i, f)
                         for i, f in settings},  # fmt: skip
-            "imports": t_imports + imports,
+            "imports": t_imports,
             "runs": t_runs,
             "wall-time-s": round(time.time() - started, 1),
         }
