@@ -1,0 +1,1 @@
+"""fedavg-anchor-torch: Flower's quickstart-pytorch FedAvg on MaxFL's MLP, timed per round."""
