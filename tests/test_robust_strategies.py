@@ -10,6 +10,7 @@ from flwr.clientapp import ClientApp
 from test_fedsm_dropin import M, N, _objective, user_app
 from test_robust_checks import promoted_instance
 
+from flower_app import checkpoint
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
 from flower_app.clients.adapter import numpy_client_app
@@ -181,3 +182,38 @@ def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set() -> No
     assert result.arrays["selected"].numpy().tolist() == selected
     got = [r["estimates-clamped"] for r in strategy.history if r.get("server-round", 0) > 0]
     assert got == [r["estimates-clamped"] for r in rows] and sum(got) > 0
+
+
+def test_a_clamped_fedsm_run_resumes_from_its_checkpoint_to_the_same_set() -> None:
+    """The history the clamp keeps is part of the checkpoint: a run resumed after round 3
+    (through the checkpoint's bytes) holds the same estimates and chooses the same S as the
+    uninterrupted run."""
+    committed, _ = promoted_instance()
+    n, m, k, seed = committed.n_users, committed.n_elements, 8, 4
+    params = FedSMParams("alg1", 0.1, 0.1, history_clamp=True)
+
+    def factory(context):
+        p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
+        first, count = cohort_range(n, p, parts)
+        return SubmodularClient(
+            MaxRowObjective(committed.values[first : first + count]), first, n, p, parts
+        )
+
+    def grid() -> LocalGrid:
+        return LocalGrid(3, {}, app=numpy_client_app(factory))
+
+    saved: list[bytes] = []
+
+    def keep(payload) -> None:
+        saved.append(checkpoint.dumps(payload))
+
+    whole = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0, checkpoint_fn=keep)
+    whole.start(grid(), num_rounds=k)
+    payload = checkpoint.loads(saved[2])
+    assert payload["state"].inner.history.rounds == 3
+    resumed = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0)
+    resumed.resume_from(payload)
+    resumed.start(grid(), num_rounds=k)
+    assert resumed.run.selected == whole.run.selected
+    counts = [r["estimates-clamped"] for r in whole.history if "element" in r]
+    assert [r["estimates-clamped"] for r in resumed.history if "element" in r] == counts
