@@ -49,6 +49,13 @@ The defences (``--defence``):
 ``mom``
     FedSM: ``checks``, and the estimate is the median over 5 seeded groups of the round's
     users of each group's own estimate (median of means).
+``clamp``
+    FedSM: ``commitment``, and the server's history clamp (``fedsm-history-clamp``,
+    :mod:`flower_app.algorithms.robust.history`): each round's estimate held to the mean of
+    that element's estimates so far. With ``absent`` (no profile to commit) the dishonest
+    users send nothing: the noise floor under the clamp.
+``checks+clamp``
+    FedSM: ``checks`` and the history clamp (no commitment).
 ``node``
     discrete greedy: the dishonest users are one dishonest node; the server checks only its
     sum (``DiscreteGreedyServer.accept``: overflow, participants · max(λ, O_e/κ)), which it
@@ -58,7 +65,8 @@ The defences (``--defence``):
     largest x instead of greedy rounding.
 
 Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{json,md}``
-(about 2.5 h on the shared 2-core machine, most of it FedCG)::
+(about 2.5 h on the shared 2-core machine, most of it FedCG; FedSM's two clamp defences
+about 12 min)::
 
     export FLOWER_APP_DATA=/abs/DATA   # holds ml-1m/
     nice -n 10 .venv/bin/python benchmarks/robustness.py --quick
@@ -66,8 +74,11 @@ Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{jso
     $B --algorithms fedsm dgreedy --out $R/robust-v2
     $B --algorithms fedcg --attacks collude --out $R/robust-fedcg-v1
     $B --algorithms fedcg --attacks absent --defences off --out $R/robust-fedcg-absent
+    $B --algorithms fedsm --defences clamp checks+clamp --out $R/robust-fedsm-clamp
     $B --report $R/robust-v2.json $R/robust-fedcg-v1.json $R/robust-fedcg-absent.json \\
-        --out docs/benchmarks/robustness
+        $R/robust-fedsm-clamp.json --out docs/benchmarks/robustness
+    # what the history clamp does to honest FedSM runs (about 5 min)
+    $B --clamp-cost --k 5 10 20 30 --seeds 0 1 2 3 4 --out $R/fedsm-clamp-cost
 """
 
 from __future__ import annotations
@@ -131,7 +142,7 @@ ATTACKS = {
     "fedcg": ("absent", "collude"),
 }
 DEFENCES = {
-    "fedsm": ("off", "checks", "mom", "commitment"),
+    "fedsm": ("off", "checks", "mom", "commitment", "clamp", "checks+clamp"),
     "dgreedy": ("off", "node", "checks", "commitment"),
     "fedcg": ("off", "verify"),
 }
@@ -273,14 +284,16 @@ def poisoned_objective(attack: Attack) -> tuple[MaxRowObjective, int]:
 def run_fedsm(inst: Instance, k: int, seed: int, attack: Attack | None, defence: str) -> dict:
     """FedSM Algorithm 1 (K = d = 10 %) with the dishonest users' reports of ``attack``."""
     matroid = UniformMatroid(inst.m, k)
-    server = FedSMServer(inst.n, matroid, k, FEDSM_K, FEDSM_D, seed=seed)
+    clamp = defence in ("clamp", "checks+clamp")
+    server = FedSMServer(inst.n, matroid, k, FEDSM_K, FEDSM_D, seed=seed, history_clamp=clamp)
     tally = ReportTally()
     obj = inst.objective
-    if attack is not None and defence == "commitment":
+    committed = defence in ("commitment", "clamp")
+    if attack is not None and committed and attack.name != "absent":
         obj, clipped = poisoned_objective(attack)
         tally.clipped_values += clipped
         attack = None  # the node computes every report from the committed profile
-    checks = defence in ("checks", "mom")
+    checks = defence in ("checks", "mom", "checks+clamp")
     groups = MOM_GROUPS if defence == "mom" else 1
     while not server.done:
         users = server.sample_users()
@@ -322,7 +335,10 @@ def run_fedsm(inst: Instance, k: int, seed: int, attack: Attack | None, defence:
                 hit = vals[ids == rec.element]
                 if hit.size:
                     attack.budget.charge(np.array([u]), hit)
-    return {"selected": list(server.selected), **tally.row()}
+    out = {"selected": list(server.selected), **tally.row()}
+    if clamp:
+        out["estimates-clamped"] = sum(r.clamped for r in server.rounds)
+    return out
 
 
 def _fedsm_lie(
@@ -502,8 +518,9 @@ def run_fedcg(inst: Instance, k: int, seed: int, attack: Attack | None, defence:
     return run_dgreedy(inst, k, seed, attack, "checks", matroid=restricted)
 
 
-#: the defence each algorithm's page recommends (the worst case over attacks is shown)
-CHOSEN = {"fedsm": "commitment", "dgreedy": "checks", "fedcg": "verify"}
+#: the defences each algorithm's page recommends (the worst case over attacks is shown):
+#: FedSM's deployed default, and with its opt-in history clamp
+CHOSEN = {"fedsm": ("commitment", "clamp"), "dgreedy": ("checks",), "fedcg": ("verify",)}
 #: what identifies a row
 CELL = ("algorithm", "attack", "fraction", "k", "seed", "defence")
 TITLES = {
@@ -528,7 +545,8 @@ def one_run(
     att = None
     if attack is not None:
         bad = dishonest_users(inst.n, fraction, seed)
-        budget = ClaimBudget(inst.n, inst.lam) if defence in ("checks", "mom", "verify") else None
+        budgeted = ("checks", "mom", "verify", "checks+clamp")
+        budget = ClaimBudget(inst.n, inst.lam) if defence in budgeted else None
         groups = split_groups(inst, k, bad.size) if attack == "promote-split" else 1
         att = Attack(attack, bad, inst, k, draw_checked=defence != "off", budget=budget,
                      groups=groups)  # fmt: skip
@@ -621,8 +639,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 out.append(f"| {defence} | {attack} | " + " | ".join(cells)
                            + f" | {refused} | {clipped} |")
         out.append("")
-        chosen = CHOSEN.get(algorithm)
-        if chosen and any(r["defence"] == chosen for r in mine):
+        for chosen in CHOSEN.get(algorithm, ()):
+            if not any(r["defence"] == chosen for r in mine):
+                continue
             out.append(
                 f"Worst over every attack (absent excluded) and seed, defence `{chosen}`:\n"
             )
@@ -640,6 +659,37 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+#: the (K, d) of FedSM's honest runs with and without the history clamp (``--clamp-cost``)
+CLAMP_COST_GRID = ((0.1, 0.1), (0.01, 0.1), (0.1, 0.4), (0.01, 0.4))
+
+
+def clamp_cost(inst: Instance, ks: list[int], seeds: list[int]) -> list[dict[str, Any]]:
+    """Honest FedSM runs with and without the history clamp: F(S)/greedy per (K, d, k, seed)."""
+    rows = []
+    for big_k, d in CLAMP_COST_GRID:
+        for k in ks:
+            for seed in seeds:
+                row: dict[str, Any] = {"K": big_k, "d": d, "k": k, "seed": seed}
+                for clamp in (False, True):
+                    server = FedSMServer(inst.n, UniformMatroid(inst.m, k), k, big_k, d, seed=seed,
+                                         history_clamp=clamp)  # fmt: skip
+                    while not server.done:
+                        users, t = server.sample_users(), len(server.selected) + 1
+                        total = user_report_sum(
+                            inst.objective, users, server.selected, server.round_d(), seed, t
+                        )
+                        server.select(total, users.size)
+                    value = inst.objective.mean_value(list(server.selected))
+                    row["clamp" if clamp else "paper"] = value / inst.greedy_values[k][-1]
+                rows.append(row)
+            mine = [r for r in rows if (r["K"], r["d"], r["k"]) == (big_k, d, k)]
+            diff = [r["clamp"] - r["paper"] for r in mine]
+            print(f"K={big_k} d={d} k={k}: paper {np.mean([r['paper'] for r in mine]):.4f} "
+                  f"clamp {np.mean([r['clamp'] for r in mine]):.4f} mean diff "
+                  f"{np.mean(diff):+.4f} worst seed {min(diff):+.4f}", flush=True)  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the grid and write the rows (JSON) and tables (Markdown)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -650,6 +700,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", nargs="+", type=int, default=[10, 30])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true", help="k = 10, seed 0, b = 5 %%")
+    ap.add_argument(
+        "--clamp-cost", action="store_true",
+        help="only FedSM's honest runs with and without the history clamp, over --k, --seeds "
+        "and CLAMP_COST_GRID's (K, d); rows to --out.json",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/robustness"))
     ap.add_argument(
         "--report", nargs="*", type=Path, default=None,
@@ -670,6 +725,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.k, args.seeds, args.fractions = [10], [0], [0.05]
     inst = load_instance(args.k)
+    if args.clamp_cost:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(rows_json(clamp_cost(inst, args.k, args.seeds)))
+        return
     rows: list[dict[str, Any]] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for algorithm in args.algorithms:

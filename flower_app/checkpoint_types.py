@@ -68,6 +68,12 @@ def _fedsm() -> list[CheckpointType]:
                        Alg2Round)  # fmt: skip
 
 
+def _robust() -> list[CheckpointType]:
+    from flower_app.algorithms.robust.history import GainHistory
+
+    return _attributes("robust", GainHistory)  # FedSM's history clamp (fedsm-history-clamp)
+
+
 def _fedcg() -> list[CheckpointType]:
     from flower_app.algorithms.fedcg.continuous import FedCGRound, FedCGServer, LocalSteps
     from flower_app.algorithms.fedcg.discrete_greedy import (
@@ -118,6 +124,7 @@ FAMILIES: dict[str, tuple[str, Callable[[], list[CheckpointType]]]] = {
     "dp": ("flower_app.algorithms.common.gaussian_dp", _dp),
     "matroid": ("flower_app.submodular.matroids", _matroids),
     "fedsm": ("flower_app.algorithms.fedsm", _fedsm),
+    "robust": ("flower_app.algorithms.robust", _robust),
     "fedcg": ("flower_app.algorithms.fedcg", _fedcg),
     "maxfl": ("flower_app.algorithms.maxfl", _maxfl),
     "fedsubavg": ("flower_app.algorithms.fedsubavg", _fedsubavg),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,10 +14,11 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
     discrete_report_sum,
 )
 from flower_app.algorithms.fedsm.core import user_report_sum
-from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
 from flower_app.algorithms.robust.guard import UserGuard
+from flower_app.algorithms.robust.history import GainHistory
 from flower_app.algorithms.robust.reports import ReportTally, coin_refusals, refusal_reason
 from flower_app.algorithms.robust.sums import (
     ReportOverflowError,
@@ -252,3 +254,86 @@ def test_coins_of_the_discrete_greedy_are_recomputed() -> None:
         assert not refused[kappa_i >= 1.0].any()
         assert 0 < part.size < obj.n_users
     assert coin_refusals(9, 1, np.array([3]), np.array([0.0]))[0]
+
+
+def promoted_instance(n_bad: int = 3, seed: int = 0) -> tuple[FacilityLocation, set[int]]:
+    """600 honest users rating each of 40 elements with probability 0.1 (1..5), ten more
+    elements no honest user rates, and ``n_bad`` dishonest users whose committed profiles are
+    λ = 5 on those ten: ``(the committed profiles, the promoted elements)``."""
+    rng = np.random.default_rng(seed)
+    honest = np.where(rng.random((600, 40)) < 0.1, rng.integers(1, 6, (600, 40)), 0)
+    rows = np.zeros((600 + n_bad, 50))
+    rows[:600, :40] = honest
+    rows[600:, 40:] = 5.0
+    return FacilityLocation(sp.csr_matrix(rows)), set(range(40, 50))
+
+def test_history_clamp_pulls_a_spike_down_to_the_mean_so_far() -> None:
+    """Round 1 passes as it is; an estimate above the mean of the element's estimates so far
+    (this round's included) is held to that mean; one at or below it is left; only the
+    candidates are counted."""
+    hist = GainHistory(3)
+    held, lowered = hist.clamp(np.array([1.0, 0.2, 0.0]))
+    np.testing.assert_array_equal(held, [1.0, 0.2, 0.0])
+    assert lowered == 0
+    held, lowered = hist.clamp(np.array([0.5, 1.4, 0.6]), np.array([True, True, False]))
+    np.testing.assert_allclose(held, [0.5, 0.8, 0.3])  # element 1: (0.2 + 1.4) / 2
+    assert lowered == 1  # element 2 was lowered too, but it is no candidate
+    assert hist.rounds == 2
+    with pytest.raises(ValueError, match="finite vector of length 3"):
+        hist.clamp(np.array([np.nan, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="n_elements"):
+        GainHistory(0)
+
+
+def test_history_clamp_keeps_committed_promoters_out_where_the_estimate_lets_them_in() -> None:
+    """Three dishonest users commit λ on ten elements no honest user values (0.5 % of the
+    users; their true gain is below every round's honest best, so greedy never takes one).
+    Algorithm 1's one-round estimate lets one in by the noise of its sample (seed 4); with the
+    history clamp none enters S for any of the seeds, and each round's row counts the
+    estimates it lowered."""
+    committed, useless = promoted_instance()
+    m, k = committed.n_elements, 8
+    assert not set(greedy(committed, UniformMatroid(m, k), k).selected) & useless
+
+    def direct(seed: int, clamp: bool) -> tuple[list[int], list[dict]]:
+        params = FedSMParams("alg1", 0.1, 0.1, history_clamp=clamp)
+        run = FedSMRun(committed.n_users, UniformMatroid(m, k), k, params, 5.0, seed=seed)
+        rows: list[dict] = []
+        return run_direct(committed, run, on_round=rows.append), rows
+
+    assert set(direct(4, clamp=False)[0]) & useless  # the attack works without the clamp
+    for seed in range(6):
+        selected, rows = direct(seed, clamp=True)
+        assert not set(selected) & useless
+        assert [r["estimates-clamped"] for r in rows][0] == 0  # round 1: nothing to hold to
+        assert sum(r["estimates-clamped"] for r in rows) > 0
+    plain_rows = direct(0, clamp=False)[1]
+    assert "estimates-clamped" not in plain_rows[0]
+
+
+def test_history_clamp_is_for_algorithm_1_only() -> None:
+    with pytest.raises(ValueError, match="history clamp"):
+        FedSMRun(10, UniformMatroid(8, 4), 4, FedSMParams("alg2", history_clamp=True), 1.0)
+
+
+def test_run_config_history_clamp_reaches_the_direct_engine_and_metrics(tmp_path) -> None:
+    """``fedsm-history-clamp = true``: each round's row of metrics.jsonl counts the lowered
+    estimates; the key is refused with another fedsm-mode."""
+    import json
+    from pathlib import Path
+
+    from flower_app.config import AppConfig, ConfigError
+    from flower_app.experiment import run_direct as run_experiment
+
+    base = {
+        "dataset": "synthetic-facility-location", "num-users": 200, "num-elements": 60,
+        "k": 5, "clients-per-round": 0.25, "elements-per-client": 0.2, "seed": 1,
+        "output-dir": str(tmp_path), "fedsm-history-clamp": True,
+    }  # fmt: skip
+    summary = run_experiment(AppConfig.from_run_config(base))
+    lines = (Path(summary["run-folder"]) / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) > 0]
+    assert len(rows) == 5 and rows[0]["estimates-clamped"] == 0
+    assert sum(r["estimates-clamped"] for r in rows) > 0
+    with pytest.raises(ConfigError, match="fedsm-history-clamp"):
+        AppConfig.from_run_config({**base, "fedsm-mode": "alg2"})

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
-from test_fedsm_dropin import M, N, _objective
+from test_fedsm_dropin import M, N, _objective, user_app
+from test_robust_checks import promoted_instance
 
+from flower_app import checkpoint
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedsm.modes import FedSMParams
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.clients.fedsm import fedsm_reply
+from flower_app.clients.submodular import SubmodularClient
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
+from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.strategies.fedsm import FedSMStrategy
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -124,3 +129,91 @@ def test_cohort_discrete_greedy_refuses_a_wrapping_node_by_name() -> None:
 def test_report_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="report_bound"):
         FedSMStrategy(k=2, report_bound=0.0)
+
+
+def _direct_rows(obj: MaxRowObjective, k: int, params: FedSMParams, seed: int):
+    run = FedSMRun(obj.n_users, UniformMatroid(obj.n_elements, k), k, params, 5.0, seed=seed)
+    rows: list[dict] = []
+    return run_direct(obj, run, on_round=rows.append), rows
+
+
+def test_cohort_fedsm_with_the_history_clamp_keeps_committed_promoters_out() -> None:
+    """The dishonest users of ``promoted_instance`` sit on the last of three nodes, which
+    computes their reports from their committed profiles: without the clamp one promoted
+    element enters S (seed 4), with it none does, and the strategy chooses the direct
+    engine's S with the same per-round count of lowered estimates."""
+    committed, useless = promoted_instance()
+    n, m, k, seed = committed.n_users, committed.n_elements, 8, 4
+    clamp = FedSMParams("alg1", 0.1, 0.1, history_clamp=True)
+    selected, rows = _direct_rows(committed, k, clamp, seed)
+    assert not set(selected) & useless
+    assert set(_direct_rows(committed, k, FedSMParams("alg1", 0.1, 0.1), seed)[0]) & useless
+
+    def factory(context):
+        p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
+        first, count = cohort_range(n, p, parts)
+        rows_ = MaxRowObjective(committed.values[first : first + count])
+        return SubmodularClient(rows_, first, n, p, parts)
+
+    cohort = FedSMCohorts(n, UniformMatroid(m, k), k, clamp, seed=seed, lam=5.0)
+    result = cohort.start(LocalGrid(3, {}, app=numpy_client_app(factory)), num_rounds=k)
+    assert result.arrays["selected"].numpy().tolist() == selected
+    got = [r["estimates-clamped"] for r in cohort.history if "element" in r]
+    assert got == [r["estimates-clamped"] for r in rows] and sum(got) > 0
+
+
+def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set() -> None:
+    """One node per user; users 0 and 1 are dishonest and report λ from a committed profile on
+    the three elements the honest users value least. The strategy's rounds hold the
+    estimates as the direct engine does: same S, same counts in every row."""
+    obj = _objective()
+    values = obj.values.toarray()
+    useless = np.argsort(values.sum(axis=0), kind="stable")[:3]
+    values[:2] = 0.0
+    values[:2, useless] = obj.max_singleton
+    committed = MaxRowObjective(sp.csr_matrix(values))
+    k, seed = 6, 3
+    params = FedSMParams("alg1", 0.25, 0.2, history_clamp=True)
+    run = FedSMRun(N, UniformMatroid(M, k), k, params, obj.max_singleton, seed=seed)
+    rows: list[dict] = []
+    selected = run_direct(committed, run, on_round=rows.append)
+    strategy = FedSMStrategy(k=k, seed=seed, min_available_nodes=N, params=params)
+    result = strategy.start(LocalGrid(N, {}, app=user_app(committed)))
+    assert result.arrays["selected"].numpy().tolist() == selected
+    got = [r["estimates-clamped"] for r in strategy.history if r.get("server-round", 0) > 0]
+    assert got == [r["estimates-clamped"] for r in rows] and sum(got) > 0
+
+
+def test_a_clamped_fedsm_run_resumes_from_its_checkpoint_to_the_same_set() -> None:
+    """The history the clamp keeps is part of the checkpoint: a run resumed after round 3
+    (through the checkpoint's bytes) holds the same estimates and chooses the same S as the
+    uninterrupted run."""
+    committed, _ = promoted_instance()
+    n, m, k, seed = committed.n_users, committed.n_elements, 8, 4
+    params = FedSMParams("alg1", 0.1, 0.1, history_clamp=True)
+
+    def factory(context):
+        p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
+        first, count = cohort_range(n, p, parts)
+        return SubmodularClient(
+            MaxRowObjective(committed.values[first : first + count]), first, n, p, parts
+        )
+
+    def grid() -> LocalGrid:
+        return LocalGrid(3, {}, app=numpy_client_app(factory))
+
+    saved: list[bytes] = []
+
+    def keep(payload) -> None:
+        saved.append(checkpoint.dumps(payload))
+
+    whole = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0, checkpoint_fn=keep)
+    whole.start(grid(), num_rounds=k)
+    payload = checkpoint.loads(saved[2])
+    assert payload["state"].inner.history.rounds == 3
+    resumed = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0)
+    resumed.resume_from(payload)
+    resumed.start(grid(), num_rounds=k)
+    assert resumed.run.selected == whole.run.selected
+    counts = [r["estimates-clamped"] for r in whole.history if "element" in r]
+    assert [r["estimates-clamped"] for r in resumed.history if "element" in r] == counts

@@ -227,6 +227,12 @@ _DECLARED = (
         choices=("per-user", "batched"),
     ),
     Setting(
+        "fedsm-history-clamp", "bool", False, _FEDSM,
+        "Algorithm 1 against dishonest users: choose by each estimate held to the mean of "
+        "that element's estimates so far (gains only shrink); a deviation from the paper "
+        "(docs/strategies/fedsm.md)",
+    ),
+    Setting(
         "fedsm-dp-epsilon", "float", 0.0, _FEDSM,
         "shuffle-model differential privacy (Appendix C): epsilon' of every sum query (one "
         "element, one round); 0 = off; Algorithm 1, per-user draws (docs/privacy.md)", ge=0,

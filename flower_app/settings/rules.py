@@ -179,6 +179,12 @@ RULES: tuple[Rule, ...] = (
         "fedsm-mode = 'alg1' with fedsm-rng = 'per-user', not fedsm-mode = "
         f"{v['fedsm-mode']!r}, fedsm-rng = {v['fedsm-rng']!r}",
     ),
+    Rule(
+        ("fedsm-history-clamp", "fedsm-mode"),
+        lambda v: _family(v) == "fedsm" and v["fedsm-history-clamp"] and v["fedsm-mode"] != "alg1",
+        lambda v: "run_config 'fedsm-history-clamp' is implemented for fedsm-mode = 'alg1', not "
+        f"{v['fedsm-mode']!r}",
+    ),
     # ---------------------------------------------------------------- fedcg
     Rule(
         ("clients-per-round", "algorithm"),

@@ -24,6 +24,11 @@ Choices where the paper is silent (also in the README):
   with K = n and d = |E \\ S| the algorithm therefore *is* centralized greedy.
 * A user whose gains are all zero (e.g. an already covered researcher) reports only zeros
   whatever D_i is, so its draw is skipped; this changes no result.
+
+A deviation, opt-in (``FedSMServer(history_clamp=True)``, run_config
+``fedsm-history-clamp``): the argmax over the estimates held to the mean of each element's
+estimates so far (:mod:`flower_app.algorithms.robust.history`), against a few dishonest
+users whose claims win a round by the noise of one round's sample.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
 from flower_app.algorithms.fedsm.sampling import check_scheme, sample_users, support_draw, user_draw
+from flower_app.algorithms.robust.history import GainHistory
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -200,6 +206,8 @@ class FedSMRound:
         Elements each user sampled this round.
     user_values : int
         Values reported by users, K·d (the paper's per-round bit complexity unit).
+    clamped : int
+        With the history clamp: the candidates whose estimate it lowered (else 0).
     """
 
     server_round: int
@@ -208,6 +216,7 @@ class FedSMRound:
     users: int
     d: int
     user_values: int
+    clamped: int = 0
 
 
 @dataclass
@@ -231,6 +240,10 @@ class FedSMServer:
     rng : numpy.random.Generator, optional
         Use this generator instead of ``default_rng(seed)`` (amplification runs one
         Algorithm 1 per step on one shared server generator).
+    history_clamp : bool, optional
+        Choose by the estimates held to the mean of their own earlier estimates
+        (:class:`~flower_app.algorithms.robust.history.GainHistory`; a deviation from the
+        paper against dishonest users, default False: Eq. (3) as it is).
     """
 
     n_users: int
@@ -242,6 +255,7 @@ class FedSMServer:
     selected: list[int] = field(default_factory=list)
     rounds: list[FedSMRound] = field(default_factory=list)
     rng: np.random.Generator | None = field(default=None, repr=False)
+    history_clamp: bool = False
 
     def __post_init__(self) -> None:
         check_greedy_run(self.seed, self.k, self.matroid)
@@ -250,6 +264,7 @@ class FedSMServer:
         self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
         if self.rng is None:
             self.rng = np.random.default_rng(self.seed)
+        self.history = GainHistory(m) if self.history_clamp else None
 
     @property
     def done(self) -> bool:
@@ -278,13 +293,25 @@ class FedSMServer:
         -------
         FedSMRound
             The round's record (also appended to ``rounds``).
+
+        Notes
+        -----
+        With ``history_clamp`` the argmax is taken over the scaled estimates held to their
+        running means (ties to the lowest index); ``estimate`` stays the round's F̂(e | S).
         """
         m = self.matroid.n_elements
         if report_sum.shape != (m,) or not np.all(np.isfinite(report_sum)):
             raise ValueError(f"report sum must be a finite vector of length {m}")
         d = self.round_d()
-        e = best_feasible(report_sum, self.matroid, self.selected)
         scale = (m - len(self.selected)) / (d * max(users, 1))
+        clamped = 0
+        history = getattr(self, "history", None)  # None in a checkpoint from before the clamp
+        if history is None:
+            e = best_feasible(report_sum, self.matroid, self.selected)
+        else:
+            feasible = self.matroid.feasible_mask(self.selected)
+            held, clamped = history.clamp(scale * report_sum, feasible)
+            e = best_feasible(held, self.matroid, self.selected)
         record = FedSMRound(
             server_round=len(self.selected) + 1,
             element=e,
@@ -292,6 +319,7 @@ class FedSMServer:
             users=int(users),
             d=d,
             user_values=int(users) * d,
+            clamped=clamped,
         )
         self.selected.append(e)
         self.rounds.append(record)

@@ -122,6 +122,11 @@ class FedSMParams:
         The research mode ``dp-reproducible-noise`` (default False): marks the rows, and
         keys the randomiser by the seed in the direct engine (no privacy against the server;
         :mod:`flower_app.algorithms.common.dp_noise`). Nodes take it from their own configuration.
+    history_clamp : bool
+        Algorithm 1 (``mode="alg1"``): choose by the estimates held to the mean of each
+        element's estimates so far (:mod:`flower_app.algorithms.robust.history`; a
+        deviation from the paper against dishonest users; default False). Its rows count
+        the lowered estimates (``estimates-clamped``).
     """
 
     mode: str = "alg1"
@@ -141,6 +146,7 @@ class FedSMParams:
     dp_delta: float = 1e-6
     dp_secure: bool = False
     dp_reproducible: bool = False
+    history_clamp: bool = False
 
     def steps(self) -> int:
         """Return the amplification's 1/η, checking η."""
@@ -397,6 +403,10 @@ class FedSMRun:
                     f"amplification rounds x in the polytope of the matroid itself, so k={k} "
                     f"must equal its rank {matroid.rank} (lower partition-capacity or raise k)"
                 )
+        if params.history_clamp and params.mode != "alg1":
+            raise ValueError(
+                f"the history clamp is implemented for fedsm-mode = 'alg1', not {params.mode!r}"
+            )
         if uses_alg2 and not (math.isfinite(params.epsilon) and 0.0 < params.epsilon < 1.0):
             raise ValueError(f"fedsm epsilon={params.epsilon} must lie in (0, 1)")
         self.initial = [int(e) for e in initial]
@@ -459,6 +469,8 @@ class FedSMRun:
                 seed=self.seed,
                 rng=self.rng,
                 selected=list(self.initial),
+                # a checkpoint written before the clamp existed holds params without it
+                history_clamp=getattr(p, "history_clamp", False),
             )
         server = FedSMAlg2Server(
             self.n_users,
@@ -561,9 +573,10 @@ class FedSMRun:
         -------
         dict
             ``server-round``, ``elements-added``, ``set-size`` and the mode's own keys
-            (Alg. 1: ``element``, ``estimate``; Alg. 2: ``j-star``, ``r-prime``,
-            ``pool-before``, ``pool-after``, ``tau``, ``level``; amplification: ``step``);
-            with DP the privacy entries of :meth:`_dp_account`.
+            (Alg. 1: ``element``, ``estimate``, with the history clamp also
+            ``estimates-clamped``; Alg. 2: ``j-star``, ``r-prime``, ``pool-before``,
+            ``pool-after``, ``tau``, ``level``; amplification: ``step``); with DP the
+            privacy entries of :meth:`_dp_account`.
         """
         plan = self._plan
         if plan is None:
@@ -589,6 +602,8 @@ class FedSMRun:
         if isinstance(inner, FedSMServer):
             rec = inner.select(report_sum, users)
             row.update(element=rec.element, estimate=rec.estimate, **{"elements-added": 1})
+            if getattr(inner, "history", None) is not None:
+                row["estimates-clamped"] = rec.clamped
         else:
             rec2 = inner.update(report_sum, users)
             row.update(

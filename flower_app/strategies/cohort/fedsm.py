@@ -71,7 +71,8 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
     k : int
         Largest \|S\|.
     params : FedSMParams
-        The mode and its parameters (K, d, ε, τ, η, ..., the users' draws, DP).
+        The mode and its parameters (K, d, ε, τ, η, ..., the users' draws, DP, Algorithm
+        1's opt-in history clamp).
     seed : int, optional
         Seed of all randomness (default 0).
     lam : float, optional
