@@ -36,6 +36,16 @@ CASES = [
     "fsa-round=5",
     "fsa-lr=0.5",
     "dataset='coverage-sets' data-file='/nonexistent/sets.txt'",
+    # rules the runners enforce, checked on the instance before Flower starts
+    "fedsm-mode='alg2' fedsm-epsilon=1.5",
+    "fedsm-mode='amplified' fedsm-eta=0.3",
+    "clients-per-round=5000",
+    "elements-per-client=600",
+    "k=600",
+    "k=100000000000000000000000000",
+    "matroid='partition' k=40",
+    "secure-aggregation=true",
+    "dataset='facility-location-table' data-file='/tmp/x.npz'",
 ]
 
 
