@@ -554,15 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         base.update({
             "what": "median round (rounds 2..) and per-node memory, FedSM and MaxFL beside "
             "Flower's quickstart-numpy FedAvg on the same edge-device rehearsal, interleaved",
-            "flwr-version": flwr.__version__,
-            "python": platform.python_version(),
-            "machine": f"{os.cpu_count()} CPUs, shared with other work",
-            "nodes": args.nodes,
-            "edge-device": {"name": device.name, "memory-mib": device.memory >> 20,
-                            "cpus": device.cpus},  # fmt: skip
-            "namespaced": namespaced,
-            "cgroup-limits": limited,
-            "fallbacks": notes,
+            **_setting(args, device, namespaced, limited, notes),
             "configs": {**data, "fedavg": "benchmarks/fedavg_anchor (num-server-rounds = the "
                         "family's rounds, FedAvg defaults: train + evaluate on every node)"},
             "summary": summary,
@@ -593,16 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds 2..; exchange = MaxFL's rounds 2.. without evaluation (one train "
             "exchange) vs the anchor's train phase; whole run = the `flwr run` on the "
             "operator's side, start to finish",
-            "flwr-version": flwr.__version__,
-            "torch-version": _torch_version(),
-            "python": platform.python_version(),
-            "machine": f"{os.cpu_count()} CPUs, shared with other work",
-            "nodes": args.nodes,
-            "edge-device": {"name": device.name, "memory-mib": device.memory >> 20,
-                            "cpus": device.cpus},  # fmt: skip
-            "namespaced": namespaced,
-            "cgroup-limits": limited,
-            "fallbacks": notes,
+            **_setting(args, device, namespaced, limited, notes, torch=True),
             "configs": {"maxfl": data["maxfl"], "pytorch-fedavg": {
                 "app": "benchmarks/fedavg_anchor_torch", "num-server-rounds":
                 rounds["maxfl"], **{k: v for k, v in torch_cfg.items()
@@ -622,6 +605,27 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(base, indent=2) + "\n")
     print(f"\nflwr {flwr.__version__}, {args.nodes} nodes, {device.describe()}")
     return 0
+
+
+def _setting(
+    args: argparse.Namespace, device: EdgeDevice, namespaced: bool, limited: bool,
+    notes: list, torch: bool = False,
+) -> dict[str, Any]:
+    """What a section of the results was measured on: versions, machine, nodes, limits."""
+    versions = {"flwr-version": flwr.__version__}
+    if torch:
+        versions["torch-version"] = _torch_version()
+    return {
+        **versions,
+        "python": platform.python_version(),
+        "machine": f"{os.cpu_count()} CPUs, shared with other work",
+        "nodes": args.nodes,
+        "edge-device": {"name": device.name, "memory-mib": device.memory >> 20,
+                        "cpus": device.cpus},
+        "namespaced": namespaced,
+        "cgroup-limits": limited,
+        "fallbacks": notes,
+    }  # fmt: skip
 
 
 def _torch_version() -> str:
