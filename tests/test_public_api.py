@@ -4,6 +4,7 @@ is all that is installed and shipped."""
 from __future__ import annotations
 
 import ast
+import inspect
 import io
 import subprocess
 import sys
@@ -102,3 +103,37 @@ def test_the_wheel_installs_the_package_only_and_it_imports_nothing_that_is_not(
                 names = [node.module]
             found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith(outside)]
     assert found == []
+
+
+#: the strategies a user constructs (the public names of flower_app.strategies that Flower can
+#: run), without the round loop's base class and the runners' cohort class
+PUBLIC_STRATEGIES = [
+    name for name in strategies.__all__
+    if name not in ("RoundStrategy", "AppealStrategy")
+    and isinstance(getattr(strategies, name), type)
+    and issubclass(getattr(strategies, name), Strategy)
+]  # fmt: skip
+
+
+def _constructor_arity(cls: type) -> int:
+    """Named parameters of ``cls(...)``: its own, plus its parent's when it forwards *args."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    named = [p for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL,
+                                                                       p.VAR_KEYWORD)]  # fmt: skip
+    forwards = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+    return len(named) + (_constructor_arity(cls.__mro__[1]) if forwards else 0)
+
+
+@pytest.mark.parametrize("name", PUBLIC_STRATEGIES)
+def test_a_public_strategy_is_constructed_like_fedavg(name: str) -> None:
+    """FedAvg-shaped: at most 12 parameters, and no mode flag that makes it another strategy."""
+    cls = getattr(strategies, name)
+    assert 1 <= _constructor_arity(cls) <= 12
+    source = inspect.getsource(inspect.getmodule(cls))
+    assert "cohort_mode" not in source and "cohorts_mode" not in source
+
+
+def test_the_public_strategies_are_the_expected_families() -> None:
+    assert {"FedSMStrategy", "FedCGStrategy", "FedDiscreteGreedyStrategy", "MaxFLStrategy",
+            "FedSubAvgStrategy", "FedProxSubStrategy", "FedAdamSubStrategy"} <= set(
+        PUBLIC_STRATEGIES)  # fmt: skip
