@@ -17,7 +17,9 @@ import pytest
 
 from flower_app.simulation import LocalSimulation
 
-pytestmark = pytest.mark.flwr
+# a Flower run of its own (SuperLink, Ray) that repeats the FedSM family's default Flower check:
+# CI runs it (``long``)
+pytestmark = [pytest.mark.flwr, pytest.mark.long]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "topk-fedsm"
 

@@ -36,6 +36,8 @@ from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.amazon import synthetic_amazon
 from flower_app.datasets.sent140 import synthetic_sent140
 from flower_app.experiment import run_direct
+from flower_app.registry import load_runner
+from tests.support.local_grid import LocalGrid
 
 N = 8
 
@@ -73,18 +75,39 @@ def _rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def _config(run: dict, folder: Path, name: str) -> AppConfig:
+    return AppConfig.from_run_config({**run, "output-dir": str(folder), "run-name": name})
+
+
+def test_in_process_flower_grid_equals_the_direct_engine(tmp_path: Path) -> None:
+    """The ServerApp's strategy and the real ClientApp (torch tasks) over an in-process grid,
+    one node per client: the direct engine's rows, bit for bit (no Ray: the same check
+    through Flower's simulation engine runs in CI, below)."""
+    run = RUNS["sent140"]
+    direct = run_direct(_config(run, tmp_path, "direct"))
+    flower = load_runner("fedsubavg").server_run(LocalGrid(N, run), _config(run, tmp_path, "grid"))
+    _assert_same_rows(run, tmp_path / "grid", direct)
+    assert flower["train-loss"] == direct["train-loss"] != direct["initial-train-loss"]
+
+
+# one Flower run per task (Ray actors importing torch): CI runs them (``long``); the default
+# suite's Flower check of the FedSubAvg family is test_fedsubavg_flwr.py's
 @pytest.mark.flwr
-@pytest.mark.parametrize(
-    "name", ["sent140", pytest.param("amazon", marks=pytest.mark.long)]
-)
+@pytest.mark.long
+@pytest.mark.parametrize("name", ["sent140", "amazon"])
 def test_flwr_run_equals_the_direct_engine(name: str, flower_cli, tmp_path: Path) -> None:
     """One SuperNode per client (partition ids 0..7); Flower's node ids are random."""
     run = RUNS[name]
     result = flower_cli.run(run, num_supernodes=N)
     assert result.status == "finished:completed", result.output
-    direct = run_direct(AppConfig.from_run_config({**run, "output-dir": str(tmp_path),
-                                                   "run-name": "direct"}))  # fmt: skip
-    flower, ref = _rows(result.folder), _rows(Path(direct["run-folder"]))
+    direct = run_direct(_config(run, tmp_path, "direct"))
+    _assert_same_rows(run, result.folder, direct)
+    assert result.summary["train-loss"] == direct["train-loss"] != direct["initial-train-loss"]
+    assert direct["full-model-bytes"] > direct["client-download-bytes-mean"] > 0
+
+
+def _assert_same_rows(run: dict, folder: Path, direct: dict) -> None:
+    flower, ref = _rows(folder), _rows(Path(direct["run-folder"]))
     assert [r["server-round"] for r in flower] == [r["server-round"] for r in ref]
     assert [r["server-round"] for r in ref] == list(range(run["fsa-rounds"] + 1))
     for got, want in zip(flower, ref, strict=True):
@@ -94,8 +117,6 @@ def test_flwr_run_equals_the_direct_engine(name: str, flower_cli, tmp_path: Path
         if "local-train-loss" in want:
             assert got["local-train-loss"] == pytest.approx(want["local-train-loss"], rel=1e-9)
             assert got["clients"] == want["clients"] == run["clients-per-round"]
-    assert result.summary["train-loss"] == direct["train-loss"] != direct["initial-train-loss"]
-    assert direct["full-model-bytes"] > direct["client-download-bytes-mean"] > 0
 
 
 def test_a_federation_of_the_wrong_size_is_refused() -> None:

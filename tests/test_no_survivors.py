@@ -78,6 +78,8 @@ def _wait(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+# a pytest run of its own with a Ray head and a SuperLink (~20 s, most of a core): CI runs it
+@pytest.mark.long
 def test_sigterm_to_a_test_run_leaves_no_process_behind(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     ready.mkdir()
