@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from flower_app import procfs
 from tests.support import process_sweep
 
