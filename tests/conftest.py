@@ -208,8 +208,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - x
 
 
 #: pyproject's ``addopts`` marker expression (keep in sync with ``[tool.pytest.ini_options]``).
-#: ``long``: Flower runs that repeat a path the default suite already runs once per strategy
-#: family (larger federations, more variants); off by default, on in CI.
+#: ``long``: tests that start Flower processes of their own (a SuperLink, Ray) for a path the
+#: default suite checks more cheaply; off by default, on in CI.
 DEFAULT_MARKEXPR = "not realdata and not slow and not deploy and not long"
 
 
