@@ -18,7 +18,8 @@ round's estimate by
 
 i.e. an estimate above the mean of the element's earlier estimates is pulled down to the mean
 of all of them, this round's included; an estimate at or below that mean is left as it is
-(round 1 is never changed). The choice is then the argmax of the clamped estimates.
+(round 1 is never changed). The choice is then the argmax of the clamped estimates. That is
+the ``"mean"`` clamp; the default adds a margin for honest noise (below).
 
 What it holds against:
 
