@@ -69,7 +69,7 @@ The defences (``--defence``):
     largest x instead of greedy rounding.
 
 Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{json,md}``
-(about 2.5 h on the shared 2-core machine, most of it FedCG; FedSM's two clamp defences
+(about 2.5 h on the shared 2-core machine, most of it FedCG; each pair of FedSM's clamp defences
 about 12 min)::
 
     export FLOWER_APP_DATA=/abs/DATA   # holds ml-1m/
