@@ -543,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients-per-round": count(args.clients),
         "elements-per-client": count(args.elements),
         "output-dir": str(runs_dir),
+        **({"fedsm-history-clamp": "off"} if args.algorithm == "fedsm" else {}),  # the paper's
         **_extra(args.set),
     }
     print(f"work dir: {work}", flush=True)

@@ -49,12 +49,16 @@ The defences (``--defence``):
 ``mom``
     FedSM: ``checks``, and the estimate is the median over 5 seeded groups of the round's
     users of each group's own estimate (median of means).
+``noise-clamp``
+    FedSM's default: ``commitment``, and the server's noise-aware history clamp
+    (``fedsm-history-clamp = "noise-aware"``, :mod:`flower_app.algorithms.robust.history`):
+    each round's estimate held to the mean of that element's estimates so far plus c
+    standard errors of that mean (c = ``--margin``, default the app's
+    ``NOISE_AWARE_MARGIN``). With ``absent`` (no profile to commit) the dishonest users send
+    nothing: the noise floor under the clamp.
 ``clamp``
-    FedSM: ``commitment``, and the server's history clamp (``fedsm-history-clamp``,
-    :mod:`flower_app.algorithms.robust.history`): each round's estimate held to the mean of
-    that element's estimates so far. With ``absent`` (no profile to commit) the dishonest
-    users send nothing: the noise floor under the clamp.
-``checks+clamp``
+    FedSM: ``commitment``, and the plain mean clamp (``fedsm-history-clamp = "mean"``, c = 0).
+``checks+noise-clamp``, ``checks+clamp``
     FedSM: ``checks`` and the history clamp (no commitment).
 ``node``
     discrete greedy: the dishonest users are one dishonest node; the server checks only its
@@ -65,7 +69,7 @@ The defences (``--defence``):
     largest x instead of greedy rounding.
 
 Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{json,md}``
-(about 2.5 h on the shared 2-core machine, most of it FedCG; FedSM's two clamp defences
+(about 2.5 h on the shared 2-core machine, most of it FedCG; each pair of FedSM's clamp defences
 about 12 min)::
 
     export FLOWER_APP_DATA=/abs/DATA   # holds ml-1m/
@@ -75,9 +79,14 @@ about 12 min)::
     $B --algorithms fedcg --attacks collude --out $R/robust-fedcg-v1
     $B --algorithms fedcg --attacks absent --defences off --out $R/robust-fedcg-absent
     $B --algorithms fedsm --defences clamp checks+clamp --out $R/robust-fedsm-clamp
+    $B --algorithms fedsm --defences noise-clamp checks+noise-clamp --out $R/robust-fedsm-noise
     $B --report $R/robust-v2.json $R/robust-fedcg-v1.json $R/robust-fedcg-absent.json \\
-        $R/robust-fedsm-clamp.json --out docs/benchmarks/robustness
-    # what the history clamp does to honest FedSM runs (about 5 min)
+        $R/robust-fedsm-clamp.json $R/robust-fedsm-noise.json --out docs/benchmarks/robustness
+    # the margin c of the noise-aware clamp: every attack but absent, one c per run (~3 min)
+    for c in 0 1 2 3 4 5; do $B --algorithms fedsm --defences noise-clamp --margin $c \\
+        --attacks promote promote-split suppress --fractions 0.01 0.05 0.1 \\
+        --out $R/fedsm-margin-$c; done
+    # what the history clamps do to honest FedSM runs (about 8 min)
     $B --clamp-cost --k 5 10 20 30 --seeds 0 1 2 3 4 --out $R/fedsm-clamp-cost
 """
 
@@ -111,6 +120,7 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
 from flower_app.algorithms.fedsm.core import MAX_REPORT_VALUE, FedSMServer, user_report_sum
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
+from flower_app.algorithms.robust.history import NOISE_AWARE_MARGIN, GainHistory
 from flower_app.algorithms.robust.node_bounds import discrete_element_bounds
 from flower_app.algorithms.robust.reports import ReportTally, refusal_reason
 from flower_app.algorithms.robust.sums import ReportOverflowError, checked_int_add
@@ -135,6 +145,8 @@ VERIFY_CANDIDATES = 2
 MOM_GROUPS = 5
 #: what the split attacker asks of each group: its claim above the gain it must beat
 SPLIT_MARGIN = 1.2
+#: the noise-aware clamp's margin c in the defences ``noise-clamp`` (``--margin``)
+MARGIN = [NOISE_AWARE_MARGIN]
 
 ATTACKS = {
     "fedsm": ("absent", "max-value", "promote", "promote-split", "suppress"),
@@ -142,7 +154,10 @@ ATTACKS = {
     "fedcg": ("absent", "collude"),
 }
 DEFENCES = {
-    "fedsm": ("off", "checks", "mom", "commitment", "clamp", "checks+clamp"),
+    "fedsm": (
+        "off", "checks", "mom", "commitment", "clamp", "checks+clamp", "noise-clamp",
+        "checks+noise-clamp",
+    ),
     "dgreedy": ("off", "node", "checks", "commitment"),
     "fedcg": ("off", "verify"),
 }
@@ -284,16 +299,19 @@ def poisoned_objective(attack: Attack) -> tuple[MaxRowObjective, int]:
 def run_fedsm(inst: Instance, k: int, seed: int, attack: Attack | None, defence: str) -> dict:
     """FedSM Algorithm 1 (K = d = 10 %) with the dishonest users' reports of ``attack``."""
     matroid = UniformMatroid(inst.m, k)
-    clamp = defence in ("clamp", "checks+clamp")
-    server = FedSMServer(inst.n, matroid, k, FEDSM_K, FEDSM_D, seed=seed, history_clamp=clamp)
+    clamp = defence.endswith("clamp")
+    server = FedSMServer(inst.n, matroid, k, FEDSM_K, FEDSM_D, seed=seed)
+    if clamp:
+        margin = MARGIN[0] if defence.endswith("noise-clamp") else 0.0
+        server.history = GainHistory(inst.m, margin)
     tally = ReportTally()
     obj = inst.objective
-    committed = defence in ("commitment", "clamp")
+    committed = defence in ("commitment", "clamp", "noise-clamp")
     if attack is not None and committed and attack.name != "absent":
         obj, clipped = poisoned_objective(attack)
         tally.clipped_values += clipped
         attack = None  # the node computes every report from the committed profile
-    checks = defence in ("checks", "mom", "checks+clamp")
+    checks = defence in ("checks", "mom", "checks+clamp", "checks+noise-clamp")
     groups = MOM_GROUPS if defence == "mom" else 1
     while not server.done:
         users = server.sample_users()
@@ -519,8 +537,10 @@ def run_fedcg(inst: Instance, k: int, seed: int, attack: Attack | None, defence:
 
 
 #: the defences each algorithm's page recommends (the worst case over attacks is shown):
-#: FedSM's deployed default, and with its opt-in history clamp
-CHOSEN = {"fedsm": ("commitment", "clamp"), "dgreedy": ("checks",), "fedcg": ("verify",)}
+#: FedSM's commitment alone, with the default noise-aware clamp, and with the mean clamp
+CHOSEN = {
+    "fedsm": ("commitment", "noise-clamp", "clamp"), "dgreedy": ("checks",), "fedcg": ("verify",)
+}
 #: what identifies a row
 CELL = ("algorithm", "attack", "fraction", "k", "seed", "defence")
 TITLES = {
@@ -545,7 +565,7 @@ def one_run(
     att = None
     if attack is not None:
         bad = dishonest_users(inst.n, fraction, seed)
-        budgeted = ("checks", "mom", "verify", "checks+clamp")
+        budgeted = ("checks", "mom", "verify", "checks+clamp", "checks+noise-clamp")
         budget = ClaimBudget(inst.n, inst.lam) if defence in budgeted else None
         groups = split_groups(inst, k, bad.size) if attack == "promote-split" else 1
         att = Attack(attack, bad, inst, k, draw_checked=defence != "off", budget=budget,
@@ -560,6 +580,7 @@ def one_run(
         "seed": seed,
         "defence": defence,
         "groups": att.groups if att is not None else 0,
+        **({"margin": MARGIN[0]} if defence.endswith("noise-clamp") else {}),
         "objective": inst.objective.mean_value(out.pop("selected")),
         "seconds": time.perf_counter() - t0,
         **out,
@@ -659,18 +680,20 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-#: the (K, d) of FedSM's honest runs with and without the history clamp (``--clamp-cost``)
+#: the (K, d) of FedSM's honest runs with and without the history clamps (``--clamp-cost``)
 CLAMP_COST_GRID = ((0.1, 0.1), (0.01, 0.1), (0.1, 0.4), (0.01, 0.4))
+#: the runs compared: the paper's estimate, the default noise-aware clamp, the mean clamp
+CLAMP_COST_RUNS = (("paper", "off"), ("noise-aware", "noise-aware"), ("clamp", "mean"))
 
 
 def clamp_cost(inst: Instance, ks: list[int], seeds: list[int]) -> list[dict[str, Any]]:
-    """Honest FedSM runs with and without the history clamp: F(S)/greedy per (K, d, k, seed)."""
+    """Honest FedSM runs with and without the history clamps: F(S)/greedy per (K, d, k, seed)."""
     rows = []
     for big_k, d in CLAMP_COST_GRID:
         for k in ks:
             for seed in seeds:
                 row: dict[str, Any] = {"K": big_k, "d": d, "k": k, "seed": seed}
-                for clamp in (False, True):
+                for key, clamp in CLAMP_COST_RUNS:
                     server = FedSMServer(inst.n, UniformMatroid(inst.m, k), k, big_k, d, seed=seed,
                                          history_clamp=clamp)  # fmt: skip
                     while not server.done:
@@ -680,13 +703,15 @@ def clamp_cost(inst: Instance, ks: list[int], seeds: list[int]) -> list[dict[str
                         )
                         server.select(total, users.size)
                     value = inst.objective.mean_value(list(server.selected))
-                    row["clamp" if clamp else "paper"] = value / inst.greedy_values[k][-1]
+                    row[key] = value / inst.greedy_values[k][-1]
                 rows.append(row)
             mine = [r for r in rows if (r["K"], r["d"], r["k"]) == (big_k, d, k)]
-            diff = [r["clamp"] - r["paper"] for r in mine]
-            print(f"K={big_k} d={d} k={k}: paper {np.mean([r['paper'] for r in mine]):.4f} "
-                  f"clamp {np.mean([r['clamp'] for r in mine]):.4f} mean diff "
-                  f"{np.mean(diff):+.4f} worst seed {min(diff):+.4f}", flush=True)  # fmt: skip
+            parts = [f"K={big_k} d={d} k={k}: paper {np.mean([r['paper'] for r in mine]):.4f}"]
+            for key, _ in CLAMP_COST_RUNS[1:]:
+                diff = [r[key] - r["paper"] for r in mine]
+                parts.append(f"{key} {np.mean([r[key] for r in mine]):.4f} mean diff "
+                             f"{np.mean(diff):+.4f} worst seed {min(diff):+.4f}")  # fmt: skip
+            print("; ".join(parts), flush=True)
     return rows
 
 
@@ -702,8 +727,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="k = 10, seed 0, b = 5 %%")
     ap.add_argument(
         "--clamp-cost", action="store_true",
-        help="only FedSM's honest runs with and without the history clamp, over --k, --seeds "
+        help="only FedSM's honest runs with and without the history clamps, over --k, --seeds "
         "and CLAMP_COST_GRID's (K, d); rows to --out.json",
+    )
+    ap.add_argument(
+        "--margin", type=float, default=NOISE_AWARE_MARGIN,
+        help="c of the noise-clamp defences (default: the app's, %(default)s)",
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/robustness"))
     ap.add_argument(
@@ -724,6 +753,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.k, args.seeds, args.fractions = [10], [0], [0.05]
+    MARGIN[0] = args.margin
     inst = load_instance(args.k)
     if args.clamp_cost:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -262,6 +262,8 @@ def _base_run_config(args: argparse.Namespace) -> dict[str, Any]:
         "partition-capacity": args.partition_capacity,
         "num-users": args.num_users,
         "num-elements": args.num_elements,
+        # the paper's Algorithm 1: the estimate of Eq. (3) as it is, not the app's default clamp
+        "fedsm-history-clamp": "off",
     }
     if args.data_dir:
         base["data-dir"] = str(Path(args.data_dir).expanduser().resolve())

@@ -95,6 +95,8 @@ def _count(text: str) -> int | float:
 
 def _base(args: argparse.Namespace) -> dict[str, Any]:
     base: dict[str, Any] = {"dataset": args.dataset, "k": args.k, **data_overrides(args)}
+    # the paper's algorithms: Algorithm 1's estimate as it is, not the app's default clamp
+    base["fedsm-history-clamp"] = "off"
     if args.matroid != "uniform":
         base["matroid"] = args.matroid
         base["partition-capacity"] = args.partition_capacity

@@ -99,6 +99,7 @@ def fedsm_dp(args: argparse.Namespace) -> None:
         "algorithm": "fedsm", "dataset": args.dataset, "data-dir": args.data_dir, "k": args.k,
         "clients-per-round": args.clients, "elements-per-client": args.elements,
         "dp-reproducible-noise": bool(args.reproducible_noise),
+        "fedsm-history-clamp": "off",  # the paper's Algorithm 1 (the app's default clamps)
     }  # fmt: skip
     grid = []
     for seed in args.seeds:

@@ -18,7 +18,12 @@ from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
 from flower_app.algorithms.robust.guard import UserGuard
-from flower_app.algorithms.robust.history import GainHistory
+from flower_app.algorithms.robust.history import (
+    CLAMPS,
+    NOISE_AWARE_MARGIN,
+    GainHistory,
+    clamp_margin,
+)
 from flower_app.algorithms.robust.reports import ReportTally, coin_refusals, refusal_reason
 from flower_app.algorithms.robust.sums import (
     ReportOverflowError,
@@ -285,40 +290,113 @@ def test_history_clamp_pulls_a_spike_down_to_the_mean_so_far() -> None:
         GainHistory(0)
 
 
-def test_history_clamp_keeps_committed_promoters_out_where_the_estimate_lets_them_in() -> None:
+def test_noise_aware_clamp_passes_honest_noise_and_holds_a_spike() -> None:
+    """Element 0's estimates scatter around a steady gain: the mean clamp cuts its last one
+    down to the mean, the noise-aware bound (mean + 3 standard errors) leaves it. Element 1's
+    history is small with one spike: both clamps hold the spike, the noise-aware one to
+    mean + 3 · (sample standard deviation / √t)."""
+    rounds = np.array([[1.0, 0.0], [1.2, 0.08], [0.9, 0.0], [1.1, 0.0], [1.25, 0.33]])
+    noise_aware, mean = GainHistory(2, NOISE_AWARE_MARGIN), GainHistory(2)
+    for estimate in rounds:
+        held_n, lowered_n = noise_aware.clamp(estimate)
+        held_m, _ = mean.clamp(estimate)
+    t = rounds.shape[0]
+    bound = rounds.mean(axis=0) + 3.0 * rounds.std(axis=0, ddof=1) / np.sqrt(t)
+    np.testing.assert_allclose(noise_aware.bound(), bound)
+    assert held_n[0] == 1.25 and held_m[0] == pytest.approx(rounds[:, 0].mean())
+    assert held_n[1] == pytest.approx(bound[1]) and bound[1] < 0.33
+    assert held_m[1] == pytest.approx(rounds[:, 1].mean())
+    assert lowered_n == 1
+    with pytest.raises(ValueError, match="margin"):
+        GainHistory(2, -1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(0.0, 10.0, allow_nan=False), min_size=3, max_size=3),
+        min_size=1, max_size=8,
+    ),
+    st.floats(0.0, 5.0),
+    st.floats(0.0, 5.0),
+)  # fmt: skip
+def test_history_clamps_never_raise_an_estimate_and_loosen_with_the_margin(
+    history: list[list[float]], c1: float, c2: float
+) -> None:
+    """Whatever the estimates: no clamp raises one; the held value lies between the mean
+    clamp's and the estimate; a larger margin never holds lower; c = 0 is the mean clamp."""
+    low, high = sorted((c1, c2))
+    hists = [GainHistory(3), GainHistory(3, low), GainHistory(3, high)]
+    total = np.zeros(3)
+    for t, row in enumerate(history, start=1):
+        estimate = np.array(row)
+        total += estimate
+        held_mean, held_low, held_high = (h.clamp(estimate)[0] for h in hists)
+        np.testing.assert_array_equal(held_mean, np.minimum(estimate, total / t))
+        assert np.all(held_high <= estimate) and np.all(held_low <= held_high + 1e-12)
+        assert np.all(held_mean <= held_low + 1e-12)
+
+
+def test_history_clamps_by_name() -> None:
+    assert CLAMPS == {"off": None, "noise-aware": NOISE_AWARE_MARGIN, "mean": 0.0}
+    assert clamp_margin(True) == 0.0 and clamp_margin(False) is None  # old checkpoints
+    assert FedSMParams().history_clamp == "noise-aware"  # the default: on
+    with pytest.raises(ValueError, match="history clamp 'median'"):
+        clamp_margin("median")
+
+
+@pytest.mark.parametrize("clamp", ["noise-aware", "mean"])
+def test_history_clamp_keeps_committed_promoters_out_where_the_estimate_lets_them_in(
+    clamp: str,
+) -> None:
     """Three dishonest users commit λ on ten elements no honest user values (0.5 % of the
     users; their true gain is below every round's honest best, so greedy never takes one).
-    Algorithm 1's one-round estimate lets one in by the noise of its sample (seed 4); with the
-    history clamp none enters S for any of the seeds, and each round's row counts the
-    estimates it lowered."""
+    Algorithm 1's one-round estimate lets one in by the noise of its sample (seed 4); with
+    either history clamp none enters S for any of the seeds, and each round's row counts the
+    estimates it lowered (the noise-aware bound lowers fewer)."""
     committed, useless = promoted_instance()
     m, k = committed.n_elements, 8
     assert not set(greedy(committed, UniformMatroid(m, k), k).selected) & useless
 
-    def direct(seed: int, clamp: bool) -> tuple[list[int], list[dict]]:
+    def direct(seed: int, clamp: str) -> tuple[list[int], list[dict]]:
         params = FedSMParams("alg1", 0.1, 0.1, history_clamp=clamp)
         run = FedSMRun(committed.n_users, UniformMatroid(m, k), k, params, 5.0, seed=seed)
         rows: list[dict] = []
         return run_direct(committed, run, on_round=rows.append), rows
 
-    assert set(direct(4, clamp=False)[0]) & useless  # the attack works without the clamp
+    assert set(direct(4, "off")[0]) & useless  # the attack works without the clamp
     for seed in range(6):
-        selected, rows = direct(seed, clamp=True)
+        selected, rows = direct(seed, clamp)
         assert not set(selected) & useless
         assert [r["estimates-clamped"] for r in rows][0] == 0  # round 1: nothing to hold to
         assert sum(r["estimates-clamped"] for r in rows) > 0
-    plain_rows = direct(0, clamp=False)[1]
+    if clamp == "noise-aware":
+        lowered = sum(r["estimates-clamped"] for r in direct(0, clamp)[1])
+        assert lowered < sum(r["estimates-clamped"] for r in direct(0, "mean")[1])
+    plain_rows = direct(0, "off")[1]
     assert "estimates-clamped" not in plain_rows[0]
 
 
-def test_history_clamp_is_for_algorithm_1_only() -> None:
+def test_history_clamp_is_algorithm_1s() -> None:
+    """The other modes ignore the (default) clamp: Algorithm 2 chooses the same S with it as
+    with ``"off"``; an unknown name is refused."""
+    committed, _ = promoted_instance()
+    m, k = committed.n_elements, 4
+
+    def alg2(clamp: str) -> list[int]:
+        params = FedSMParams("alg2", 0.5, 0.5, history_clamp=clamp)
+        return run_direct(committed, FedSMRun(committed.n_users, UniformMatroid(m, k), k,
+                                              params, 5.0, seed=1))  # fmt: skip
+
+    assert alg2("noise-aware") == alg2("off")
     with pytest.raises(ValueError, match="history clamp"):
-        FedSMRun(10, UniformMatroid(8, 4), 4, FedSMParams("alg2", history_clamp=True), 1.0)
+        FedSMRun(10, UniformMatroid(8, 4), 4, FedSMParams("alg1", history_clamp="on"), 1.0)
 
 
 def test_run_config_history_clamp_reaches_the_direct_engine_and_metrics(tmp_path) -> None:
-    """``fedsm-history-clamp = true``: each round's row of metrics.jsonl counts the lowered
-    estimates; the key is refused with another fedsm-mode."""
+    """The default run_config clamps (noise-aware): each round's row of metrics.jsonl counts
+    the lowered estimates, fewer than ``"mean"`` lowers; ``"off"`` rows have no count;
+    ``"mean"`` is refused with another fedsm-mode, where the default is accepted."""
     import json
     from pathlib import Path
 
@@ -328,12 +406,20 @@ def test_run_config_history_clamp_reaches_the_direct_engine_and_metrics(tmp_path
     base = {
         "dataset": "synthetic-facility-location", "num-users": 200, "num-elements": 60,
         "k": 5, "clients-per-round": 0.25, "elements-per-client": 0.2, "seed": 1,
-        "output-dir": str(tmp_path), "fedsm-history-clamp": True,
+        "output-dir": str(tmp_path),
     }  # fmt: skip
-    summary = run_experiment(AppConfig.from_run_config(base))
-    lines = (Path(summary["run-folder"]) / "metrics.jsonl").read_text().splitlines()
-    rows = [r for r in map(json.loads, lines) if r.get("server-round", 0) > 0]
-    assert len(rows) == 5 and rows[0]["estimates-clamped"] == 0
-    assert sum(r["estimates-clamped"] for r in rows) > 0
+
+    def rows(clamp: str | None) -> list[dict]:
+        config = base if clamp is None else {**base, "fedsm-history-clamp": clamp}
+        summary = run_experiment(AppConfig.from_run_config({**config, "run-name": str(clamp)}))
+        lines = (Path(summary["run-folder"]) / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r.get("server-round", 0) > 0]
+
+    default, mean, off = rows(None), rows("mean"), rows("off")
+    assert len(default) == 5 and default[0]["estimates-clamped"] == 0
+    lowered = sum(r["estimates-clamped"] for r in default)
+    assert 0 < lowered < sum(r["estimates-clamped"] for r in mean)
+    assert all("estimates-clamped" not in r for r in off)
     with pytest.raises(ConfigError, match="fedsm-history-clamp"):
-        AppConfig.from_run_config({**base, "fedsm-mode": "alg2"})
+        AppConfig.from_run_config({**base, "fedsm-history-clamp": "mean", "fedsm-mode": "alg2"})
+    AppConfig.from_run_config({**base, "fedsm-mode": "alg2"})

@@ -13,6 +13,7 @@ from test_robust_checks import promoted_instance
 from flower_app import checkpoint
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
+from flower_app.algorithms.robust.history import NOISE_AWARE_MARGIN
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.continuous import ContinuousClient
@@ -137,17 +138,20 @@ def _direct_rows(obj: MaxRowObjective, k: int, params: FedSMParams, seed: int):
     return run_direct(obj, run, on_round=rows.append), rows
 
 
-def test_cohort_fedsm_with_the_history_clamp_keeps_committed_promoters_out() -> None:
+@pytest.mark.parametrize("name", ["noise-aware", "mean"])
+def test_cohort_fedsm_with_the_history_clamp_keeps_committed_promoters_out(name: str) -> None:
     """The dishonest users of ``promoted_instance`` sit on the last of three nodes, which
     computes their reports from their committed profiles: without the clamp one promoted
-    element enters S (seed 4), with it none does, and the strategy chooses the direct
-    engine's S with the same per-round count of lowered estimates."""
+    element enters S (seed 4), with either clamp (the default noise-aware one, the mean)
+    none does, and the strategy chooses the direct engine's S with the same per-round count
+    of lowered estimates."""
     committed, useless = promoted_instance()
     n, m, k, seed = committed.n_users, committed.n_elements, 8, 4
-    clamp = FedSMParams("alg1", 0.1, 0.1, history_clamp=True)
+    clamp = FedSMParams("alg1", 0.1, 0.1, history_clamp=name)
     selected, rows = _direct_rows(committed, k, clamp, seed)
     assert not set(selected) & useless
-    assert set(_direct_rows(committed, k, FedSMParams("alg1", 0.1, 0.1), seed)[0]) & useless
+    off = FedSMParams("alg1", 0.1, 0.1, history_clamp="off")
+    assert set(_direct_rows(committed, k, off, seed)[0]) & useless
 
     def factory(context):
         p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
@@ -162,10 +166,11 @@ def test_cohort_fedsm_with_the_history_clamp_keeps_committed_promoters_out() -> 
     assert got == [r["estimates-clamped"] for r in rows] and sum(got) > 0
 
 
-def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set() -> None:
+@pytest.mark.parametrize("name", ["noise-aware", "mean"])
+def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set(name: str) -> None:
     """One node per user; users 0 and 1 are dishonest and report λ from a committed profile on
     the three elements the honest users value least. The strategy's rounds hold the
-    estimates as the direct engine does: same S, same counts in every row."""
+    estimates as the direct engine does (either clamp): same S, same counts in every row."""
     obj = _objective()
     values = obj.values.toarray()
     useless = np.argsort(values.sum(axis=0), kind="stable")[:3]
@@ -173,7 +178,7 @@ def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set() -> No
     values[:2, useless] = obj.max_singleton
     committed = MaxRowObjective(sp.csr_matrix(values))
     k, seed = 6, 3
-    params = FedSMParams("alg1", 0.25, 0.2, history_clamp=True)
+    params = FedSMParams("alg1", 0.25, 0.2, history_clamp=name)
     run = FedSMRun(N, UniformMatroid(M, k), k, params, obj.max_singleton, seed=seed)
     rows: list[dict] = []
     selected = run_direct(committed, run, on_round=rows.append)
@@ -185,12 +190,13 @@ def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set() -> No
 
 
 def test_a_clamped_fedsm_run_resumes_from_its_checkpoint_to_the_same_set() -> None:
-    """The history the clamp keeps is part of the checkpoint: a run resumed after round 3
-    (through the checkpoint's bytes) holds the same estimates and chooses the same S as the
+    """The history the clamp keeps (sums and sums of squares, the default noise-aware
+    bound's) is part of the checkpoint: a run resumed after round 3 (through the
+    checkpoint's bytes) holds the same estimates and chooses the same S as the
     uninterrupted run."""
     committed, _ = promoted_instance()
     n, m, k, seed = committed.n_users, committed.n_elements, 8, 4
-    params = FedSMParams("alg1", 0.1, 0.1, history_clamp=True)
+    params = FedSMParams("alg1", 0.1, 0.1)  # the default clamp: noise-aware
 
     def factory(context):
         p, parts = context.node_config["partition-id"], context.node_config["num-partitions"]
@@ -210,7 +216,8 @@ def test_a_clamped_fedsm_run_resumes_from_its_checkpoint_to_the_same_set() -> No
     whole = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0, checkpoint_fn=keep)
     whole.start(grid(), num_rounds=k)
     payload = checkpoint.loads(saved[2])
-    assert payload["state"].inner.history.rounds == 3
+    held = payload["state"].inner.history
+    assert held.rounds == 3 and held.margin == NOISE_AWARE_MARGIN and held.squares.any()
     resumed = FedSMCohorts(n, UniformMatroid(m, k), k, params, seed=seed, lam=5.0)
     resumed.resume_from(payload)
     resumed.start(grid(), num_rounds=k)

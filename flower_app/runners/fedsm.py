@@ -123,7 +123,7 @@ def fedsm_params(cfg: AppConfig) -> FedSMParams:
         dp_delta=cfg.get("fedsm-dp-delta"),
         dp_secure=bool(cfg.secure_aggregation),
         dp_reproducible=cfg.dp_reproducible_noise,
-        history_clamp=bool(cfg.get("fedsm-history-clamp")),
+        history_clamp=cfg.get("fedsm-history-clamp"),
     )
     return params
 

@@ -227,10 +227,12 @@ _DECLARED = (
         choices=("per-user", "batched"),
     ),
     Setting(
-        "fedsm-history-clamp", "bool", False, _FEDSM,
-        "Algorithm 1 against dishonest users: choose by each estimate held to the mean of "
-        "that element's estimates so far (gains only shrink); a deviation from the paper "
-        "(docs/strategies/fedsm.md)",
+        "fedsm-history-clamp", "choice", "noise-aware", _FEDSM,
+        "Algorithm 1 against dishonest users: choose by each estimate held to the mean of that "
+        "element's estimates so far plus 3 standard errors (noise-aware, default), to the mean "
+        "itself (mean: tighter), or not at all (off: the paper's Eq. (3), what the "
+        "reproductions use); a deviation from the paper (docs/strategies/fedsm.md)",
+        choices=("noise-aware", "mean", "off"),
     ),
     Setting(
         "fedsm-dp-epsilon", "float", 0.0, _FEDSM,

@@ -181,9 +181,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         ("fedsm-history-clamp", "fedsm-mode"),
-        lambda v: _family(v) == "fedsm" and v["fedsm-history-clamp"] and v["fedsm-mode"] != "alg1",
-        lambda v: "run_config 'fedsm-history-clamp' is implemented for fedsm-mode = 'alg1', not "
-        f"{v['fedsm-mode']!r}",
+        lambda v: _family(v) == "fedsm"
+        and v["fedsm-history-clamp"] == "mean"
+        and v["fedsm-mode"] != "alg1",
+        lambda v: "run_config 'fedsm-history-clamp' = 'mean' is implemented for fedsm-mode = "
+        f"'alg1', not {v['fedsm-mode']!r} (the other modes run without a clamp: drop it or set "
+        "'off')",
     ),
     # ---------------------------------------------------------------- fedcg
     Rule(

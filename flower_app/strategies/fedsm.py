@@ -448,10 +448,11 @@ class FedSMStrategy(FedSMRounds, RoundStrategy):
         replaces ``mode``, ``clients_per_round`` and ``elements_per_client``. Its ``rng``
         (``"per-user"`` default, or ``"batched"``: all users' draws at once, support-
         proportional, same law; :mod:`flower_app.algorithms.fedsm.sampling`) is sent to the
-        nodes with every round. Its ``history_clamp`` (Algorithm 1, default False) holds
-        each round's estimates to the mean of their earlier ones
-        (:mod:`flower_app.algorithms.robust.history`), a deviation from the paper against
-        dishonest users; the rows then count ``estimates-clamped``.
+        nodes with every round. Its ``history_clamp`` (Algorithm 1; default
+        ``"noise-aware"``) holds each round's estimates to the mean of their earlier ones
+        plus 3 standard errors (``"mean"``: to the mean; ``"off"``: the paper's estimate
+        as it is; :mod:`flower_app.algorithms.robust.history`), a deviation from the paper
+        against dishonest users; the rows then count ``estimates-clamped``.
     secure_aggregation : SecureAggregation, optional
         Sum each round's reports with secure aggregation (:mod:`flower_app.privacy`; the
         nodes' ClientApps need ``secure_aggregation_mod``). Nodes then report densely; the

@@ -25,10 +25,12 @@ Choices where the paper is silent (also in the README):
 * A user whose gains are all zero (e.g. an already covered researcher) reports only zeros
   whatever D_i is, so its draw is skipped; this changes no result.
 
-A deviation, opt-in (``FedSMServer(history_clamp=True)``, run_config
-``fedsm-history-clamp``): the argmax over the estimates held to the mean of each element's
-estimates so far (:mod:`flower_app.algorithms.robust.history`), against a few dishonest
-users whose claims win a round by the noise of one round's sample.
+A deviation from the paper, the app's default (run_config ``fedsm-history-clamp =
+"noise-aware"``; ``FedSMServer(history_clamp="noise-aware")``, while this class's own default
+is ``"off"``, the paper's maths): the argmax over the estimates held to the mean of each
+element's estimates so far plus c standard errors of that mean (``"mean"``: to the mean
+itself; :mod:`flower_app.algorithms.robust.history`), against a few dishonest users whose
+claims win a round by the noise of one round's sample.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.common.greedy_step import best_feasible, check_greedy_run
 from flower_app.algorithms.fedsm.sampling import check_scheme, sample_users, support_draw, user_draw
-from flower_app.algorithms.robust.history import GainHistory
+from flower_app.algorithms.robust.history import GainHistory, clamp_margin
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -240,10 +242,13 @@ class FedSMServer:
     rng : numpy.random.Generator, optional
         Use this generator instead of ``default_rng(seed)`` (amplification runs one
         Algorithm 1 per step on one shared server generator).
-    history_clamp : bool, optional
-        Choose by the estimates held to the mean of their own earlier estimates
+    history_clamp : str or bool, optional
+        Choose by the estimates held to a bound from their own earlier estimates
         (:class:`~flower_app.algorithms.robust.history.GainHistory`; a deviation from the
-        paper against dishonest users, default False: Eq. (3) as it is).
+        paper against dishonest users): ``"noise-aware"`` (the mean plus
+        :data:`~flower_app.algorithms.robust.history.NOISE_AWARE_MARGIN` standard errors),
+        ``"mean"`` (the mean; True, as written before the clamps had names) or ``"off"``
+        (default here; False: Eq. (3) as it is).
     """
 
     n_users: int
@@ -255,7 +260,7 @@ class FedSMServer:
     selected: list[int] = field(default_factory=list)
     rounds: list[FedSMRound] = field(default_factory=list)
     rng: np.random.Generator | None = field(default=None, repr=False)
-    history_clamp: bool = False
+    history_clamp: str | bool = "off"
 
     def __post_init__(self) -> None:
         check_greedy_run(self.seed, self.k, self.matroid)
@@ -264,7 +269,8 @@ class FedSMServer:
         self.d = resolve_count(self.elements_per_client, m, "elements-per-client")
         if self.rng is None:
             self.rng = np.random.default_rng(self.seed)
-        self.history = GainHistory(m) if self.history_clamp else None
+        margin = clamp_margin(self.history_clamp)
+        self.history = None if margin is None else GainHistory(m, margin)
 
     @property
     def done(self) -> bool:
@@ -297,7 +303,7 @@ class FedSMServer:
         Notes
         -----
         With ``history_clamp`` the argmax is taken over the scaled estimates held to their
-        running means (ties to the lowest index); ``estimate`` stays the round's F̂(e | S).
+        history's bound (ties to the lowest index); ``estimate`` stays the round's F̂(e | S).
         """
         m = self.matroid.n_elements
         if report_sum.shape != (m,) or not np.all(np.isfinite(report_sum)):

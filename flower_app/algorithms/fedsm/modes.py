@@ -49,6 +49,7 @@ from flower_app.algorithms.fedsm.shuffle_dp import (
     local_epsilon,
     query_epsilon,
 )
+from flower_app.algorithms.robust.history import clamp_margin
 from flower_app.algorithms.robust.reports import ReportTally
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.multilinear import multilinear_value
@@ -122,10 +123,14 @@ class FedSMParams:
         The research mode ``dp-reproducible-noise`` (default False): marks the rows, and
         keys the randomiser by the seed in the direct engine (no privacy against the server;
         :mod:`flower_app.algorithms.common.dp_noise`). Nodes take it from their own configuration.
-    history_clamp : bool
-        Algorithm 1 (``mode="alg1"``): choose by the estimates held to the mean of each
-        element's estimates so far (:mod:`flower_app.algorithms.robust.history`; a
-        deviation from the paper against dishonest users; default False). Its rows count
+    history_clamp : str
+        Algorithm 1 (``mode="alg1"``; the other modes ignore it): choose by the estimates
+        held to a bound from each element's estimates so far
+        (:mod:`flower_app.algorithms.robust.history`; a deviation from the paper against
+        dishonest users). ``"noise-aware"`` (default): the mean plus
+        :data:`~flower_app.algorithms.robust.history.NOISE_AWARE_MARGIN` standard errors of
+        the mean; ``"mean"``: the mean itself (tighter); ``"off"``: Eq. (3) as it is (the
+        paper's algorithm, what the recorded reproductions use). With a clamp the rows count
         the lowered estimates (``estimates-clamped``).
     """
 
@@ -146,7 +151,7 @@ class FedSMParams:
     dp_delta: float = 1e-6
     dp_secure: bool = False
     dp_reproducible: bool = False
-    history_clamp: bool = False
+    history_clamp: str = "noise-aware"
 
     def steps(self) -> int:
         """Return the amplification's 1/η, checking η."""
@@ -403,10 +408,7 @@ class FedSMRun:
                     f"amplification rounds x in the polytope of the matroid itself, so k={k} "
                     f"must equal its rank {matroid.rank} (lower partition-capacity or raise k)"
                 )
-        if params.history_clamp and params.mode != "alg1":
-            raise ValueError(
-                f"the history clamp is implemented for fedsm-mode = 'alg1', not {params.mode!r}"
-            )
+        clamp_margin(params.history_clamp)  # checks the name (the other modes ignore it)
         if uses_alg2 and not (math.isfinite(params.epsilon) and 0.0 < params.epsilon < 1.0):
             raise ValueError(f"fedsm epsilon={params.epsilon} must lie in (0, 1)")
         self.initial = [int(e) for e in initial]
@@ -469,8 +471,9 @@ class FedSMRun:
                 seed=self.seed,
                 rng=self.rng,
                 selected=list(self.initial),
-                # a checkpoint written before the clamp existed holds params without it
-                history_clamp=getattr(p, "history_clamp", False),
+                # a checkpoint written before the clamp existed holds params without it;
+                # amplification's inner Algorithm 1 runs without (Algorithm 1 mode only)
+                history_clamp=getattr(p, "history_clamp", False) if p.mode == "alg1" else "off",
             )
         server = FedSMAlg2Server(
             self.n_users,

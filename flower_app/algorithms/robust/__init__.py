@@ -14,8 +14,9 @@ module              what it holds
 ``node_bounds``     what the server checks on a node's sum (cohort mode, secure aggregation)
 ``profiles``        the declared range in force, and the users' profiles committed (clipped
                     to it) at setup
-``history``         FedSM's history clamp: a round's estimated gain held to the mean of
-                    that element's estimates so far (submodular gains only shrink)
+``history``         FedSM's history clamp (on by default): a round's estimated gain held
+                    to the mean of that element's estimates so far plus c standard errors
+                    (submodular gains only shrink)
 ==================  ==========================================================================
 
 The threat model these serve, and what each bound is worth against which attack, is in the

@@ -72,7 +72,7 @@ class FedSMCohorts(FedSMRounds, CohortStrategy):
         Largest \|S\|.
     params : FedSMParams
         The mode and its parameters (K, d, ε, τ, η, ..., the users' draws, DP, Algorithm
-        1's opt-in history clamp).
+        1's history clamp, ``"noise-aware"`` by default: a deviation from the paper).
     seed : int, optional
         Seed of all randomness (default 0).
     lam : float, optional
