@@ -171,11 +171,11 @@ def _synthetic_movielens_rating(cfg: Any) -> Found:
 
 
 def _idx_files(folder: Path, stems: Any, name: str, download: bool) -> list[str]:
-    from flower_app.datasets.idx import read_idx_shape
+    from flower_app.datasets.idx import find_idx, read_idx_shape
 
     found, missing = [], []
     for stem in stems:
-        path = next((folder / n for n in (stem + ".gz", stem) if (folder / n).is_file()), None)
+        path = find_idx(folder, stem)
         if path is None:
             missing.append(folder / (stem + ".gz"))
             continue
