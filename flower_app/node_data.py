@@ -32,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from flower_app.clients.cohorts import cohort_range
+from flower_app.datasets.paths import file_checksum
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -58,7 +59,6 @@ FORMAT = "flower-app-node-data/1"
 DATA_PATH_KEY = "data-path"
 
 _COLUMNS = ("user", "item", "value")
-_CHUNK = 1 << 20
 
 
 class NodeDataError(ValueError):
@@ -66,23 +66,8 @@ class NodeDataError(ValueError):
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Return the hex sha256 of a file.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The file.
-
-    Returns
-    -------
-    str
-        64 hex digits.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Return the hex sha256 of a file (64 hex digits), as the manifest records it."""
+    return file_checksum(path, "sha256")
 
 
 def node_file_name(partition_id: int) -> str:
@@ -464,11 +449,11 @@ def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
     """Read a node file once per file version: parquet (checked) or its binary cache.
 
     Flower 1.42 starts a fresh ClientApp process for every message, so a per-process cache
-    alone reads (and hashes) the parquet file for every message: ~0.5 s with pyarrow's
-    import. The first reader, after the checksum and range checks, leaves the node's CSR
-    arrays in an uncompressed ``.npz`` under :func:`cache_dir`, keyed by the file's path,
-    size and modification time (and the manifest's); later processes load it in
-    milliseconds without importing pandas or pyarrow. A changed file gets a new key.
+    alone would read (and hash) the parquet file for every message. The first reader, after
+    the checksum and range checks, leaves the node's CSR arrays in an uncompressed ``.npz``
+    under :func:`cache_dir`, keyed by the file's path, size and modification time (and the
+    manifest's); later processes load it without importing pandas or pyarrow. A changed
+    file gets a new key.
     """
     file = Path(path)
     cache = _binary_cache(path, mtime, size)

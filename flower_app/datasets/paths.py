@@ -26,12 +26,9 @@ import hashlib
 import io
 import os
 import tempfile
-import urllib.request
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -492,6 +489,10 @@ def download_file(
 
 def _copy_url(url: str, out, digests: dict, timeout: float) -> None:
     """Stream ``url`` into the open binary file ``out``, updating ``digests``."""
+    import urllib.request
+
+    from tqdm.auto import tqdm  # imported by a download only (with urllib, they are slow to import)
+
     with urllib.request.urlopen(url, timeout=timeout) as response:
         total = response.headers.get("Content-Length")
         with tqdm(
