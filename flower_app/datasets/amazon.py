@@ -65,6 +65,8 @@ PAPER_TABLE1 = {"clients": 1870, "samples": 123147, "samples-per-client": 66,
 TIME_CUTOFF = 1_385_000_000
 #: the least ratings of a user who becomes a client (the authors' code: at least 40)
 MIN_RATINGS = 40
+#: the clicked items an event's history keeps (the most recent)
+HISTORY = 100
 
 
 @dataclass(frozen=True)
@@ -389,16 +391,13 @@ def build_amazon(
     ratings: Iterable[Rating],
     name: str = "amazon",
     categories: dict[str, str] | None = None,
-    min_ratings: int = MIN_RATINGS,
-    cutoff: int = TIME_CUTOFF,
-    max_history: int = 100,
 ) -> AmazonCTR:
     """Build the federated CTR task (see the module docstring).
 
     Raises
     ------
     ValueError
-        If no user has ``min_ratings`` ratings.
+        If no user has :data:`MIN_RATINGS` ratings.
     """
     users_col, items_col, rating_col, time_col = [], [], [], []
     for r in ratings:
@@ -408,10 +407,10 @@ def build_amazon(
         time_col.append(r.time)
     user_raw = np.asarray(users_col)
     uniq_u, u_inv, u_count = np.unique(user_raw, return_inverse=True, return_counts=True)
-    keep = u_count[u_inv] >= min_ratings
+    keep = u_count[u_inv] >= MIN_RATINGS
     if not keep.any():
-        raise ValueError(f"no user has {min_ratings} or more ratings")
-    users = tuple(str(u) for u in uniq_u[u_count >= min_ratings])
+        raise ValueError(f"no user has {MIN_RATINGS} or more ratings")
+    users = tuple(str(u) for u in uniq_u[u_count >= MIN_RATINGS])
     item_raw = np.asarray(items_col)[keep]
     items_arr, mid = np.unique(item_raw, return_inverse=True)
     items = tuple(str(i) for i in items_arr)
@@ -421,14 +420,14 @@ def build_amazon(
     time = np.asarray(time_col, dtype=np.int64)[keep]
     order = np.lexsort((np.arange(uid.size), time, uid))  # by user, then time (stable)
     uid, mid, clk, time = uid[order], mid[order], clk[order], time[order]
-    hist = np.zeros((uid.size, max_history), dtype=np.int64)
+    hist = np.zeros((uid.size, HISTORY), dtype=np.int64)
     start = 0
     for end in np.flatnonzero(np.diff(np.append(uid, -1))) + 1:
         clicked: list[int] = []
         for row in range(start, end):
-            recent = clicked[-max_history:]
+            recent = clicked[-HISTORY:]
             if recent:
-                hist[row, max_history - len(recent) :] = recent
+                hist[row, HISTORY - len(recent) :] = recent
             if clk[row]:
                 clicked.append(int(mid[row]))
         start = end
@@ -437,7 +436,7 @@ def build_amazon(
     item_category = np.zeros(len(items) + 1, dtype=np.int64)
     for k, item in enumerate(items):
         item_category[k + 1] = cat_id.get((categories or {}).get(item, ""), 0)
-    is_train = time <= cutoff
+    is_train = time <= TIME_CUTOFF
     n = len(users)
 
     def part(mask: np.ndarray) -> tuple[np.ndarray, ...]:
