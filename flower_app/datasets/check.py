@@ -115,23 +115,32 @@ def _submodular(cfg: Any, name: str, users: int, elements: int, groups: Any = No
 
 
 # ---------------------------------------------------------------------- built-in data
-def _synthetic_facility_location(cfg: Any) -> Found:
-    from flower_app.datasets.synthetic import facility_location_groups
+def _synthetic_submodular(cfg: Any) -> Found:
+    """synthetic-facility-location, synthetic-dblp: sizes and groups from the keys."""
+    from flower_app.datasets import synthetic
     from flower_app.problems import SYNTHETIC_FL_SIZE
 
-    n = cfg.num_users or SYNTHETIC_FL_SIZE[0]
-    m = cfg.num_elements or SYNTHETIC_FL_SIZE[1]
-    groups = facility_location_groups(m) if cfg.matroid == "partition" else None
-    return [], _submodular(cfg, "synthetic-facility-location", n, m, groups)
+    (n, m), groups = {
+        "synthetic-facility-location": (SYNTHETIC_FL_SIZE, synthetic.facility_location_groups),
+        "synthetic-dblp": (synthetic.SYNTHETIC_DBLP_SIZE, synthetic.dblp_groups),
+    }[cfg.dataset]
+    n, m = cfg.num_users or n, cfg.num_elements or m
+    blocks = groups(m) if cfg.matroid == "partition" else None
+    return [], _submodular(cfg, cfg.dataset, n, m, blocks)
 
 
-def _synthetic_dblp(cfg: Any) -> Found:
-    from flower_app.datasets.synthetic import SYNTHETIC_DBLP_SIZE, dblp_groups
+def _synthetic_clients(cfg: Any) -> Found:
+    """Count a learning family's stand-in clients from the keys (default: the paper's)."""
+    if cfg.family == "maxfl":
+        return [], _maxfl(cfg)
+    from flower_app.datasets import amazon, movielens_rating, sent140
 
-    n = cfg.num_users or SYNTHETIC_DBLP_SIZE[0]
-    m = cfg.num_elements or SYNTHETIC_DBLP_SIZE[1]
-    groups = dblp_groups(m) if cfg.matroid == "partition" else None
-    return [], _submodular(cfg, "synthetic-dblp", n, m, groups)
+    paper = {
+        "synthetic-movielens-rating": movielens_rating._ML1M_USERS,
+        "synthetic-sent140": sent140.PAPER_TABLE1["clients"],
+        "synthetic-amazon": amazon.PAPER_TABLE1["clients"],
+    }[cfg.dataset]
+    return [], Instance(cfg.dataset, users=cfg.num_users or paper)
 
 
 def _movielens(cfg: Any) -> Found:
@@ -162,12 +171,6 @@ def _movielens(cfg: Any) -> Found:
     if cfg.dataset == "movielens-rating":  # clients: the users (those left without a training
         return found, Instance("movielens-rating", users=users)  # sample are dropped)
     return found, _submodular(cfg, "movielens", users, movies, groups)
-
-
-def _synthetic_movielens_rating(cfg: Any) -> Found:
-    from flower_app.datasets.movielens_rating import _ML1M_USERS
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or _ML1M_USERS)
 
 
 def _idx_files(folder: Path, stems: Any, name: str, download: bool) -> list[str]:
@@ -215,10 +218,6 @@ def _emnist(cfg: Any) -> Found:
     return found, _maxfl(cfg)
 
 
-def _synthetic_emnist(cfg: Any) -> Found:
-    return [], _maxfl(cfg)
-
-
 def _dblp(cfg: Any) -> Found:
     from flower_app.datasets.dblp import find_dblp_files
 
@@ -229,14 +228,6 @@ def _dblp(cfg: Any) -> Found:
         return [f"{xml}: does not start like dblp.xml (no '<?xml' or '<dblp' in its first "
                 "4 KB)"], None  # fmt: skip
     return gzip_problem(xml), None
-
-
-def _synthetic_sent140(cfg: Any) -> Found:
-    if cfg.family == "maxfl":
-        return [], _maxfl(cfg)
-    from flower_app.datasets.sent140 import PAPER_TABLE1
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or PAPER_TABLE1["clients"])
 
 
 def _sent140(cfg: Any) -> Found:
@@ -274,27 +265,21 @@ def _sent140(cfg: Any) -> Found:
                 if fh.read(64).lstrip()[:1] != "{":
                     found.append(f"{path}: not a LEAF JSON object (it does not start with "
                                  "'{')")  # fmt: skip
+    glove = None
     if cfg.family == "maxfl":
         from flower_app.datasets.sent140_features import GLOVE_FILE
 
-        names = [GLOVE_FILE, f"{GLOVE_FILE}.gz"]
-        if not any((d / n).is_file() for d in (root / "sent140", root) for n in names):
-            found.append(f"Sent140 (MaxFL): the GloVe file {GLOVE_FILE} is in neither "
-                         f"{root / 'sent140'} nor {root}")  # fmt: skip
-    if cfg.family == "fedsubavg" and cfg.get("fsa-embedding-init") == "glove":
+        glove = ("Sent140 (MaxFL): the GloVe file", GLOVE_FILE)
+    elif cfg.family == "fedsubavg" and cfg.get("fsa-embedding-init") == "glove":
         from flower_app.datasets.sent140 import GLOVE_25D_FILE
 
-        names = [GLOVE_25D_FILE, f"{GLOVE_25D_FILE}.gz"]
+        glove = ("fsa-embedding-init = 'glove':", GLOVE_25D_FILE)
+    if glove is not None:
+        what, name = glove
+        names = (name, f"{name}.gz")
         if not any((d / n).is_file() for d in (root / "sent140", root) for n in names):
-            found.append(f"fsa-embedding-init = 'glove': {GLOVE_25D_FILE} is in neither "
-                         f"{root / 'sent140'} nor {root}")  # fmt: skip
+            found.append(f"{what} {name} is in neither {root / 'sent140'} nor {root}")
     return found, instance
-
-
-def _synthetic_amazon(cfg: Any) -> Found:
-    from flower_app.datasets.amazon import PAPER_TABLE1
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or PAPER_TABLE1["clients"])
 
 
 def _amazon(cfg: Any) -> Found:
@@ -339,20 +324,14 @@ def _table_header(path: Path, columns: list[str]) -> list[str]:
 
 
 def _own_images(cfg: Any, path: Path) -> Found:
-    from flower_app.datasets.own_images import _NPZ_ARRAYS, load_image_clients
+    from flower_app.datasets.own_images import check_npz_names, load_image_clients
 
     if _small(path):
         own = load_image_clients.__wrapped__(str(path))  # not cached: the file may change
         return [], _maxfl(cfg, own.n_clients if own.clients is not None else None)
-    if path.suffix == ".npz":
+    if path.suffix == ".npz":  # the array names only (the loader's check)
         with zipfile.ZipFile(path) as z:
-            names = {n.removesuffix(".npy") for n in z.namelist()}
-        expected = ("expected an .npz with x (images), y (labels) and optionally client")
-        if not {"x", "y"} <= names:
-            return [f"{path}: arrays {sorted(names)} lack x or y; {expected}"], None
-        if names - set(_NPZ_ARRAYS):
-            return [f"{path}: arrays {sorted(names - set(_NPZ_ARRAYS))} are not x, y or "
-                    f"client; {expected}"], None  # fmt: skip
+            check_npz_names(path, (n.removesuffix(".npy") for n in z.namelist()))
     return [], None
 
 
@@ -421,19 +400,19 @@ def _csv_header(key: str, value: str, expected: list[str], encoding: str) -> lis
 
 #: dataset -> the check of its files (and what it learns of the instance)
 CHECKS: dict[str, Callable[[Any], Found]] = {
-    "synthetic-facility-location": _synthetic_facility_location,
-    "synthetic-dblp": _synthetic_dblp,
+    "synthetic-facility-location": _synthetic_submodular,
+    "synthetic-dblp": _synthetic_submodular,
     "movielens": _movielens,
     "movielens-rating": _movielens,
-    "synthetic-movielens-rating": _synthetic_movielens_rating,
+    "synthetic-movielens-rating": _synthetic_clients,
     "dblp": _dblp,
     "fmnist": _fmnist,
     "emnist": _emnist,
-    "synthetic-emnist": _synthetic_emnist,
+    "synthetic-emnist": _synthetic_clients,
     "sent140": _sent140,
-    "synthetic-sent140": _synthetic_sent140,
+    "synthetic-sent140": _synthetic_clients,
     "amazon": _amazon,
-    "synthetic-amazon": _synthetic_amazon,
+    "synthetic-amazon": _synthetic_clients,
     "facility-location-table": _own,
     "coverage-sets": _own,
     "rating-table": _own,
