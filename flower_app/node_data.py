@@ -19,6 +19,7 @@ come from the manifest) or must agree with it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -32,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from flower_app.clients.cohorts import cohort_range
-from flower_app.datasets.paths import file_checksum
+from flower_app.datasets.paths import atomic_file, file_checksum
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -428,20 +429,15 @@ def _read_binary_cache(cache: Path, folder: Path) -> NodeRows | None:
 
 def _write_binary_cache(cache: Path, values: sp.csr_matrix, meta: dict[str, Any]) -> None:
     """Write the cache atomically; a node without a writable cache folder just reads again."""
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+    with contextlib.suppress(OSError), atomic_file(cache) as out:
         np.savez(
-            tmp,
+            out,
             data=values.data,
             indices=values.indices,
             indptr=values.indptr,
             shape=np.asarray(values.shape, dtype=np.int64),
             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
         )
-        os.replace(tmp, cache)
-    except OSError:
-        pass
 
 
 @lru_cache(maxsize=16)
