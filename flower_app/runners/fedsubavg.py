@@ -489,16 +489,19 @@ def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelC
 
 
 def summary_line(summary: dict) -> str:
-    """Return the one-line result printed at the end of a run."""
-    if summary.get("dataset") in TORCH_DATASETS:
-        from flower_app.runners import fedsubavg_torch
-
-        return fedsubavg_torch.summary_line(summary)
+    """Return the one-line result printed at the end of a run (the torch tasks' too)."""
+    if "test-auc" in summary:  # Amazon's DIN
+        metric = f"test AUC {summary['test-auc']:.4f} (best {summary['best-test-auc']:.4f})"
+    elif summary.get("dataset") in TORCH_DATASETS:
+        metric = f"test accuracy {summary.get('test-accuracy', float('nan')):.4f}"
+    else:
+        metric = (
+            f"test accuracy {summary['test-accuracy']:.4f}, feature heat dispersion "
+            f"{summary['feature-heat-dispersion']:.0f}, bad replies {summary['bad-replies']}"
+        )
     return (
         f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
         f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "
         f"train loss {summary['train-loss']:.5f} (min {summary['min-train-loss']:.5f}), "
-        f"test accuracy {summary['test-accuracy']:.4f}, feature heat dispersion "
-        f"{summary['feature-heat-dispersion']:.0f}, bad replies {summary['bad-replies']}; "
-        f"results in {summary['run-folder']}"
+        f"{metric}; results in {summary['run-folder']}"
     )

@@ -52,7 +52,6 @@ __all__ = [
     "run_torch_strategy",
     "server_run",
     "submodel_bytes",
-    "summary_line",
     "torch_spec",
 ]
 
@@ -254,15 +253,3 @@ def make_client(cfg: AppConfig, context: Context) -> TorchTaskClient:
     )
     return TorchTaskClient(task, pid)
 
-
-def summary_line(summary: dict) -> str:
-    """Return the one-line result printed at the end of a run."""
-    metric = (f"test AUC {summary['test-auc']:.4f} (best {summary['best-test-auc']:.4f})"
-              if "test-auc" in summary else
-              f"test accuracy {summary.get('test-accuracy', float('nan')):.4f}")  # fmt: skip
-    return (
-        f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
-        f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "
-        f"train loss {summary['train-loss']:.5f} (min {summary['min-train-loss']:.5f}), "
-        f"{metric}; results in {summary['run-folder']}"
-    )
