@@ -336,14 +336,9 @@ def _own_images(cfg: Any, path: Path) -> Found:
 
 
 def _own(cfg: Any) -> Found:
-    from flower_app.datasets.own import table_columns
+    from flower_app.datasets.own import _path, table_columns
 
-    if not cfg.data_file:
-        return [f"run_config 'dataset' = {cfg.dataset!r} needs 'data-file' (the path of your "
-                "data; docs/own-data.md)"], None  # fmt: skip
-    path = Path(cfg.data_file).expanduser()
-    if not path.is_file():
-        return [f"run_config 'data-file': {path} not found"], None
+    path = _path(cfg.data_file)  # missing: refused as the loaders refuse it
     if cfg.dataset == "image-clients":
         return _own_images(cfg, path)
     table = path.suffix.lower() in TABLE_SUFFIXES

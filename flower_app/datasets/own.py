@@ -83,7 +83,8 @@ def _path(path: str) -> Path:
         raise OwnDataError("dataset needs run_config 'data-file' (the path of your data file)")
     file = Path(path).expanduser()
     if not file.is_file():
-        raise OwnDataError(f"{file}: data-file not found (give an absolute path for flwr run)")
+        raise OwnDataError(f"run_config 'data-file': {file} not found (give an absolute path "
+                           "for flwr run)")  # fmt: skip
     return file
 
 

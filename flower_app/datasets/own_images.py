@@ -39,7 +39,7 @@ import numpy as np
 
 from flower_app.datasets.idx import read_idx
 from flower_app.datasets.images import LabelledImages
-from flower_app.datasets.own import OwnDataError
+from flower_app.datasets.own import OwnDataError, _path
 
 __all__ = ["OwnImages", "check_npz_names", "load_image_clients"]
 
@@ -213,12 +213,7 @@ def load_image_clients(data_file: str) -> OwnImages:
     OwnDataError
         Naming the file, the array and the expected format.
     """
-    if not data_file:
-        raise OwnDataError("dataset 'image-clients' needs run_config 'data-file' (an .npz or "
-                           "an IDX images file)")  # fmt: skip
-    path = Path(data_file).expanduser()
-    if not path.is_file():
-        raise OwnDataError(f"{path}: no such file (run_config 'data-file'; absolute for flwr run)")
+    path = _path(data_file)
     if path.suffix == ".npz":
         return _from_npz(path)
     return _from_idx(path)
