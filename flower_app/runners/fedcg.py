@@ -279,7 +279,7 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     server = _server(cfg, exp.problem, exp.matroid)
     total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
     desc = f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}"
-    rounds = DirectRounds(exp, progress, desc, total)
+    rounds = DirectRounds(exp.writer, progress, desc, total)
     log_row = rounds.log
     value = _multilinear(exp)
 

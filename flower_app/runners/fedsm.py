@@ -288,7 +288,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
-    rounds = DirectRounds(exp, progress, f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}")
+    desc = f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}"
+    rounds = DirectRounds(exp.writer, progress, desc)
     # the one in-process node computes every report from the profiles committed at setup
     committed, clipped = commit_profiles(exp.problem.objective, run.report_bound or 0.0)
     run_modes_direct(committed, run, rounds.log, oracle=exp.problem.objective)

@@ -55,6 +55,7 @@ from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
 from flower_app.experiment import (
+    DirectRounds,
     check_direct_engine,
     check_remote_resume,
     cohort_options,
@@ -444,20 +445,10 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     check_direct_engine(cfg)
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=run.spec.rounds, desc=f"{cfg.algorithm} seed {cfg.seed}", leave=False)
-
-    def on_round(row: dict[str, Any]) -> None:
-        run.writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
-
-    _, history, heat = run_direct_rounds(run.task, run.spec, on_round)
-    if bar is not None:
-        bar.close()
+    desc = f"{cfg.algorithm} seed {cfg.seed}"
+    rounds = DirectRounds(run.writer, progress, desc, run.spec.rounds, timed=False)
+    _, history, heat = run_direct_rounds(run.task, run.spec, rounds.log)
+    rounds.close()
     return _finish(run, history, heat, x0_loss)
 
 

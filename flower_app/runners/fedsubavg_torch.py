@@ -41,6 +41,7 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 )
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig
+from flower_app.experiment import DirectRounds
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
 from flower_app.settings.rules import Instance, raise_size_problems
@@ -226,20 +227,10 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run a torch task on the direct engine and write the run folder."""
     started = time.perf_counter()
     spec, task, writer, k = _open(cfg, "direct")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=spec.rounds, desc=f"{cfg.algorithm} seed {cfg.seed}", leave=False)
-
-    def on_round(row: dict[str, Any]) -> None:
-        writer.log_round(row)
-        if bar is not None and row["server-round"] > 0:
-            bar.update(1)
-
-    history = run_torch_direct(task, spec, on_round)
-    if bar is not None:
-        bar.close()
+    desc = f"{cfg.algorithm} seed {cfg.seed}"  # the rows: round 0 (x0), then every round
+    rounds = DirectRounds(writer, progress, desc, spec.rounds + 1, timed=False)
+    history = run_torch_direct(task, spec, rounds.log)
+    rounds.close()
     return _finish(cfg, spec, task, writer, k, history, "direct", started)
 
 
