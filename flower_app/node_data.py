@@ -632,12 +632,8 @@ def export_images(
 
     Notes
     -----
-    A node file holds its clients' own images only: ``images`` uint8 (N_p, 784) and
-    ``labels`` int64 (N_p,) (as published, before any label flip), ``clients`` int64 global
-    client ids, ``train-index`` / ``test-index`` int64 rows of each client's examples with
-    ``train-offsets`` / ``test-offsets`` (client j's rows are ``index[offsets[j]:
-    offsets[j+1]]``), ``flipped`` bool per client, and the dataset-wide ``mean`` / ``std``
-    of the pixel standardisation and ``n-classes``.
+    A node file holds its clients' own images only (as published, before any label flip);
+    its arrays are listed in ``docs/node-local-data.md``.
     """
     folder = _export_folder(out, num_partitions)
     n = int(federation.n_clients)
@@ -785,13 +781,8 @@ def export_ratings(
 
     Notes
     -----
-    A node file holds its clients' samples only, as model rows (the one-hot features of
-    :mod:`flower_app.models.sparse_logreg`; no user or movie ids): ``train-rows``,
-    ``train-pos`` int32 (n, 6), ``train-y`` float64 and ``train-counts`` int64 per client;
-    ``sub-rows`` int32 and ``sub-counts`` (each client's submodel S(i)); ``test-rows``,
-    ``test-y`` and ``test-client`` (global client of each of its test samples);
-    ``eval-local`` int64 (which of its training samples belong to the pooled train-loss
-    sample) and ``n-movies``.
+    A node file holds its clients' samples only, as model rows (no user or movie ids); its
+    arrays are listed in ``docs/node-local-data.md``.
     """
     folder = _export_folder(out, num_partitions)
     n = int(task.n_clients)
