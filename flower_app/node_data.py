@@ -24,6 +24,7 @@ import csv
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -564,10 +565,24 @@ def _write_npz(folder: Path, p: int, arrays: dict[str, np.ndarray]) -> Path:
     return path
 
 
-def _read_npz(path: str) -> dict[str, np.ndarray]:
-    """Read every array of a ``node-<p>.npz`` (no pickles)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {key: z[key] for key in z.files}
+@contextlib.contextmanager
+def _unreadable(path: str) -> Iterator[None]:
+    """Turn a read error inside the block into a NodeDataError naming the node file."""
+    try:
+        yield
+    except NodeDataError:
+        raise
+    except (OSError, KeyError, ValueError) as err:
+        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
+
+
+def _node_npz(path: str, family: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Return (manifest, entry, arrays) of ``family``'s checked ``node-<p>.npz`` (no pickles)."""
+    manifest, entry = file_entry(path)
+    if manifest.get("family") != family:
+        raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not {family}'s")
+    with _unreadable(path), np.load(path, allow_pickle=False) as z:
+        return manifest, entry, {key: z[key] for key in z.files}
 
 
 def _client_manifest(
@@ -705,17 +720,10 @@ def _images_cached(path: str, mtime: int, size: int) -> Any:
     from flower_app.datasets.federated import Federation
     from flower_app.datasets.images import LabelledImages
 
-    manifest, entry = file_entry(path)
-    try:
-        arrays = _read_npz(path)
-        data = LabelledImages(
-            str(manifest["instance"]),
-            arrays["images"],
-            arrays["labels"],
-            int(arrays["n-classes"]),
-        )
-    except (OSError, KeyError, ValueError) as err:
-        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
+    manifest, entry, arrays = _node_npz(path, "maxfl")
+    with _unreadable(path):
+        data = LabelledImages(str(manifest["instance"]), arrays["images"], arrays["labels"],
+                              int(arrays["n-classes"]))  # fmt: skip
     n = int(manifest["n-users"])
     clients = arrays["clients"]
     first, count = int(entry["first-user"]), int(entry["num-users"])
@@ -850,11 +858,8 @@ def _ratings_cached(path: str, mtime: int, size: int) -> Any:
     from flower_app.datasets.movielens_rating import RatingTask
     from flower_app.models.sparse_logreg import OneHotLayout
 
-    manifest, entry = file_entry(path)
-    if manifest.get("family") != "fedsubavg":
-        raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not FedSubAvg's")
-    try:
-        a = _read_npz(path)
+    manifest, entry, a = _node_npz(path, "fedsubavg")
+    with _unreadable(path):
         n = int(manifest["n-users"])
         first, count = int(entry["first-user"]), int(entry["num-users"])
         if a["train-counts"].size != count or a["sub-counts"].size != count:
@@ -874,8 +879,6 @@ def _ratings_cached(path: str, mtime: int, size: int) -> Any:
             test_client=a["test-client"],
             eval_idx=a["eval-local"],
         )
-    except (OSError, KeyError, ValueError) as err:
-        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
     if task.n_params != int(manifest["n-params"]):
         raise NodeDataError(f"{path}: {task.n_params} model rows, the manifest says "
                             f"{manifest['n-params']}")  # fmt: skip
