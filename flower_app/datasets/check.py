@@ -265,20 +265,16 @@ def _sent140(cfg: Any) -> Found:
                 if fh.read(64).lstrip()[:1] != "{":
                     found.append(f"{path}: not a LEAF JSON object (it does not start with "
                                  "'{')")  # fmt: skip
+    from flower_app.datasets.sent140 import GLOVE_25D_FILE
+    from flower_app.datasets.sent140_features import GLOVE_FILE, find_glove
+
     glove = None
     if cfg.family == "maxfl":
-        from flower_app.datasets.sent140_features import GLOVE_FILE
-
         glove = ("Sent140 (MaxFL): the GloVe file", GLOVE_FILE)
     elif cfg.family == "fedsubavg" and cfg.get("fsa-embedding-init") == "glove":
-        from flower_app.datasets.sent140 import GLOVE_25D_FILE
-
         glove = ("fsa-embedding-init = 'glove':", GLOVE_25D_FILE)
-    if glove is not None:
-        what, name = glove
-        names = (name, f"{name}.gz")
-        if not any((d / n).is_file() for d in (root / "sent140", root) for n in names):
-            found.append(f"{what} {name} is in neither {root / 'sent140'} nor {root}")
+    if glove is not None and find_glove(root, glove[1]) is None:
+        found.append(f"{glove[0]} {glove[1]} is in neither {root / 'sent140'} nor {root}")
     return found, instance
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "PAPER_TABLE1",
     "Sent140",
     "Tweet",
+    "account_tweets",
     "build_sent140",
     "find_sent140_files",
     "load_sent140",
@@ -70,6 +71,8 @@ PAPER_TABLE1 = {"clients": 1473, "samples": 79050, "samples-per-client": 54,
 _URL = re.compile(r"https?://\S+|www\.\S+")
 _MENTION = re.compile(r"@\w+")
 _TOKEN = re.compile(r"<url>|<user>|[a-z0-9']+|[^\sa-z0-9']")
+#: least tweets of an account that becomes a client ("more than 40")
+MIN_SAMPLES = 41
 #: share of the stand-in's tokens that carry a sentiment weight (:func:`synthetic_sent140`)
 WEIGHTED_SHARE = 0.1
 #: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
@@ -397,15 +400,24 @@ def load_sent140(path: str | Path, split_seed: int = 0) -> Sent140:
     path = Path(path)
     if path.is_dir():
         files = find_sent140_files(path)
-        if files.csv is None:
-            return build_sent140(files.tweets(), split_seed=split_seed)
-        path = files.csv
-    if path.name.endswith((".json", ".json.gz")):
-        return build_sent140(read_leaf_json(path), split_seed=split_seed)
-    counts = Counter(t.user for t in read_sentiment140_csv(path))
-    keep = {u for u, c in counts.items() if c >= 41}
-    tweets = (t for t in read_sentiment140_csv(path) if t.user in keep)
-    return build_sent140(tweets, split_seed=split_seed)
+    elif path.name.endswith((".json", ".json.gz")):
+        files = Sent140Files(json=(path,))
+    else:
+        files = Sent140Files(csv=path)
+    return build_sent140(account_tweets(files, MIN_SAMPLES), split_seed=split_seed)
+
+
+def account_tweets(files: Sent140Files, min_tweets: int) -> Iterator[Tweet]:
+    """Yield the tweets of ``files``: every LEAF tweet, or the CSV's of busy accounts.
+
+    Sentiment140's CSV is read twice: once to count each account's tweets, then keeping the
+    tweets of accounts with at least ``min_tweets`` (its 1.6 million tweets are never all
+    held). LEAF's files hold only such accounts' tweets already.
+    """
+    if files.csv is None:
+        return files.tweets()
+    counts = Counter(t.user for t in read_sentiment140_csv(files.csv))
+    return (t for t in read_sentiment140_csv(files.csv) if counts[t.user] >= min_tweets)
 
 
 def synthetic_sent140(
@@ -459,7 +471,7 @@ def synthetic_sent140(
 def build_sent140(
     tweets: Iterable[Tweet],
     name: str = "sent140",
-    min_samples: int = 41,
+    min_samples: int = MIN_SAMPLES,
     test_fraction: float = 0.2,
     split_seed: int = 0,
     max_len: int = 25,

@@ -31,7 +31,6 @@ Pipeline (our choices where the paper is silent):
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +43,9 @@ from flower_app.datasets.sent140 import (
     CSV_NAME,
     PAPER_TABLE1,
     Sent140,
-    Tweet,
+    account_tweets,
     build_sent140,
     find_sent140_files,
-    read_sentiment140_csv,
     synthetic_sent140,
 )
 
@@ -58,6 +56,7 @@ __all__ = [
     "MIN_TWEETS",
     "SENT140_VECTORS",
     "TweetFeatures",
+    "find_glove",
     "iter_glove",
     "load_sent140_features",
     "read_glove",
@@ -292,10 +291,7 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     """
     root = Path(data_dir).expanduser().resolve()
     folder = root / "sent140"
-    glove = _first(
-        [folder / GLOVE_FILE, folder / f"{GLOVE_FILE}.gz", root / GLOVE_FILE,
-         root / f"{GLOVE_FILE}.gz"]
-    )  # fmt: skip
+    glove = find_glove(root, GLOVE_FILE)
     try:
         files = find_sent140_files(folder)
     except FileNotFoundError:
@@ -303,16 +299,9 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     if glove is None or files is None:
         expected = [folder / _CSV_NAME, folder / "all_data_*.json (LEAF)", root / GLOVE_FILE]
         raise DatasetNotFoundError("Sent140 with GloVe (MaxFL)", expected, _SOURCE, data_dir=root)
-    if files.csv is not None:
-        csv_file = files.csv
-        counts = Counter(t.user for t in read_sentiment140_csv(csv_file))
-        tweets: Iterator[Tweet] = (
-            t for t in read_sentiment140_csv(csv_file) if counts[t.user] >= MIN_TWEETS
-        )
-    else:  # every LEAF file; LEAF's train/test split is merged (MaxFL splits each client)
-        tweets = files.tweets()
-    task = build_sent140(tweets, min_samples=MIN_TWEETS, test_fraction=0.0,
-                         max_len=MAX_TOKENS)  # fmt: skip
+    # every LEAF file: LEAF's train/test split is merged (MaxFL splits each client)
+    task = build_sent140(account_tweets(files, MIN_TWEETS), min_samples=MIN_TWEETS,
+                         test_fraction=0.0, max_len=MAX_TOKENS)  # fmt: skip
     vectors = read_glove(glove, dim, words=task.vocab)
     table = np.zeros((len(task.vocab) + 1, dim), dtype=np.float32)
     known = np.zeros(len(task.vocab) + 1, dtype=bool)
@@ -322,7 +311,15 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     return tweet_features(task, table, known)
 
 
-def _first(paths: list[Path]) -> Path | None:
+def find_glove(root: Path, name: str) -> Path | None:
+    """Return the GloVe file ``name`` (or ``name.gz``) in ``root/sent140/`` or ``root/``.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The first of those four paths that is a file, None when none is.
+    """
+    paths = (d / n for d in (root / "sent140", root) for n in (name, f"{name}.gz"))
     return next((p for p in paths if p.is_file()), None)
 
 
