@@ -266,7 +266,7 @@ def node_partition(node_config: dict[str, Any]) -> tuple[int, int, str | None]:
                 "itself) or 'data-path' (a node file of python -m flower_app.export)"
             )
         return int(node_config["partition-id"]), int(node_config["num-partitions"]), None
-    manifest, entry = _entry_cached(*_stamp(path))
+    manifest, entry = _entry_cached(*file_stamp(path))
     pid, parts = int(entry["partition-id"]), int(manifest["num-partitions"])
     if given and (
         int(node_config["partition-id"]) != pid or int(node_config["num-partitions"]) != parts
@@ -279,8 +279,14 @@ def node_partition(node_config: dict[str, Any]) -> tuple[int, int, str | None]:
     return pid, parts, path
 
 
-def _stamp(path: str) -> tuple[str, int, int]:
-    """Key a cache on the file's identity: a changed file is read (and checked) again."""
+def file_stamp(path: str) -> tuple[str, int, int]:
+    """Return a node file's identity as a cache key: a changed file is read (and checked) again.
+
+    Returns
+    -------
+    tuple
+        The resolved path, the file's and its manifest's modification times, its size.
+    """
     file = Path(path).expanduser().resolve()
     try:
         st = file.stat()
@@ -369,7 +375,7 @@ def load_node_rows(path: str | os.PathLike[str], dataset: str | None = None) -> 
         Missing or tampered file or manifest, another dataset, or entries outside the
         node's user range or the ground set (the file is named).
     """
-    rows = _load_cached(*_stamp(str(path)))
+    rows = _load_cached(*file_stamp(str(path)))
     if dataset is not None and rows.manifest["dataset"] != dataset:
         raise NodeDataError(
             f"{path}: exported from dataset {rows.manifest['dataset']!r}; the run has "
@@ -710,7 +716,7 @@ def load_node_images(path: str | os.PathLike[str], source: dict[str, Any]) -> An
     NodeDataError
         Missing or tampered file or manifest, or a run whose clients differ from the export.
     """
-    fed = _images_cached(*_stamp(str(path)))
+    fed = _images_cached(*file_stamp(str(path)))
     _check_source(path, source, MAXFL_SOURCE_KEYS, "other clients")
     return fed
 
@@ -839,7 +845,7 @@ def load_node_ratings(path: str | os.PathLike[str], source: dict[str, Any]) -> A
     NodeDataError
         Missing or tampered file or manifest, or a run whose task differs from the export.
     """
-    task = _ratings_cached(*_stamp(str(path)))
+    task = _ratings_cached(*file_stamp(str(path)))
     _check_source(path, source, RATING_SOURCE_KEYS, "another task")
     return task
 

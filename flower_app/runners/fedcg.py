@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,7 +51,7 @@ from flower_app.experiment import (
     serve_rounds,
 )
 from flower_app.experiment import summary_line as _base_summary_line
-from flower_app.node_data import load_node_rows, node_groups, node_partition
+from flower_app.node_data import file_stamp, load_node_rows, node_groups, node_partition
 from flower_app.problems import (
     SubmodularProblem,
     build_matroid,
@@ -334,9 +333,7 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     """
     pid, parts, path = node_partition(context.node_config)
     if path is not None:
-        st = Path(path).expanduser().resolve().stat()
-        stamp = (st.st_size, st.st_mtime_ns)
-        objective, first, n_total, matroid, cache = _node_file(cfg, path, stamp)
+        objective, first, n_total, matroid, cache = _node_file(cfg, path, file_stamp(path))
     else:
         objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
     return ContinuousClient(
