@@ -90,16 +90,7 @@ def report_arrays(parts: list[np.ndarray]) -> ArrayRecord:
 def element_ids(record: ArrayRecord, key: str, m: int, *, distinct: bool = False) -> np.ndarray:
     """Return a request's array ``key`` as int64 element ids, checked to lie in 0..m−1.
 
-    Parameters
-    ----------
-    record : flwr.app.ArrayRecord
-        The request's ``arrays``.
-    key : str
-        The array (``selected``, ``pool``, ...).
-    m : int
-        The ground set's size.
-    distinct : bool, optional
-        Also refuse an id given twice (FedSM's sets and sequences).
+    With ``distinct`` an id given twice is refused too (FedSM's sets and sequences).
 
     Raises
     ------

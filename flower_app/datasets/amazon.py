@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import json_object, open_text
+from flower_app.datasets.paths import DataFormatError, json_object, open_text
 from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
@@ -87,6 +87,11 @@ def _lines(path: Path) -> Iterator[str]:
     """
     with open_text(path) as fh:
         yield from fh
+
+
+def _fail(path: Path, line: int, what: object, expected: str) -> DataFormatError:
+    """Return the error of a line that does not have the format (the file and line named)."""
+    return DataFormatError(path, f"{what}; expected {expected}", line_number=line)
 
 
 def _id(obj: dict, key: str) -> str:
@@ -136,8 +141,7 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
                 raise ValueError("unixReviewTime is not whole seconds")
             review = Rating(_id(obj, "reviewerID"), _id(obj, "asin"), rating, int(time))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
-                             f"expected {expected}") from None  # fmt: skip
+            raise _fail(path, line_no, f"{type(err).__name__} {err}", expected) from None
         yield review
 
 
@@ -178,15 +182,14 @@ def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
         if line_no == 1 and _is_header(row):
             continue
         if len(row) != 4:
-            raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                             f"{expected}")  # fmt: skip
+            raise _fail(path, line_no, f"{len(row)} fields", expected)
         user, item = row[0].strip(), row[1].strip()
         try:
             rating, time = float(row[2]), float(row[3])
         except ValueError:
             rating = time = float("nan")
         if not user or not item or not 1 <= rating <= 5 or not time.is_integer():
-            raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}")
+            raise _fail(path, line_no, repr(row), expected)
         yield Rating(user, item, rating, int(time))
 
 
@@ -236,16 +239,16 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             try:
                 obj = ast.literal_eval(line)
             except (ValueError, SyntaxError):
-                message = "neither JSON nor a Python literal; expected one product per line"
-                raise ValueError(f"{path}, line {line_no}: {message}") from None
+                raise _fail(path, line_no, "neither JSON nor a Python literal",
+                            "one product per line") from None  # fmt: skip
         except ValueError as err:  # a key twice (json_object)
-            raise ValueError(f"{path}, line {line_no}: {err}") from None
+            raise DataFormatError(path, str(err), line_number=line_no) from None
         if not isinstance(obj, dict) or "asin" not in obj:
-            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected {expected}")
+            raise _fail(path, line_no, "no 'asin'", expected)
         try:
             asin, category = _id(obj, "asin"), _category(obj)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}, line {line_no}: {err}; expected {expected}") from None
+            raise _fail(path, line_no, err, expected) from None
         if asin in seen and out.get(asin) != category:
             raise ValueError(
                 f"{path}, lines {seen[asin]} and {line_no}: product {asin!r} is listed twice "

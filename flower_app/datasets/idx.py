@@ -114,26 +114,14 @@ def idx_files(
 ) -> dict[str, Path]:
     """Return the path of every IDX file ``stems`` names in ``folder``, downloading missing ones.
 
-    Parameters
-    ----------
-    folder : pathlib.Path
-        The dataset's folder under the data folder.
-    stems : iterable of str
-        File names without ``.gz`` (either form is read).
-    dataset, source : str
-        The dataset's name and where to get its files (for the error message).
-    url : str, optional
-        Base URL of the official ``<stem>.gz`` files; None: the dataset cannot be downloaded.
-    md5 : mapping, optional
-        The published md5 of each ``<stem>.gz`` (needed with ``url``).
-    download : bool, optional
-        Allow downloading (default: unless ``FLOWER_APP_OFFLINE=1``).
+    ``url`` is the base URL of the official ``<stem>.gz`` files with their ``md5`` (None: the
+    dataset cannot be downloaded); ``download`` allows it (default: unless
+    ``FLOWER_APP_OFFLINE=1``); ``dataset`` and ``source`` name the data in the error.
 
     Raises
     ------
     DatasetNotFoundError
-        Listing the files, when one is missing and cannot be downloaded (or the download
-        failed).
+        Listing the files, when one is missing and is not (or could not be) downloaded.
     """
     stems = tuple(stems)
     found = {stem: find_idx(folder, stem) for stem in stems}
@@ -162,14 +150,8 @@ def read_idx_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read an images file (28×28 each) and its labels file, checked against each other.
 
-    Parameters
-    ----------
-    images, labels : pathlib.Path
-        The ``*-images-idx3-ubyte[.gz]`` and ``*-labels-idx1-ubyte[.gz]`` files.
-    n_classes : int
-        Labels must lie in 0..n_classes−1.
-    count : int, optional
-        The number of images the official file holds (checked when given).
+    Labels must lie in 0..n_classes−1; ``count``, when given, is the number of images the
+    official file holds.
 
     Returns
     -------

@@ -123,24 +123,25 @@ def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
     path = Path(path)
     with open_text(path, "latin-1") as fh:
         reader = csv.reader(fh)
+
+        def fail(what: object) -> DataFormatError:
+            return DataFormatError(path, f"{what}; expected {_CSV_FORMAT}",
+                                   line_number=reader.line_num)  # fmt: skip
+
         while True:
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as err:
-                raise ValueError(f"{path}, line {reader.line_num}: {err}; expected "
-                                 f"{_CSV_FORMAT}") from None  # fmt: skip
-            line_no = reader.line_num
+                raise fail(err) from None
             if not row:
                 continue  # an empty line holds no record
             if len(row) != 6:
-                raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                                 f"{_CSV_FORMAT}")  # fmt: skip
+                raise fail(f"{len(row)} fields")
             polarity = row[0].strip()
             if polarity not in ("0", "4"):
-                raise ValueError(f"{path}, line {line_no}: polarity {polarity!r}; expected "
-                                 f"{_CSV_FORMAT}")  # fmt: skip
+                raise fail(f"polarity {polarity!r}")
             yield Tweet(row[4], 1 if polarity == "4" else 0, row[5])
 
 

@@ -211,9 +211,9 @@ def read_glove(
 
 # ---------------------------------------------------------------------- pooling
 def tweet_features(
-    task: Sent140, table: np.ndarray, known: np.ndarray | None = None, min_tweets: int = MIN_TWEETS
+    task: Sent140, table: np.ndarray, known: np.ndarray | None = None
 ) -> TweetFeatures:
-    """Average-pool each tweet's token vectors; keep accounts with ``min_tweets`` tweets.
+    """Average-pool each tweet's token vectors; keep accounts with :data:`MIN_TWEETS` tweets.
 
     Parameters
     ----------
@@ -224,8 +224,6 @@ def tweet_features(
         (V+1, dim) vector of each token id (row 0, padding / unknown, is never used).
     known : numpy.ndarray, optional
         bool (V+1,): ids that have a vector (default: every id ≥ 1).
-    min_tweets : int, optional
-        Least tweets of a kept account (default 50).
 
     Returns
     -------
@@ -235,7 +233,7 @@ def tweet_features(
     Raises
     ------
     ValueError
-        If the table does not cover the vocabulary or no account has ``min_tweets`` tweets.
+        If the table does not cover the vocabulary or no account has MIN_TWEETS tweets.
     """
     n_ids = len(task.vocab) + 1
     if table.ndim != 2 or table.shape[0] != n_ids:
@@ -243,9 +241,9 @@ def tweet_features(
     has = np.ones(n_ids, dtype=bool) if known is None else np.asarray(known, dtype=bool).copy()
     has[0] = False
     sizes = np.diff(task.train_ptr) + np.diff(task.test_ptr)
-    kept = np.flatnonzero(sizes >= min_tweets)
+    kept = np.flatnonzero(sizes >= MIN_TWEETS)
     if kept.size == 0:
-        raise ValueError(f"no account of {task.name} has {min_tweets} or more tweets")
+        raise ValueError(f"no account of {task.name} has {MIN_TWEETS} or more tweets")
 
     def all_rows(train: np.ndarray, test: np.ndarray) -> np.ndarray:
         """Each kept account's training rows, then its test rows."""
