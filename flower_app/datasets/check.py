@@ -13,10 +13,10 @@ functions and file names), and:
   is named by its loader when the run reads it);
 - learns what the rules between the keys and the instance need (users, elements, the
   matroid's rank: :class:`~flower_app.settings.rules.Instance`) where that is cheap: from
-  the keys for the synthetic instances and MaxFL's clients, from the ids of MovieLens'
-  ``ratings.dat`` (about a second), from the files read to their end; and evaluates those
-  rules (:data:`~flower_app.settings.rules.SIZE_RULES`), the same the runners evaluate on
-  the loaded instance. What is not known (the DBLP dump, large Sentiment140 or Amazon files)
+  the keys for the synthetic instances and MaxFL's clients, from the two id fields of
+  MovieLens' ``ratings.dat``, from the files read to their end; and evaluates those rules
+  (:data:`~flower_app.settings.rules.SIZE_RULES`), the same the runners evaluate on the
+  loaded instance. What is not known (the DBLP dump, large Sentiment140 or Amazon files)
   is checked by the runner when it has loaded the instance.
 """
 
