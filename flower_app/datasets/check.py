@@ -301,14 +301,16 @@ def _amazon(cfg: Any) -> Found:
 
 # ---------------------------------------------------------------------- your own data
 def _table_header(path: Path, columns: list[str]) -> list[str]:
+    from flower_app.datasets.own import _PARQUET, _TABLE
+
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if suffix in _PARQUET:
         import pyarrow.parquet as pq
 
         names = list(pq.read_schema(path).names)
     else:
         with open(path, encoding="utf-8-sig", newline="") as fh:
-            header = next(csv.reader(fh, delimiter="," if suffix == ".csv" else "\t"), [])
+            header = next(csv.reader(fh, delimiter=_TABLE[suffix]), [])
         names = [h.strip() for h in header]
     missing = [c for c in columns if c not in names]
     if missing:
