@@ -41,7 +41,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from flower_app.algorithms.fedcg.continuous import (
-    LocalSteps,
     matroid_from_spec,
     set_function_direction,
     user_direction_sum,
@@ -54,7 +53,7 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
     set_function_importance,
     set_function_report,
 )
-from flower_app.clients.continuous import HISTOGRAM_RECORD
+from flower_app.clients.continuous import HISTOGRAM_RECORD, local_steps, stored_histogram
 from flower_app.clients.submodular import element_ids, encode_report, report_arrays
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
@@ -240,12 +239,7 @@ def answer_direction(
         x = np.zeros(m)
     if x.shape != (m,):
         raise ValueError(f"x has shape {x.shape}; this client's ground set has {m} elements")
-    local = LocalSteps(
-        steps=int(cfg["local-steps"]),
-        gradient=str(cfg["gradient"]),
-        samples=int(cfg["gradient-samples"]),
-        fill_base=bool(int(cfg["fill-base"])),
-    )
+    local = local_steps(cfg)
     matroid = _matroid(msg, m)
     uid = default_user_id(context) if user_id is None else int(user_id)
     seed, t = int(cfg["seed"]), int(cfg["server-round"])
@@ -316,13 +310,8 @@ def answer_discrete(
         ``"arrays"``: int64 report; ``"metrics"``: ``participants`` (0 or 1),
         ``num-examples`` (1), ``n-elements``.
     """
-    if HISTOGRAM_RECORD not in context.state.array_records:
-        raise ValueError(
-            "no histogram O in this node's state: the importance-factor protocol "
-            "(Algs. 4/5) must run first"
-        )
+    histogram = stored_histogram(context.state)
     m, cfg = utility.n_elements, _config(msg)
-    histogram = context.state.array_records[HISTOGRAM_RECORD]["0"].numpy()
     kappa_i, _ = _kappa_i(utility, histogram, float(cfg["kappa"]))
     selected = element_ids(_arrays(msg), "selected", m)
     matroid = _matroid(msg, m)
