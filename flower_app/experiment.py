@@ -91,28 +91,38 @@ def check_direct_engine(cfg: AppConfig) -> None:
 
 
 class DirectRounds:
-    """The direct engine's round log for FedSM and FedCG: ``rounds.log`` takes each row.
+    """The direct engine's round log of every family: ``rounds.log`` takes each row.
 
-    A row gets ``wall-time`` (seconds since this object was made), goes to ``history``
-    and to the run folder's ``metrics.jsonl``, and moves the progress bar (tqdm, with
-    ``progress``); :meth:`close` closes the bar.
+    A row goes to ``history`` and to the run folder's ``metrics.jsonl``, and moves the
+    progress bar (tqdm, with ``progress``); with ``timed`` it first gets ``wall-time``
+    (seconds since this object was made; FedSM's and FedCG's rows, the other families time
+    their rows themselves). :meth:`close` closes the bar.
 
     Parameters
     ----------
-    exp : Experiment
-        The open run.
+    writer : RunWriter
+        The open run's writer.
     progress : bool
         Show a progress bar.
     desc : str
         The bar's label.
     total : int, optional
-        Rounds expected (None: unknown, as FedSM's Algorithm 2).
+        Rows expected (None: unknown, as FedSM's Algorithm 2).
+    timed : bool, optional
+        Add ``wall-time`` to each row (default True).
     """
 
     def __init__(
-        self, exp: Experiment, progress: bool, desc: str, total: int | None = None
+        self,
+        writer: RunWriter,
+        progress: bool,
+        desc: str,
+        total: int | None = None,
+        *,
+        timed: bool = True,
     ) -> None:
-        self.exp = exp
+        self.writer = writer
+        self.timed = timed
         self.history: list[dict[str, Any]] = []
         self.bar = None
         if progress:
@@ -123,9 +133,10 @@ class DirectRounds:
 
     def log(self, row: dict[str, Any]) -> None:
         """Record one round's row."""
-        row["wall-time"] = time.perf_counter() - self.t0
+        if self.timed:
+            row["wall-time"] = time.perf_counter() - self.t0
         self.history.append(row)
-        self.exp.writer.log_round(row)
+        self.writer.log_round(row)
         if self.bar is not None:
             self.bar.update(1)
 

@@ -19,10 +19,12 @@ come from the manifest) or must agree with it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from flower_app.clients.cohorts import cohort_range
+from flower_app.datasets.paths import atomic_file, file_checksum
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [
@@ -58,7 +61,6 @@ FORMAT = "flower-app-node-data/1"
 DATA_PATH_KEY = "data-path"
 
 _COLUMNS = ("user", "item", "value")
-_CHUNK = 1 << 20
 
 
 class NodeDataError(ValueError):
@@ -66,23 +68,8 @@ class NodeDataError(ValueError):
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Return the hex sha256 of a file.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The file.
-
-    Returns
-    -------
-    str
-        64 hex digits.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Return the hex sha256 of a file (64 hex digits), as the manifest records it."""
+    return file_checksum(path, "sha256")
 
 
 def node_file_name(partition_id: int) -> str:
@@ -279,7 +266,7 @@ def node_partition(node_config: dict[str, Any]) -> tuple[int, int, str | None]:
                 "itself) or 'data-path' (a node file of python -m flower_app.export)"
             )
         return int(node_config["partition-id"]), int(node_config["num-partitions"]), None
-    manifest, entry = _entry_cached(*_stamp(path))
+    manifest, entry = _entry_cached(*file_stamp(path))
     pid, parts = int(entry["partition-id"]), int(manifest["num-partitions"])
     if given and (
         int(node_config["partition-id"]) != pid or int(node_config["num-partitions"]) != parts
@@ -292,8 +279,14 @@ def node_partition(node_config: dict[str, Any]) -> tuple[int, int, str | None]:
     return pid, parts, path
 
 
-def _stamp(path: str) -> tuple[str, int, int]:
-    """Key a cache on the file's identity: a changed file is read (and checked) again."""
+def file_stamp(path: str) -> tuple[str, int, int]:
+    """Return a node file's identity as a cache key: a changed file is read (and checked) again.
+
+    Returns
+    -------
+    tuple
+        The resolved path, the file's and its manifest's modification times, its size.
+    """
     file = Path(path).expanduser().resolve()
     try:
         st = file.stat()
@@ -382,7 +375,7 @@ def load_node_rows(path: str | os.PathLike[str], dataset: str | None = None) -> 
         Missing or tampered file or manifest, another dataset, or entries outside the
         node's user range or the ground set (the file is named).
     """
-    rows = _load_cached(*_stamp(str(path)))
+    rows = _load_cached(*file_stamp(str(path)))
     if dataset is not None and rows.manifest["dataset"] != dataset:
         raise NodeDataError(
             f"{path}: exported from dataset {rows.manifest['dataset']!r}; the run has "
@@ -443,20 +436,15 @@ def _read_binary_cache(cache: Path, folder: Path) -> NodeRows | None:
 
 def _write_binary_cache(cache: Path, values: sp.csr_matrix, meta: dict[str, Any]) -> None:
     """Write the cache atomically; a node without a writable cache folder just reads again."""
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+    with contextlib.suppress(OSError), atomic_file(cache) as out:
         np.savez(
-            tmp,
+            out,
             data=values.data,
             indices=values.indices,
             indptr=values.indptr,
             shape=np.asarray(values.shape, dtype=np.int64),
             meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
         )
-        os.replace(tmp, cache)
-    except OSError:
-        pass
 
 
 @lru_cache(maxsize=16)
@@ -464,11 +452,11 @@ def _load_cached(path: str, mtime: int, size: int) -> NodeRows:
     """Read a node file once per file version: parquet (checked) or its binary cache.
 
     Flower 1.42 starts a fresh ClientApp process for every message, so a per-process cache
-    alone reads (and hashes) the parquet file for every message: ~0.5 s with pyarrow's
-    import. The first reader, after the checksum and range checks, leaves the node's CSR
-    arrays in an uncompressed ``.npz`` under :func:`cache_dir`, keyed by the file's path,
-    size and modification time (and the manifest's); later processes load it in
-    milliseconds without importing pandas or pyarrow. A changed file gets a new key.
+    alone would read (and hash) the parquet file for every message. The first reader, after
+    the checksum and range checks, leaves the node's CSR arrays in an uncompressed ``.npz``
+    under :func:`cache_dir`, keyed by the file's path, size and modification time (and the
+    manifest's); later processes load it without importing pandas or pyarrow. A changed
+    file gets a new key.
     """
     file = Path(path)
     cache = _binary_cache(path, mtime, size)
@@ -583,10 +571,24 @@ def _write_npz(folder: Path, p: int, arrays: dict[str, np.ndarray]) -> Path:
     return path
 
 
-def _read_npz(path: str) -> dict[str, np.ndarray]:
-    """Read every array of a ``node-<p>.npz`` (no pickles)."""
-    with np.load(path, allow_pickle=False) as z:
-        return {key: z[key] for key in z.files}
+@contextlib.contextmanager
+def _unreadable(path: str) -> Iterator[None]:
+    """Turn a read error inside the block into a NodeDataError naming the node file."""
+    try:
+        yield
+    except NodeDataError:
+        raise
+    except (OSError, KeyError, ValueError) as err:
+        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
+
+
+def _node_npz(path: str, family: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Return (manifest, entry, arrays) of ``family``'s checked ``node-<p>.npz`` (no pickles)."""
+    manifest, entry = file_entry(path)
+    if manifest.get("family") != family:
+        raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not {family}'s")
+    with _unreadable(path), np.load(path, allow_pickle=False) as z:
+        return manifest, entry, {key: z[key] for key in z.files}
 
 
 def _client_manifest(
@@ -651,12 +653,8 @@ def export_images(
 
     Notes
     -----
-    A node file holds its clients' own images only: ``images`` uint8 (N_p, 784) and
-    ``labels`` int64 (N_p,) (as published, before any label flip), ``clients`` int64 global
-    client ids, ``train-index`` / ``test-index`` int64 rows of each client's examples with
-    ``train-offsets`` / ``test-offsets`` (client j's rows are ``index[offsets[j]:
-    offsets[j+1]]``), ``flipped`` bool per client, and the dataset-wide ``mean`` / ``std``
-    of the pixel standardisation and ``n-classes``.
+    A node file holds its clients' own images only (as published, before any label flip);
+    its arrays are listed in ``docs/node-local-data.md``.
     """
     folder = _export_folder(out, num_partitions)
     n = int(federation.n_clients)
@@ -718,7 +716,7 @@ def load_node_images(path: str | os.PathLike[str], source: dict[str, Any]) -> An
     NodeDataError
         Missing or tampered file or manifest, or a run whose clients differ from the export.
     """
-    fed = _images_cached(*_stamp(str(path)))
+    fed = _images_cached(*file_stamp(str(path)))
     _check_source(path, source, MAXFL_SOURCE_KEYS, "other clients")
     return fed
 
@@ -728,17 +726,10 @@ def _images_cached(path: str, mtime: int, size: int) -> Any:
     from flower_app.datasets.federated import Federation
     from flower_app.datasets.images import LabelledImages
 
-    manifest, entry = file_entry(path)
-    try:
-        arrays = _read_npz(path)
-        data = LabelledImages(
-            str(manifest["instance"]),
-            arrays["images"],
-            arrays["labels"],
-            int(arrays["n-classes"]),
-        )
-    except (OSError, KeyError, ValueError) as err:
-        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
+    manifest, entry, arrays = _node_npz(path, "maxfl")
+    with _unreadable(path):
+        data = LabelledImages(str(manifest["instance"]), arrays["images"], arrays["labels"],
+                              int(arrays["n-classes"]))  # fmt: skip
     n = int(manifest["n-users"])
     clients = arrays["clients"]
     first, count = int(entry["first-user"]), int(entry["num-users"])
@@ -804,13 +795,8 @@ def export_ratings(
 
     Notes
     -----
-    A node file holds its clients' samples only, as model rows (the one-hot features of
-    :mod:`flower_app.models.sparse_logreg`; no user or movie ids): ``train-rows``,
-    ``train-pos`` int32 (n, 6), ``train-y`` float64 and ``train-counts`` int64 per client;
-    ``sub-rows`` int32 and ``sub-counts`` (each client's submodel S(i)); ``test-rows``,
-    ``test-y`` and ``test-client`` (global client of each of its test samples);
-    ``eval-local`` int64 (which of its training samples belong to the pooled train-loss
-    sample) and ``n-movies``.
+    A node file holds its clients' samples only, as model rows (no user or movie ids); its
+    arrays are listed in ``docs/node-local-data.md``.
     """
     folder = _export_folder(out, num_partitions)
     n = int(task.n_clients)
@@ -859,7 +845,7 @@ def load_node_ratings(path: str | os.PathLike[str], source: dict[str, Any]) -> A
     NodeDataError
         Missing or tampered file or manifest, or a run whose task differs from the export.
     """
-    task = _ratings_cached(*_stamp(str(path)))
+    task = _ratings_cached(*file_stamp(str(path)))
     _check_source(path, source, RATING_SOURCE_KEYS, "another task")
     return task
 
@@ -878,11 +864,8 @@ def _ratings_cached(path: str, mtime: int, size: int) -> Any:
     from flower_app.datasets.movielens_rating import RatingTask
     from flower_app.models.sparse_logreg import OneHotLayout
 
-    manifest, entry = file_entry(path)
-    if manifest.get("family") != "fedsubavg":
-        raise NodeDataError(f"{path}: a {manifest.get('family')!r} node file, not FedSubAvg's")
-    try:
-        a = _read_npz(path)
+    manifest, entry, a = _node_npz(path, "fedsubavg")
+    with _unreadable(path):
         n = int(manifest["n-users"])
         first, count = int(entry["first-user"]), int(entry["num-users"])
         if a["train-counts"].size != count or a["sub-counts"].size != count:
@@ -902,8 +885,6 @@ def _ratings_cached(path: str, mtime: int, size: int) -> Any:
             test_client=a["test-client"],
             eval_idx=a["eval-local"],
         )
-    except (OSError, KeyError, ValueError) as err:
-        raise NodeDataError(f"{path}: unreadable node file ({err})") from None
     if task.n_params != int(manifest["n-params"]):
         raise NodeDataError(f"{path}: {task.n_params} model rows, the manifest says "
                             f"{manifest['n-params']}")  # fmt: skip

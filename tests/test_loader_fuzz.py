@@ -1362,6 +1362,30 @@ def test_preflight_check_refuses_npz_arrays_the_loader_refuses(tmp_path) -> None
                 load_image_clients.__wrapped__(str(path))
 
 
+def test_preflight_check_of_a_large_npz_reads_its_array_names_as_the_loader(
+    tmp_path, monkeypatch
+) -> None:
+    """Above FULL_READ_BYTES the check reads only the archive's names, with the loader's rule
+    (x and y, optionally client, nothing else) and the loader's message."""
+    from flower_app.config import AppConfig
+    from flower_app.datasets import check
+
+    monkeypatch.setattr(check, "FULL_READ_BYTES", 0)
+    path = tmp_path / "big.npz"
+    cfg = AppConfig.from_run_config(
+        {"algorithm": "maxfl", "dataset": "image-clients", "data-file": str(path)}
+    )
+    for arrays, message in (({"x": 0, "y": 0, "client": 0}, None),
+                            ({"x": 0}, "arrays ['x'] lack ['y']"),
+                            ({"x": 0, "y": 0, "clients": 0}, "arrays ['clients'] are not among")):
+        np.savez(path, **{k: np.zeros(2) for k in arrays})  # fmt: skip
+        problems = check.data_problems(cfg)
+        if message is None:
+            assert problems == []
+        else:
+            assert len(problems) == 1 and problems[0].startswith(f"{path}: {message}"), problems
+
+
 # ------------------------------------------------------------------ folders of several files
 LEAF_FOLDER_KINDS = ["none", "copy", "copy-gz", "split-user", "train-test", "train-twice",
                      "bom", "gzip-cut"]  # fmt: skip

@@ -135,7 +135,7 @@ def test_other_bad_inputs_are_named(tmp_path) -> None:
     empty.write_text("# nothing\n\n")
     with pytest.raises(OwnDataError, match="empty.txt: no sets; expected one line of items"):
         load_coverage_sets(str(empty))
-    with pytest.raises(OwnDataError, match="missing.csv: data-file not found"):
+    with pytest.raises(OwnDataError, match="'data-file': .*missing.csv not found"):
         load_facility_table(str(tmp_path / "missing.csv"))
     path, _, _ = _ratings(tmp_path)
     names = tmp_path / "bad-names.csv"

@@ -43,12 +43,38 @@ from flower_app.clients.submodular import SubmodularClient, encode_report
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
-__all__ = ["HISTOGRAM_RECORD", "ContinuousClient"]
+__all__ = ["HISTOGRAM_RECORD", "ContinuousClient", "local_steps", "stored_histogram"]
 
 Config = dict[str, Any]
 
 #: name of the ``context.state`` ArrayRecord holding the broadcast histogram O
 HISTOGRAM_RECORD = "fedcg-histogram"
+
+
+def local_steps(config: Any) -> LocalSteps:
+    """Return a ``train.direction`` request's local computation (its config's four keys)."""
+    return LocalSteps(
+        steps=int(config["local-steps"]),
+        gradient=str(config["gradient"]),
+        samples=int(config["gradient-samples"]),
+        fill_base=bool(int(config["fill-base"])),
+    )
+
+
+def stored_histogram(state: RecordDict) -> np.ndarray:
+    """Return the histogram O a ``train.importance`` request left in the node's state.
+
+    Raises
+    ------
+    ValueError
+        When there is none: the importance-factor protocol (Algs. 4/5) must run first.
+    """
+    if HISTOGRAM_RECORD not in state.array_records:
+        raise ValueError(
+            "no histogram O in this node's state: the importance-factor protocol "
+            "(Algs. 4/5) must run first"
+        )
+    return state.array_records[HISTOGRAM_RECORD]["0"].numpy()
 
 
 class ContinuousClient(SubmodularClient):
@@ -116,14 +142,6 @@ class ContinuousClient(SubmodularClient):
             self.cache[key] = UserEntries.build(self.objective, local)
         return self.cache[key]
 
-    def _histogram(self) -> np.ndarray:
-        if HISTOGRAM_RECORD not in self.state.array_records:
-            raise ValueError(
-                "no histogram O in this node's state: the importance-factor protocol "
-                "(Algs. 4/5) must run first"
-            )
-        return self.state.array_records[HISTOGRAM_RECORD]["0"].numpy()
-
     # ------------------------------------------------------------------ fit kinds
     def fit(self, parameters: list[np.ndarray], config: Config) -> tuple[list, int, dict]:
         """Run one step of the protocol named by ``config["kind"]`` (module docstring)."""
@@ -144,14 +162,8 @@ class ContinuousClient(SubmodularClient):
         x = np.asarray(parameters[0], dtype=np.float64)
         local = self._local_users(parameters[1])
         weights = np.asarray(parameters[2], dtype=np.float64).ravel()
-        steps = LocalSteps(
-            steps=int(config["local-steps"]),
-            gradient=str(config["gradient"]),
-            samples=int(config["gradient-samples"]),
-            fill_base=bool(int(config["fill-base"])),
-        )
         total, sent = user_direction_sum(
-            self.objective, local, weights, x, self.matroid, steps,
+            self.objective, local, weights, x, self.matroid, local_steps(config),
             int(config["seed"]), int(config["server-round"]),
             user_ids=local + self.first_user, entries=self._entries(local),
         )  # fmt: skip
@@ -176,7 +188,7 @@ class ContinuousClient(SubmodularClient):
         if len(parameters) != 1:
             raise ValueError("a discrete-greedy request carries [selected]")
         selected = self._selected(parameters[0])
-        w = importance_factors(self.objective, self._histogram())
+        w = importance_factors(self.objective, stored_histogram(self.state))
         kappa_i = participation_probabilities(w, float(config["kappa"]))
         ids = np.arange(self.num_users, dtype=np.int64) + self.first_user
         total, participants = discrete_report_sum(

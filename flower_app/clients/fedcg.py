@@ -37,11 +37,10 @@ from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flower_app.algorithms.fedcg.continuous import (
-    LocalSteps,
     matroid_from_spec,
     set_function_direction,
     user_direction_sum,
@@ -54,8 +53,8 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
     set_function_importance,
     set_function_report,
 )
-from flower_app.clients.continuous import HISTOGRAM_RECORD
-from flower_app.clients.submodular import encode_report
+from flower_app.clients.continuous import HISTOGRAM_RECORD, local_steps, stored_histogram
+from flower_app.clients.submodular import element_ids, encode_report, report_arrays
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -206,19 +205,9 @@ def _matroid(msg: Message, m: int) -> Matroid:
 
 
 def _reply(msg: Message, parts: list[np.ndarray] | None, **metrics: int | float) -> Message:
-    named: dict[str, np.ndarray] = {}
-    if parts is not None:
-        named = {"ids": parts[0], "values": parts[1]} if len(parts) == 2 else {"values": parts[0]}
-    record = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
+    record = ArrayRecord() if parts is None else report_arrays(parts)
     content = RecordDict({"arrays": record, "metrics": MetricRecord(dict(metrics))})
     return Message(content, reply_to=msg)
-
-
-def _int_array(record: ArrayRecord, key: str, m: int) -> np.ndarray:
-    out = np.asarray(record[key].numpy()).ravel()
-    if out.size and (out.dtype.kind not in "iu" or out.min() < 0 or out.max() >= m):
-        raise ValueError(f"'{key}' must hold element ids in 0..{m - 1}")
-    return out.astype(np.int64)
 
 
 def answer_direction(
@@ -250,12 +239,7 @@ def answer_direction(
         x = np.zeros(m)
     if x.shape != (m,):
         raise ValueError(f"x has shape {x.shape}; this client's ground set has {m} elements")
-    local = LocalSteps(
-        steps=int(cfg["local-steps"]),
-        gradient=str(cfg["gradient"]),
-        samples=int(cfg["gradient-samples"]),
-        fill_base=bool(int(cfg["fill-base"])),
-    )
+    local = local_steps(cfg)
     matroid = _matroid(msg, m)
     uid = default_user_id(context) if user_id is None else int(user_id)
     seed, t = int(cfg["seed"]), int(cfg["server-round"])
@@ -326,15 +310,10 @@ def answer_discrete(
         ``"arrays"``: int64 report; ``"metrics"``: ``participants`` (0 or 1),
         ``num-examples`` (1), ``n-elements``.
     """
-    if HISTOGRAM_RECORD not in context.state.array_records:
-        raise ValueError(
-            "no histogram O in this node's state: the importance-factor protocol "
-            "(Algs. 4/5) must run first"
-        )
+    histogram = stored_histogram(context.state)
     m, cfg = utility.n_elements, _config(msg)
-    histogram = context.state.array_records[HISTOGRAM_RECORD]["0"].numpy()
     kappa_i, _ = _kappa_i(utility, histogram, float(cfg["kappa"]))
-    selected = _int_array(_arrays(msg), "selected", m)
+    selected = element_ids(_arrays(msg), "selected", m)
     matroid = _matroid(msg, m)
     uid = default_user_id(context) if user_id is None else int(user_id)
     seed, t = int(cfg["seed"]), int(cfg["server-round"])
@@ -419,7 +398,7 @@ def fedcg_evaluate(msg: Message, context: Context, utility: Utility) -> Message:
     """
     m = int(utility.n_elements)
     record = msg.content.array_records.get("arrays", ArrayRecord())
-    selected = _int_array(record, "selected", m) if "selected" in record else np.zeros(0, int)
+    selected = element_ids(record, "selected", m) if "selected" in record else np.zeros(0, int)
     metrics = MetricRecord({"objective": utility_value(utility, selected), "num-examples": 1})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 

@@ -54,7 +54,13 @@ from flower_app.algorithms.fedsm.user import (
     user_value,
 )
 from flower_app.clients.fedcg import ScoreTable, SetFunction
-from flower_app.clients.submodular import encode_report, plan_kind, round_plan
+from flower_app.clients.submodular import (
+    element_ids,
+    encode_report,
+    plan_kind,
+    report_arrays,
+    round_plan,
+)
 from flower_app.privacy.ledger import local_release
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -110,15 +116,7 @@ def as_utility(utility: UtilityLike, n_elements: int | None = None) -> UserUtili
 
 
 def _ids(record: ArrayRecord, key: str, m: int) -> np.ndarray:
-    if key not in record:
-        raise ValueError(f"the message has no '{key}' array")
-    ids = np.asarray(record[key].numpy())
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise ValueError(f"'{key}' must be a 1-D integer array")
-    ids = ids.astype(np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= m or np.unique(ids).size != ids.size):
-        raise ValueError(f"'{key}' must hold distinct element ids in 0..{m - 1}")
-    return ids
+    return element_ids(record, key, m, distinct=True)
 
 
 def _plan(record: ArrayRecord, config: Mapping[str, Any], m: int) -> RoundPlan:
@@ -210,9 +208,7 @@ def fedsm_reply(
     reproducible = bool(context.run_config.get("dp-reproducible-noise", False))
     report, hits = user_report(utility, plan, int(config["user-id"]), int(config["seed"]),
                                reproducible_noise=reproducible)  # fmt: skip
-    encoded = encode_report(report, dense=bool(config.get("secure-aggregation", 0)))
-    keys = ["ids", "values"] if len(encoded) == 2 else ["values"]
-    out = ArrayRecord({key: Array(a) for key, a in zip(keys, encoded, strict=True)})
+    out = report_arrays(encode_report(report, dense=bool(config.get("secure-aggregation", 0))))
     metrics: dict[str, Any] = {
         "num-examples": 1,
         "num-elements": m,

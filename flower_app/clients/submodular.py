@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 
 from flower_app.algorithms.fedsm.amplify import SURROGATES
@@ -37,7 +38,14 @@ from flower_app.algorithms.robust.profiles import commit_profiles, declared_boun
 from flower_app.privacy.ledger import local_release
 from flower_app.submodular.objectives import MaxRowObjective
 
-__all__ = ["SubmodularClient", "encode_report", "plan_kind", "round_plan"]
+__all__ = [
+    "SubmodularClient",
+    "element_ids",
+    "encode_report",
+    "plan_kind",
+    "report_arrays",
+    "round_plan",
+]
 
 Config = dict[str, Any]
 
@@ -67,6 +75,39 @@ def encode_report(
     if not dense and nz.size * ENTRY_BYTES < total.size * 8:
         return [nz.astype(np.int32), total[nz].astype(dtype)]
     return [total.astype(dtype)]
+
+
+def report_arrays(parts: list[np.ndarray]) -> ArrayRecord:
+    """Return an :func:`encode_report` result as a reply's ``arrays`` (FedSM's, FedCG's).
+
+    ``ids`` + ``values`` when it is sparse, ``values`` when it is dense.
+    """
+    keys = ("ids", "values") if len(parts) == 2 else ("values",)
+    pairs = zip(keys, parts, strict=True)
+    return ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in pairs})
+
+
+def element_ids(record: ArrayRecord, key: str, m: int, *, distinct: bool = False) -> np.ndarray:
+    """Return a request's array ``key`` as int64 element ids, checked to lie in 0..m−1.
+
+    With ``distinct`` an id given twice is refused too (FedSM's sets and sequences).
+
+    Raises
+    ------
+    ValueError
+        Naming the array: missing, not a 1-D integer array, an id out of range (or repeated).
+    """
+    if key not in record:
+        raise ValueError(f"the message has no '{key}' array")
+    ids = np.asarray(record[key].numpy())
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise ValueError(f"'{key}' must be a 1-D integer array")
+    ids = ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= m):
+        raise ValueError(f"'{key}' must hold element ids in 0..{m - 1}")
+    if distinct and np.unique(ids).size != ids.size:
+        raise ValueError(f"'{key}' must hold distinct element ids in 0..{m - 1}")
+    return ids
 
 
 class SubmodularClient(NumPyClient):

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.paths import json_object, open_text
+from flower_app.datasets.paths import DataFormatError, json_object, open_text
 from flower_app.datasets.synthetic import zipf_for_heat
 
 __all__ = [
@@ -65,6 +65,8 @@ PAPER_TABLE1 = {"clients": 1870, "samples": 123147, "samples-per-client": 66,
 TIME_CUTOFF = 1_385_000_000
 #: the least ratings of a user who becomes a client (the authors' code: at least 40)
 MIN_RATINGS = 40
+#: the clicked items an event's history keeps (the most recent)
+HISTORY = 100
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,11 @@ def _lines(path: Path) -> Iterator[str]:
     """
     with open_text(path) as fh:
         yield from fh
+
+
+def _fail(path: Path, line: int, what: object, expected: str) -> DataFormatError:
+    """Return the error of a line that does not have the format (the file and line named)."""
+    return DataFormatError(path, f"{what}; expected {expected}", line_number=line)
 
 
 def _id(obj: dict, key: str) -> str:
@@ -134,8 +141,7 @@ def read_reviews_json(path: str | Path) -> Iterator[Rating]:
                 raise ValueError("unixReviewTime is not whole seconds")
             review = Rating(_id(obj, "reviewerID"), _id(obj, "asin"), rating, int(time))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}, line {line_no}: {type(err).__name__} {err}; "
-                             f"expected {expected}") from None  # fmt: skip
+            raise _fail(path, line_no, f"{type(err).__name__} {err}", expected) from None
         yield review
 
 
@@ -176,15 +182,14 @@ def read_rating_only_csv(path: str | Path) -> Iterator[Rating]:
         if line_no == 1 and _is_header(row):
             continue
         if len(row) != 4:
-            raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                             f"{expected}")  # fmt: skip
+            raise _fail(path, line_no, f"{len(row)} fields", expected)
         user, item = row[0].strip(), row[1].strip()
         try:
             rating, time = float(row[2]), float(row[3])
         except ValueError:
             rating = time = float("nan")
         if not user or not item or not 1 <= rating <= 5 or not time.is_integer():
-            raise ValueError(f"{path}, line {line_no}: {row!r}; expected {expected}")
+            raise _fail(path, line_no, repr(row), expected)
         yield Rating(user, item, rating, int(time))
 
 
@@ -234,16 +239,16 @@ def read_metadata(path: str | Path) -> dict[str, str]:
             try:
                 obj = ast.literal_eval(line)
             except (ValueError, SyntaxError):
-                message = "neither JSON nor a Python literal; expected one product per line"
-                raise ValueError(f"{path}, line {line_no}: {message}") from None
+                raise _fail(path, line_no, "neither JSON nor a Python literal",
+                            "one product per line") from None  # fmt: skip
         except ValueError as err:  # a key twice (json_object)
-            raise ValueError(f"{path}, line {line_no}: {err}") from None
+            raise DataFormatError(path, str(err), line_number=line_no) from None
         if not isinstance(obj, dict) or "asin" not in obj:
-            raise ValueError(f"{path}, line {line_no}: no 'asin'; expected {expected}")
+            raise _fail(path, line_no, "no 'asin'", expected)
         try:
             asin, category = _id(obj, "asin"), _category(obj)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}, line {line_no}: {err}; expected {expected}") from None
+            raise _fail(path, line_no, err, expected) from None
         if asin in seen and out.get(asin) != category:
             raise ValueError(
                 f"{path}, lines {seen[asin]} and {line_no}: product {asin!r} is listed twice "
@@ -389,16 +394,13 @@ def build_amazon(
     ratings: Iterable[Rating],
     name: str = "amazon",
     categories: dict[str, str] | None = None,
-    min_ratings: int = MIN_RATINGS,
-    cutoff: int = TIME_CUTOFF,
-    max_history: int = 100,
 ) -> AmazonCTR:
     """Build the federated CTR task (see the module docstring).
 
     Raises
     ------
     ValueError
-        If no user has ``min_ratings`` ratings.
+        If no user has :data:`MIN_RATINGS` ratings.
     """
     users_col, items_col, rating_col, time_col = [], [], [], []
     for r in ratings:
@@ -408,10 +410,10 @@ def build_amazon(
         time_col.append(r.time)
     user_raw = np.asarray(users_col)
     uniq_u, u_inv, u_count = np.unique(user_raw, return_inverse=True, return_counts=True)
-    keep = u_count[u_inv] >= min_ratings
+    keep = u_count[u_inv] >= MIN_RATINGS
     if not keep.any():
-        raise ValueError(f"no user has {min_ratings} or more ratings")
-    users = tuple(str(u) for u in uniq_u[u_count >= min_ratings])
+        raise ValueError(f"no user has {MIN_RATINGS} or more ratings")
+    users = tuple(str(u) for u in uniq_u[u_count >= MIN_RATINGS])
     item_raw = np.asarray(items_col)[keep]
     items_arr, mid = np.unique(item_raw, return_inverse=True)
     items = tuple(str(i) for i in items_arr)
@@ -421,14 +423,14 @@ def build_amazon(
     time = np.asarray(time_col, dtype=np.int64)[keep]
     order = np.lexsort((np.arange(uid.size), time, uid))  # by user, then time (stable)
     uid, mid, clk, time = uid[order], mid[order], clk[order], time[order]
-    hist = np.zeros((uid.size, max_history), dtype=np.int64)
+    hist = np.zeros((uid.size, HISTORY), dtype=np.int64)
     start = 0
     for end in np.flatnonzero(np.diff(np.append(uid, -1))) + 1:
         clicked: list[int] = []
         for row in range(start, end):
-            recent = clicked[-max_history:]
+            recent = clicked[-HISTORY:]
             if recent:
-                hist[row, max_history - len(recent) :] = recent
+                hist[row, HISTORY - len(recent) :] = recent
             if clk[row]:
                 clicked.append(int(mid[row]))
         start = end
@@ -437,7 +439,7 @@ def build_amazon(
     item_category = np.zeros(len(items) + 1, dtype=np.int64)
     for k, item in enumerate(items):
         item_category[k + 1] = cat_id.get((categories or {}).get(item, ""), 0)
-    is_train = time <= cutoff
+    is_train = time <= TIME_CUTOFF
     n = len(users)
 
     def part(mask: np.ndarray) -> tuple[np.ndarray, ...]:

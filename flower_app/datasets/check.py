@@ -13,10 +13,10 @@ functions and file names), and:
   is named by its loader when the run reads it);
 - learns what the rules between the keys and the instance need (users, elements, the
   matroid's rank: :class:`~flower_app.settings.rules.Instance`) where that is cheap: from
-  the keys for the synthetic instances and MaxFL's clients, from the ids of MovieLens'
-  ``ratings.dat`` (about a second), from the files read to their end; and evaluates those
-  rules (:data:`~flower_app.settings.rules.SIZE_RULES`), the same the runners evaluate on
-  the loaded instance. What is not known (the DBLP dump, large Sentiment140 or Amazon files)
+  the keys for the synthetic instances and MaxFL's clients, from the two id fields of
+  MovieLens' ``ratings.dat``, from the files read to their end; and evaluates those rules
+  (:data:`~flower_app.settings.rules.SIZE_RULES`), the same the runners evaluate on the
+  loaded instance. What is not known (the DBLP dump, large Sentiment140 or Amazon files)
   is checked by the runner when it has loaded the instance.
 """
 
@@ -115,23 +115,32 @@ def _submodular(cfg: Any, name: str, users: int, elements: int, groups: Any = No
 
 
 # ---------------------------------------------------------------------- built-in data
-def _synthetic_facility_location(cfg: Any) -> Found:
-    from flower_app.datasets.synthetic import facility_location_groups
+def _synthetic_submodular(cfg: Any) -> Found:
+    """synthetic-facility-location, synthetic-dblp: sizes and groups from the keys."""
+    from flower_app.datasets import synthetic
     from flower_app.problems import SYNTHETIC_FL_SIZE
 
-    n = cfg.num_users or SYNTHETIC_FL_SIZE[0]
-    m = cfg.num_elements or SYNTHETIC_FL_SIZE[1]
-    groups = facility_location_groups(m) if cfg.matroid == "partition" else None
-    return [], _submodular(cfg, "synthetic-facility-location", n, m, groups)
+    (n, m), groups = {
+        "synthetic-facility-location": (SYNTHETIC_FL_SIZE, synthetic.facility_location_groups),
+        "synthetic-dblp": (synthetic.SYNTHETIC_DBLP_SIZE, synthetic.dblp_groups),
+    }[cfg.dataset]
+    n, m = cfg.num_users or n, cfg.num_elements or m
+    blocks = groups(m) if cfg.matroid == "partition" else None
+    return [], _submodular(cfg, cfg.dataset, n, m, blocks)
 
 
-def _synthetic_dblp(cfg: Any) -> Found:
-    from flower_app.datasets.synthetic import SYNTHETIC_DBLP_SIZE, dblp_groups
+def _synthetic_clients(cfg: Any) -> Found:
+    """Count a learning family's stand-in clients from the keys (default: the paper's)."""
+    if cfg.family == "maxfl":
+        return [], _maxfl(cfg)
+    from flower_app.datasets import amazon, movielens_rating, sent140
 
-    n = cfg.num_users or SYNTHETIC_DBLP_SIZE[0]
-    m = cfg.num_elements or SYNTHETIC_DBLP_SIZE[1]
-    groups = dblp_groups(m) if cfg.matroid == "partition" else None
-    return [], _submodular(cfg, "synthetic-dblp", n, m, groups)
+    paper = {
+        "synthetic-movielens-rating": movielens_rating._ML1M_USERS,
+        "synthetic-sent140": sent140.PAPER_TABLE1["clients"],
+        "synthetic-amazon": amazon.PAPER_TABLE1["clients"],
+    }[cfg.dataset]
+    return [], Instance(cfg.dataset, users=cfg.num_users or paper)
 
 
 def _movielens(cfg: Any) -> Found:
@@ -164,18 +173,12 @@ def _movielens(cfg: Any) -> Found:
     return found, _submodular(cfg, "movielens", users, movies, groups)
 
 
-def _synthetic_movielens_rating(cfg: Any) -> Found:
-    from flower_app.datasets.movielens_rating import _ML1M_USERS
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or _ML1M_USERS)
-
-
 def _idx_files(folder: Path, stems: Any, name: str, download: bool) -> list[str]:
-    from flower_app.datasets.idx import read_idx_shape
+    from flower_app.datasets.idx import find_idx, read_idx_shape
 
     found, missing = [], []
     for stem in stems:
-        path = next((folder / n for n in (stem + ".gz", stem) if (folder / n).is_file()), None)
+        path = find_idx(folder, stem)
         if path is None:
             missing.append(folder / (stem + ".gz"))
             continue
@@ -215,10 +218,6 @@ def _emnist(cfg: Any) -> Found:
     return found, _maxfl(cfg)
 
 
-def _synthetic_emnist(cfg: Any) -> Found:
-    return [], _maxfl(cfg)
-
-
 def _dblp(cfg: Any) -> Found:
     from flower_app.datasets.dblp import find_dblp_files
 
@@ -229,14 +228,6 @@ def _dblp(cfg: Any) -> Found:
         return [f"{xml}: does not start like dblp.xml (no '<?xml' or '<dblp' in its first "
                 "4 KB)"], None  # fmt: skip
     return gzip_problem(xml), None
-
-
-def _synthetic_sent140(cfg: Any) -> Found:
-    if cfg.family == "maxfl":
-        return [], _maxfl(cfg)
-    from flower_app.datasets.sent140 import PAPER_TABLE1
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or PAPER_TABLE1["clients"])
 
 
 def _sent140(cfg: Any) -> Found:
@@ -274,27 +265,17 @@ def _sent140(cfg: Any) -> Found:
                 if fh.read(64).lstrip()[:1] != "{":
                     found.append(f"{path}: not a LEAF JSON object (it does not start with "
                                  "'{')")  # fmt: skip
+    from flower_app.datasets.sent140 import GLOVE_25D_FILE
+    from flower_app.datasets.sent140_features import GLOVE_FILE, find_glove
+
+    glove = None
     if cfg.family == "maxfl":
-        from flower_app.datasets.sent140_features import GLOVE_FILE
-
-        names = [GLOVE_FILE, f"{GLOVE_FILE}.gz"]
-        if not any((d / n).is_file() for d in (root / "sent140", root) for n in names):
-            found.append(f"Sent140 (MaxFL): the GloVe file {GLOVE_FILE} is in neither "
-                         f"{root / 'sent140'} nor {root}")  # fmt: skip
-    if cfg.family == "fedsubavg" and cfg.get("fsa-embedding-init") == "glove":
-        from flower_app.datasets.sent140 import GLOVE_25D_FILE
-
-        names = [GLOVE_25D_FILE, f"{GLOVE_25D_FILE}.gz"]
-        if not any((d / n).is_file() for d in (root / "sent140", root) for n in names):
-            found.append(f"fsa-embedding-init = 'glove': {GLOVE_25D_FILE} is in neither "
-                         f"{root / 'sent140'} nor {root}")  # fmt: skip
+        glove = ("Sent140 (MaxFL): the GloVe file", GLOVE_FILE)
+    elif cfg.family == "fedsubavg" and cfg.get("fsa-embedding-init") == "glove":
+        glove = ("fsa-embedding-init = 'glove':", GLOVE_25D_FILE)
+    if glove is not None and find_glove(root, glove[1]) is None:
+        found.append(f"{glove[0]} {glove[1]} is in neither {root / 'sent140'} nor {root}")
     return found, instance
-
-
-def _synthetic_amazon(cfg: Any) -> Found:
-    from flower_app.datasets.amazon import PAPER_TABLE1
-
-    return [], Instance(cfg.dataset, users=cfg.num_users or PAPER_TABLE1["clients"])
 
 
 def _amazon(cfg: Any) -> Found:
@@ -320,14 +301,16 @@ def _amazon(cfg: Any) -> Found:
 
 # ---------------------------------------------------------------------- your own data
 def _table_header(path: Path, columns: list[str]) -> list[str]:
+    from flower_app.datasets.own import _PARQUET, _TABLE
+
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if suffix in _PARQUET:
         import pyarrow.parquet as pq
 
         names = list(pq.read_schema(path).names)
     else:
         with open(path, encoding="utf-8-sig", newline="") as fh:
-            header = next(csv.reader(fh, delimiter="," if suffix == ".csv" else "\t"), [])
+            header = next(csv.reader(fh, delimiter=_TABLE[suffix]), [])
         names = [h.strip() for h in header]
     missing = [c for c in columns if c not in names]
     if missing:
@@ -339,32 +322,21 @@ def _table_header(path: Path, columns: list[str]) -> list[str]:
 
 
 def _own_images(cfg: Any, path: Path) -> Found:
-    from flower_app.datasets.own_images import _NPZ_ARRAYS, load_image_clients
+    from flower_app.datasets.own_images import check_npz_names, load_image_clients
 
     if _small(path):
         own = load_image_clients.__wrapped__(str(path))  # not cached: the file may change
         return [], _maxfl(cfg, own.n_clients if own.clients is not None else None)
-    if path.suffix == ".npz":
+    if path.suffix == ".npz":  # the array names only (the loader's check)
         with zipfile.ZipFile(path) as z:
-            names = {n.removesuffix(".npy") for n in z.namelist()}
-        expected = ("expected an .npz with x (images), y (labels) and optionally client")
-        if not {"x", "y"} <= names:
-            return [f"{path}: arrays {sorted(names)} lack x or y; {expected}"], None
-        if names - set(_NPZ_ARRAYS):
-            return [f"{path}: arrays {sorted(names - set(_NPZ_ARRAYS))} are not x, y or "
-                    f"client; {expected}"], None  # fmt: skip
+            check_npz_names(path, (n.removesuffix(".npy") for n in z.namelist()))
     return [], None
 
 
 def _own(cfg: Any) -> Found:
-    from flower_app.datasets.own import table_columns
+    from flower_app.datasets.own import _path, table_columns
 
-    if not cfg.data_file:
-        return [f"run_config 'dataset' = {cfg.dataset!r} needs 'data-file' (the path of your "
-                "data; docs/own-data.md)"], None  # fmt: skip
-    path = Path(cfg.data_file).expanduser()
-    if not path.is_file():
-        return [f"run_config 'data-file': {path} not found"], None
+    path = _path(cfg.data_file)  # missing: refused as the loaders refuse it
     if cfg.dataset == "image-clients":
         return _own_images(cfg, path)
     table = path.suffix.lower() in TABLE_SUFFIXES
@@ -421,19 +393,19 @@ def _csv_header(key: str, value: str, expected: list[str], encoding: str) -> lis
 
 #: dataset -> the check of its files (and what it learns of the instance)
 CHECKS: dict[str, Callable[[Any], Found]] = {
-    "synthetic-facility-location": _synthetic_facility_location,
-    "synthetic-dblp": _synthetic_dblp,
+    "synthetic-facility-location": _synthetic_submodular,
+    "synthetic-dblp": _synthetic_submodular,
     "movielens": _movielens,
     "movielens-rating": _movielens,
-    "synthetic-movielens-rating": _synthetic_movielens_rating,
+    "synthetic-movielens-rating": _synthetic_clients,
     "dblp": _dblp,
     "fmnist": _fmnist,
     "emnist": _emnist,
-    "synthetic-emnist": _synthetic_emnist,
+    "synthetic-emnist": _synthetic_clients,
     "sent140": _sent140,
-    "synthetic-sent140": _synthetic_sent140,
+    "synthetic-sent140": _synthetic_clients,
     "amazon": _amazon,
-    "synthetic-amazon": _synthetic_amazon,
+    "synthetic-amazon": _synthetic_clients,
     "facility-location-table": _own,
     "coverage-sets": _own,
     "rating-table": _own,

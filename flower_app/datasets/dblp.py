@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import zipfile
 import zlib
 from array import array
@@ -43,7 +42,12 @@ from lxml import etree
 from tqdm.auto import tqdm
 
 from flower_app.datasets.matrices import VenueSets
-from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError, resolve_data_dir
+from flower_app.datasets.paths import (
+    DataFormatError,
+    DatasetNotFoundError,
+    atomic_file,
+    resolve_data_dir,
+)
 
 __all__ = [
     "COUNTED_TAGS",
@@ -579,13 +583,10 @@ def _fingerprint(xml: Path) -> np.ndarray:
 
 def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int]) -> None:
     """Save ``sets`` atomically as ``path``; warn (do not fail) if that is impossible."""
-    tmp_name: str | None = None
+    researchers, researcher_ends = _encode_strings(sets.researchers)
+    venues, venue_ends = _encode_strings(sets.venues)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npz", dir=path.parent)
-        researchers, researcher_ends = _encode_strings(sets.researchers)
-        venues, venue_ends = _encode_strings(sets.venues)
-        with os.fdopen(handle, "wb") as out:
+        with atomic_file(path) as out:
             np.savez_compressed(
                 out,
                 version=np.int64(_CACHE_VERSION),
@@ -601,13 +602,8 @@ def _write_cache(path: Path, sets: VenueSets, xml: Path, years: tuple[int, int])
                 venues=venues,
                 venue_ends=venue_ends,
             )
-        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
-        os.replace(tmp_name, path)
     except OSError as error:
         log.warning("could not write the DBLP cache %s: %s", path, error)
-        if tmp_name is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
 
 
 def _cached_matrix(stored: np.lib.npyio.NpzFile) -> sp.csr_matrix:

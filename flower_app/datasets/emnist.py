@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.idx import read_idx
+from flower_app.datasets.idx import idx_files, read_idx_split
 from flower_app.datasets.images import LabelledImages
-from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError, resolve_data_dir
+from flower_app.datasets.paths import resolve_data_dir
 
 __all__ = ["EMNIST_FILES", "load_emnist", "synthetic_emnist"]
 
@@ -87,36 +87,14 @@ def load_emnist(data_dir: str | os.PathLike[str] | None = None) -> LabelledImage
 
 @lru_cache(maxsize=2)
 def _load(root: str) -> LabelledImages:
-    folder = Path(root) / "emnist"
-    paths = {}
-    for stem in EMNIST_FILES:
-        found = [folder / n for n in (stem + ".gz", stem) if (folder / n).exists()]
-        if not found:
-            raise DatasetNotFoundError(
-                "EMNIST ByClass",
-                [folder / (s + ".gz") for s in EMNIST_FILES],
-                SOURCE,
-                reason="EMNIST cannot be downloaded automatically",
-                data_dir=Path(root),
-            )
-        paths[stem] = found[0]
+    paths = idx_files(Path(root) / "emnist", EMNIST_FILES, "EMNIST ByClass", SOURCE)
     xs, ys = [], []
     for split in ("train", "test"):
-        x = read_idx(paths[f"emnist-byclass-{split}-images-idx3-ubyte"], ndim=3)
-        y = read_idx(paths[f"emnist-byclass-{split}-labels-idx1-ubyte"], ndim=1)
-        if x.shape[0] != y.shape[0] or x.shape[1:] != (28, 28):
-            raise DataFormatError(
-                paths[f"emnist-byclass-{split}-images-idx3-ubyte"],
-                f"{x.shape[0]} images of {x.shape[1:]} for {y.shape[0]} labels; "
-                "expected 28×28 images, one per label",
-            )
-        if y.size and y.max() >= N_CLASSES:
-            raise DataFormatError(
-                paths[f"emnist-byclass-{split}-labels-idx1-ubyte"],
-                f"label {int(y.max())} exceeds {N_CLASSES - 1}",
-            )
+        stem = f"emnist-byclass-{split}"
+        x, y = read_idx_split(paths[f"{stem}-images-idx3-ubyte"],
+                              paths[f"{stem}-labels-idx1-ubyte"], N_CLASSES)  # fmt: skip
         xs.append(np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(-1, 784))
-        ys.append(y.astype(np.int64))
+        ys.append(y)
     return LabelledImages("emnist", np.concatenate(xs), np.concatenate(ys), N_CLASSES)
 
 

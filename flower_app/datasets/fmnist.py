@@ -24,15 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.datasets.idx import read_idx
+from flower_app.datasets.idx import idx_files, read_idx_split
 from flower_app.datasets.images import LabelledImages
-from flower_app.datasets.paths import (
-    DataFormatError,
-    DatasetNotFoundError,
-    download_allowed,
-    download_file,
-    resolve_data_dir,
-)
+from flower_app.datasets.paths import resolve_data_dir
 
 __all__ = ["FMNIST_FILES", "load_fmnist"]
 
@@ -44,40 +38,6 @@ FMNIST_FILES = {
     "t10k-images-idx3-ubyte": ("bef4ecab320f06d8554ea6380940ec79", 10000),
     "t10k-labels-idx1-ubyte": ("bb300cfdad3c16e7a12a480ee83cd310", 10000),
 }
-
-
-def _find(folder: Path, stem: str) -> Path | None:
-    for name in (stem + ".gz", stem):
-        if (folder / name).exists():
-            return folder / name
-    return None
-
-
-def _ensure_files(folder: Path, download: bool | None) -> dict[str, Path]:
-    found = {stem: _find(folder, stem) for stem in FMNIST_FILES}
-    missing = [stem for stem, path in found.items() if path is None]
-    if missing and download_allowed(download):
-        try:
-            for stem in missing:
-                md5 = FMNIST_FILES[stem][0]
-                found[stem] = download_file(URL + stem + ".gz", folder / (stem + ".gz"), md5=md5)
-        except OSError as err:
-            raise DatasetNotFoundError(
-                "Fashion-MNIST",
-                [folder / (s + ".gz") for s in FMNIST_FILES],
-                URL + " (or https://github.com/zalandoresearch/fashion-mnist)",
-                reason=f"download failed: {err}",
-                data_dir=folder.parent,
-            ) from err
-    elif missing:
-        raise DatasetNotFoundError(
-            "Fashion-MNIST",
-            [folder / (s + ".gz") for s in FMNIST_FILES],
-            URL + " (or https://github.com/zalandoresearch/fashion-mnist)",
-            reason="downloads are disabled (FLOWER_APP_OFFLINE=1)",
-            data_dir=folder.parent,
-        )
-    return {stem: path for stem, path in found.items() if path is not None}
 
 
 def load_fmnist(data_dir: str | os.PathLike[str] | None = None, download: bool | None = None):
@@ -107,21 +67,15 @@ def load_fmnist(data_dir: str | os.PathLike[str] | None = None, download: bool |
 
 @lru_cache(maxsize=2)
 def _load(root: str, download: bool | None) -> LabelledImages:
-    folder = Path(root) / "fashion-mnist"
-    files = _ensure_files(folder, download)
-    parts_x, parts_y = [], []
-    for split in ("train", "t10k"):
-        x = read_idx(files[f"{split}-images-idx3-ubyte"], ndim=3)
-        y = read_idx(files[f"{split}-labels-idx1-ubyte"], ndim=1)
-        count = FMNIST_FILES[f"{split}-images-idx3-ubyte"][1]
-        if x.shape != (count, 28, 28) or y.shape != (count,):
-            raise DataFormatError(
-                files[f"{split}-images-idx3-ubyte"],
-                f"expected {count} images of 28×28 and {count} labels, "
-                f"got images {x.shape} and labels {y.shape}",
-            )
-        if y.max() > 9:
-            raise DataFormatError(files[f"{split}-labels-idx1-ubyte"], "labels exceed 9")
-        parts_x.append(x.reshape(count, 784))
-        parts_y.append(y.astype(np.int64))
-    return LabelledImages("fmnist", np.concatenate(parts_x), np.concatenate(parts_y), 10)
+    files = idx_files(
+        Path(root) / "fashion-mnist", FMNIST_FILES, "Fashion-MNIST",
+        URL + " (or https://github.com/zalandoresearch/fashion-mnist)", url=URL,
+        md5={stem: md5 for stem, (md5, _) in FMNIST_FILES.items()}, download=download,
+    )  # fmt: skip
+    parts = [
+        read_idx_split(files[f"{split}-images-idx3-ubyte"], files[f"{split}-labels-idx1-ubyte"],
+                       10, FMNIST_FILES[f"{split}-images-idx3-ubyte"][1])  # fmt: skip
+        for split in ("train", "t10k")
+    ]
+    images = np.concatenate([x.reshape(-1, 784) for x, _ in parts])
+    return LabelledImages("fmnist", images, np.concatenate([y for _, y in parts]), 10)

@@ -20,6 +20,7 @@ import csv
 import functools
 import io
 import os
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from flower_app.datasets.movielens_files import (
 from flower_app.datasets.paths import (
     DataFormatError,
     DatasetNotFoundError,
+    atomic_file,
     download_allowed,
     download_file,
     file_checksum,
@@ -213,12 +215,8 @@ def _extract(archive: Path, folder: Path) -> None:
             member = f"{_SUBDIR}/{name}"
             if member not in bundle.namelist():
                 continue
-            target = folder / name
-            partial = target.with_name(f".{name}.part")
-            with bundle.open(member) as source, open(partial, "wb") as out:
-                while chunk := source.read(1 << 20):
-                    out.write(chunk)
-            os.replace(partial, target)
+            with bundle.open(member) as source, atomic_file(folder / name) as out:
+                shutil.copyfileobj(source, out, 1 << 20)
 
 
 # --------------------------------------------------------------------------- parsing

@@ -66,7 +66,7 @@ def movielens_shape(folder: str | os.PathLike[str]) -> tuple[int, int, list[str]
 
     What :func:`facility_location_matrix` would build (its rows, columns and element groups),
     from the two id fields of ``ratings.dat`` and ``movies.dat``, without parsing or checking
-    the rest (about a second for MovieLens-1M: the check before Flower). None when a line
+    the rest (the check before Flower, which must be quick). None when a line
     does not start with two integer ids or a rated movie is not in ``movies.dat``: the
     loader then names the line.
 

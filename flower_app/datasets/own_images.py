@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,9 +39,9 @@ import numpy as np
 
 from flower_app.datasets.idx import read_idx
 from flower_app.datasets.images import LabelledImages
-from flower_app.datasets.own import OwnDataError
+from flower_app.datasets.own import OwnDataError, _path
 
-__all__ = ["OwnImages", "load_image_clients"]
+__all__ = ["OwnImages", "check_npz_names", "load_image_clients"]
 
 NPZ_FORMAT = (
     "an .npz with arrays x (N, H, W) or (N, D) of uint8 0..255 or floats k/255, "
@@ -124,6 +125,23 @@ FLOAT_PIXEL_TOLERANCE = 1e-3
 _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
+def check_npz_names(path: Path, names: Iterable[str]) -> None:
+    """Refuse an ``.npz`` whose array names lack ``x`` or ``y`` or include another name.
+
+    Raises
+    ------
+    OwnDataError
+        Naming the file and the arrays (a misspelt ``client`` would leave the clients unused).
+    """
+    names = set(names)
+    missing = [k for k in ("x", "y") if k not in names]
+    if missing:
+        raise _fail(path, f"arrays {sorted(names)} lack {missing}")
+    unknown = sorted(names - set(_NPZ_ARRAYS))
+    if unknown:
+        raise _fail(path, f"arrays {unknown} are not among {list(_NPZ_ARRAYS)}")
+
+
 def _from_npz(path: Path) -> OwnImages:
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -136,12 +154,7 @@ def _from_npz(path: Path) -> OwnImages:
             arrays = {k: z[k] for k in z.files}
     except _UNREADABLE as err:
         raise _fail(path, f"cannot be read as .npz ({type(err).__name__}: {err})") from None
-    missing = [k for k in ("x", "y") if k not in arrays]
-    if missing:
-        raise _fail(path, f"arrays {sorted(arrays)} lack {missing}")
-    unknown = sorted(set(arrays) - set(_NPZ_ARRAYS))
-    if unknown:  # e.g. a misspelt 'client': the file's clients would go unused
-        raise _fail(path, f"arrays {unknown} are not among {list(_NPZ_ARRAYS)}")
+    check_npz_names(path, arrays)
     images = _images(path, arrays["x"])
     labels = _labels(path, arrays["y"], images.shape[0])
     clients, ids = None, ()
@@ -200,12 +213,7 @@ def load_image_clients(data_file: str) -> OwnImages:
     OwnDataError
         Naming the file, the array and the expected format.
     """
-    if not data_file:
-        raise OwnDataError("dataset 'image-clients' needs run_config 'data-file' (an .npz or "
-                           "an IDX images file)")  # fmt: skip
-    path = Path(data_file).expanduser()
-    if not path.is_file():
-        raise OwnDataError(f"{path}: no such file (run_config 'data-file'; absolute for flwr run)")
+    path = _path(data_file)
     if path.suffix == ".npz":
         return _from_npz(path)
     return _from_idx(path)

@@ -26,12 +26,10 @@ import hashlib
 import io
 import os
 import tempfile
-import urllib.request
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-
-from tqdm.auto import tqdm
+from typing import IO
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -40,6 +38,7 @@ __all__ = [
     "ChecksumError",
     "DataFormatError",
     "DatasetNotFoundError",
+    "atomic_file",
     "decode_text",
     "download_allowed",
     "download_file",
@@ -431,6 +430,27 @@ def file_checksum(path: str | os.PathLike[str], algorithm: str = "md5") -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def atomic_file(dest: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """Write a file whole or not at all: yield a temporary file beside ``dest``.
+
+    When the block ends normally the temporary file becomes ``dest`` (mode 0644, by rename,
+    so a reader never sees a partial file); when it raises, the temporary file is deleted
+    and ``dest`` is left as it was. ``dest``'s folder is created if needed.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            yield out
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def download_file(
     url: str,
     dest: Path,
@@ -470,28 +490,23 @@ def download_file(
         If the download fails (e.g. no network); nothing is left behind.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     expected = {name: value.lower() for name, value in (("md5", md5), ("sha256", sha256)) if value}
     digests = {name: hashlib.new(name) for name in expected}
-    handle, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            _copy_url(url, out, digests, timeout)
+    with atomic_file(dest) as out:
+        _copy_url(url, out, digests, timeout)
         for name, digest in digests.items():
             actual = digest.hexdigest()
             if actual != expected[name]:
                 raise ChecksumError(dest, name, expected[name], actual, url=url)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
     return dest
 
 
 def _copy_url(url: str, out, digests: dict, timeout: float) -> None:
     """Stream ``url`` into the open binary file ``out``, updating ``digests``."""
+    import urllib.request
+
+    from tqdm.auto import tqdm  # imported by a download only (with urllib, they are slow to import)
+
     with urllib.request.urlopen(url, timeout=timeout) as response:
         total = response.headers.get("Content-Length")
         with tqdm(

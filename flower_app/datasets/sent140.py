@@ -22,8 +22,8 @@ user's tweets; LEAF writes each user into one file of ``all_data/``, ``train/``,
 Federated partition (:func:`build_sent140`), as the paper builds it: one client per Twitter
 account with **more than 40** samples; a random 80/20 split of all samples into train and
 test (``split_seed``), or LEAF's own split when its ``train/`` and ``test/`` files are
-read; the vocabulary is every token of the training samples (optionally the ``max_vocab``
-most frequent), id 0 is the padding / unknown token. Tokens
+read; the vocabulary is every token of the training samples, id 0 is the padding / unknown
+token. Tokens
 (:func:`tokenize`): lower-cased text, URLs → ``<url>``, @mentions → ``<user>``, then runs of
 letters, digits and apostrophes, and each other non-space character on its own (so ``"!"`` and
 ``":("`` count). A tweet becomes its first ``max_len`` (default 25, LEAF's) token ids. A
@@ -54,6 +54,7 @@ __all__ = [
     "PAPER_TABLE1",
     "Sent140",
     "Tweet",
+    "account_tweets",
     "build_sent140",
     "find_sent140_files",
     "load_sent140",
@@ -70,6 +71,10 @@ PAPER_TABLE1 = {"clients": 1473, "samples": 79050, "samples-per-client": 54,
 _URL = re.compile(r"https?://\S+|www\.\S+")
 _MENTION = re.compile(r"@\w+")
 _TOKEN = re.compile(r"<url>|<user>|[a-z0-9']+|[^\sa-z0-9']")
+#: least tweets of an account that becomes a client ("more than 40")
+MIN_SAMPLES = 41
+#: share of the stand-in's tokens that carry a sentiment weight (:func:`synthetic_sent140`)
+WEIGHTED_SHARE = 0.1
 #: GloVe file of ``fsa-embedding-init = "glove"`` (Twitter GloVe, 25-D: the paper's size)
 GLOVE_25D_FILE = "glove.twitter.27B.25d.txt"
 #: Sentiment140's file name (optionally ``.gz``)
@@ -118,24 +123,25 @@ def read_sentiment140_csv(path: str | Path) -> Iterator[Tweet]:
     path = Path(path)
     with open_text(path, "latin-1") as fh:
         reader = csv.reader(fh)
+
+        def fail(what: object) -> DataFormatError:
+            return DataFormatError(path, f"{what}; expected {_CSV_FORMAT}",
+                                   line_number=reader.line_num)  # fmt: skip
+
         while True:
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as err:
-                raise ValueError(f"{path}, line {reader.line_num}: {err}; expected "
-                                 f"{_CSV_FORMAT}") from None  # fmt: skip
-            line_no = reader.line_num
+                raise fail(err) from None
             if not row:
                 continue  # an empty line holds no record
             if len(row) != 6:
-                raise ValueError(f"{path}, line {line_no}: {len(row)} fields; expected "
-                                 f"{_CSV_FORMAT}")  # fmt: skip
+                raise fail(f"{len(row)} fields")
             polarity = row[0].strip()
             if polarity not in ("0", "4"):
-                raise ValueError(f"{path}, line {line_no}: polarity {polarity!r}; expected "
-                                 f"{_CSV_FORMAT}")  # fmt: skip
+                raise fail(f"polarity {polarity!r}")
             yield Tweet(row[4], 1 if polarity == "4" else 0, row[5])
 
 
@@ -384,9 +390,7 @@ class Sent140:
         }
 
 
-def load_sent140(
-    path: str | Path, split_seed: int = 0, max_len: int = 25, max_vocab: int | None = None
-) -> Sent140:
+def load_sent140(path: str | Path, split_seed: int = 0) -> Sent140:
     """Read Sentiment140's CSV or LEAF JSON into the task, in bounded memory.
 
     ``path`` is a folder (``data-dir/sent140``: every file :func:`find_sent140_files`
@@ -397,17 +401,24 @@ def load_sent140(
     path = Path(path)
     if path.is_dir():
         files = find_sent140_files(path)
-        if files.csv is None:
-            return build_sent140(files.tweets(), split_seed=split_seed, max_len=max_len,
-                                 max_vocab=max_vocab)  # fmt: skip
-        path = files.csv
-    if path.name.endswith((".json", ".json.gz")):
-        return build_sent140(read_leaf_json(path), split_seed=split_seed, max_len=max_len,
-                             max_vocab=max_vocab)  # fmt: skip
-    counts = Counter(t.user for t in read_sentiment140_csv(path))
-    keep = {u for u, c in counts.items() if c >= 41}
-    tweets = (t for t in read_sentiment140_csv(path) if t.user in keep)
-    return build_sent140(tweets, split_seed=split_seed, max_len=max_len, max_vocab=max_vocab)
+    elif path.name.endswith((".json", ".json.gz")):
+        files = Sent140Files(json=(path,))
+    else:
+        files = Sent140Files(csv=path)
+    return build_sent140(account_tweets(files, MIN_SAMPLES), split_seed=split_seed)
+
+
+def account_tweets(files: Sent140Files, min_tweets: int) -> Iterator[Tweet]:
+    """Yield the tweets of ``files``: every LEAF tweet, or the CSV's of busy accounts.
+
+    Sentiment140's CSV is read twice: once to count each account's tweets, then keeping the
+    tweets of accounts with at least ``min_tweets`` (its 1.6 million tweets are never all
+    held). LEAF's files hold only such accounts' tweets already.
+    """
+    if files.csv is None:
+        return files.tweets()
+    counts = Counter(t.user for t in read_sentiment140_csv(files.csv))
+    return (t for t in read_sentiment140_csv(files.csv) if counts[t.user] >= min_tweets)
 
 
 def synthetic_sent140(
@@ -416,8 +427,6 @@ def synthetic_sent140(
     n_samples: int = PAPER_TABLE1["samples"],
     vocab_size: int = 30_000,
     target_dispersion: float = PAPER_TABLE1["feature-heat-dispersion"],
-    max_len: int = 25,
-    weight_share: float = 0.1,
     weight_std: float = 1.5,
 ) -> Sent140:
     """Return the calibrated stand-in ``synthetic-sent140`` (made from ``seed``, in memory).
@@ -428,11 +437,11 @@ def synthetic_sent140(
     ``target_dispersion`` clients, and s so that the probabilities sum to 1 over
     ``vocab_size`` tokens; the rarest tokens occur in one client, so n_max / n_min lands at
     the paper's dispersion (measured: :meth:`Sent140.dispersion`). Labels come from a planted
-    linear sentiment model: a share ``weight_share`` (10 %) of the tokens carry a weight
+    linear sentiment model: a share :data:`WEIGHTED_SHARE` (10 %) of the tokens carry a weight
     N(0, ``weight_std``²) (1.5²) and every account a bias N(0, 0.5²); a tweet is positive with
     probability σ(Σ weights + bias) (with the defaults that model's accuracy is 0.716, its
     loss 0.531, data seed 0). The vocabulary size is ours (the paper does not give it);
-    ``weight_share`` and ``weight_std`` are ours too, and only diagnoses change them.
+    that share and ``weight_std`` are ours too, and only diagnoses change the latter.
     """
     rng = np.random.default_rng([int(seed), 1400])
     per_client = 41 + rng.poisson(max(n_samples / n_clients - 41, 0.0), size=n_clients)
@@ -441,7 +450,7 @@ def synthetic_sent140(
     tokens_per_client = np.bincount(owner, weights=lengths, minlength=n_clients) * 0.8
     # the top token's probability: expected clients containing it = target_dispersion
     probs = zipf_for_heat(tokens_per_client, target_dispersion, vocab_size, p_top_min=1e-6)
-    weighted = rng.random(vocab_size) < weight_share
+    weighted = rng.random(vocab_size) < WEIGHTED_SHARE
     weight = np.where(weighted, rng.normal(0, weight_std, vocab_size), 0.0)
     bias = rng.normal(0, 0.5, n_clients)
     flat = rng.choice(vocab_size, size=int(lengths.sum()), p=probs)
@@ -454,7 +463,7 @@ def synthetic_sent140(
         Tweet(users[owner[i]], int(labels[i]), " ".join(words[flat[ptr[i] : ptr[i + 1]]]))
         for i in range(score.size)
     )
-    task = build_sent140(tweets, name="synthetic-sent140", split_seed=seed, max_len=max_len)
+    task = build_sent140(tweets, name="synthetic-sent140", split_seed=seed)
     planted = np.zeros(len(task.vocab) + 1)
     planted[1:] = weight[[int(t[1:]) for t in task.vocab]]
     return replace(task, planted=planted)
@@ -463,11 +472,10 @@ def synthetic_sent140(
 def build_sent140(
     tweets: Iterable[Tweet],
     name: str = "sent140",
-    min_samples: int = 41,
+    min_samples: int = MIN_SAMPLES,
     test_fraction: float = 0.2,
     split_seed: int = 0,
     max_len: int = 25,
-    max_vocab: int | None = None,
 ) -> Sent140:
     """Build the federated task from tweets (see the module docstring).
 
@@ -487,8 +495,6 @@ def build_sent140(
         Seed of the train/test split (default 0).
     max_len : int, optional
         Tokens kept per tweet (default 25).
-    max_vocab : int, optional
-        Keep only the most frequent training tokens (default: all).
 
     Raises
     ------
@@ -518,7 +524,7 @@ def build_sent140(
         is_test[rng.permutation(n)[: int(round(test_fraction * n))]] = True
     counts = Counter(t for i in np.flatnonzero(~is_test) for t in tokens[i])
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
-    vocab = tuple(ranked if max_vocab is None else ranked[:max_vocab])
+    vocab = tuple(ranked)
     index = {t: k + 1 for k, t in enumerate(vocab)}
     x = np.zeros((n, max_len), dtype=np.int32)
     for i, toks in enumerate(tokens):

@@ -31,7 +31,6 @@ Pipeline (our choices where the paper is silent):
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +43,9 @@ from flower_app.datasets.sent140 import (
     CSV_NAME,
     PAPER_TABLE1,
     Sent140,
-    Tweet,
+    account_tweets,
     build_sent140,
     find_sent140_files,
-    read_sentiment140_csv,
     synthetic_sent140,
 )
 
@@ -58,6 +56,7 @@ __all__ = [
     "MIN_TWEETS",
     "SENT140_VECTORS",
     "TweetFeatures",
+    "find_glove",
     "iter_glove",
     "load_sent140_features",
     "read_glove",
@@ -212,9 +211,9 @@ def read_glove(
 
 # ---------------------------------------------------------------------- pooling
 def tweet_features(
-    task: Sent140, table: np.ndarray, known: np.ndarray | None = None, min_tweets: int = MIN_TWEETS
+    task: Sent140, table: np.ndarray, known: np.ndarray | None = None
 ) -> TweetFeatures:
-    """Average-pool each tweet's token vectors; keep accounts with ``min_tweets`` tweets.
+    """Average-pool each tweet's token vectors; keep accounts with :data:`MIN_TWEETS` tweets.
 
     Parameters
     ----------
@@ -225,8 +224,6 @@ def tweet_features(
         (V+1, dim) vector of each token id (row 0, padding / unknown, is never used).
     known : numpy.ndarray, optional
         bool (V+1,): ids that have a vector (default: every id ≥ 1).
-    min_tweets : int, optional
-        Least tweets of a kept account (default 50).
 
     Returns
     -------
@@ -236,7 +233,7 @@ def tweet_features(
     Raises
     ------
     ValueError
-        If the table does not cover the vocabulary or no account has ``min_tweets`` tweets.
+        If the table does not cover the vocabulary or no account has MIN_TWEETS tweets.
     """
     n_ids = len(task.vocab) + 1
     if table.ndim != 2 or table.shape[0] != n_ids:
@@ -244,9 +241,9 @@ def tweet_features(
     has = np.ones(n_ids, dtype=bool) if known is None else np.asarray(known, dtype=bool).copy()
     has[0] = False
     sizes = np.diff(task.train_ptr) + np.diff(task.test_ptr)
-    kept = np.flatnonzero(sizes >= min_tweets)
+    kept = np.flatnonzero(sizes >= MIN_TWEETS)
     if kept.size == 0:
-        raise ValueError(f"no account of {task.name} has {min_tweets} or more tweets")
+        raise ValueError(f"no account of {task.name} has {MIN_TWEETS} or more tweets")
 
     def all_rows(train: np.ndarray, test: np.ndarray) -> np.ndarray:
         """Each kept account's training rows, then its test rows."""
@@ -292,10 +289,7 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     """
     root = Path(data_dir).expanduser().resolve()
     folder = root / "sent140"
-    glove = _first(
-        [folder / GLOVE_FILE, folder / f"{GLOVE_FILE}.gz", root / GLOVE_FILE,
-         root / f"{GLOVE_FILE}.gz"]
-    )  # fmt: skip
+    glove = find_glove(root, GLOVE_FILE)
     try:
         files = find_sent140_files(folder)
     except FileNotFoundError:
@@ -303,16 +297,9 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     if glove is None or files is None:
         expected = [folder / _CSV_NAME, folder / "all_data_*.json (LEAF)", root / GLOVE_FILE]
         raise DatasetNotFoundError("Sent140 with GloVe (MaxFL)", expected, _SOURCE, data_dir=root)
-    if files.csv is not None:
-        csv_file = files.csv
-        counts = Counter(t.user for t in read_sentiment140_csv(csv_file))
-        tweets: Iterator[Tweet] = (
-            t for t in read_sentiment140_csv(csv_file) if counts[t.user] >= MIN_TWEETS
-        )
-    else:  # every LEAF file; LEAF's train/test split is merged (MaxFL splits each client)
-        tweets = files.tweets()
-    task = build_sent140(tweets, min_samples=MIN_TWEETS, test_fraction=0.0,
-                         max_len=MAX_TOKENS)  # fmt: skip
+    # every LEAF file: LEAF's train/test split is merged (MaxFL splits each client)
+    task = build_sent140(account_tweets(files, MIN_TWEETS), min_samples=MIN_TWEETS,
+                         test_fraction=0.0, max_len=MAX_TOKENS)  # fmt: skip
     vectors = read_glove(glove, dim, words=task.vocab)
     table = np.zeros((len(task.vocab) + 1, dim), dtype=np.float32)
     known = np.zeros(len(task.vocab) + 1, dtype=bool)
@@ -322,7 +309,15 @@ def load_sent140_features(data_dir: str | Path, dim: int = DIM) -> TweetFeatures
     return tweet_features(task, table, known)
 
 
-def _first(paths: list[Path]) -> Path | None:
+def find_glove(root: Path, name: str) -> Path | None:
+    """Return the GloVe file ``name`` (or ``name.gz``) in ``root/sent140/`` or ``root/``.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The first of those four paths that is a file, None when none is.
+    """
+    paths = (d / n for d in (root / "sent140", root) for n in (name, f"{name}.gz"))
     return next((p for p in paths if p.is_file()), None)
 
 

@@ -1,42 +1,19 @@
 """Runner of FedCG (Alg. 1), FedCG+ (Alg. 2) and the federated discrete greedy (Algs. 3-5).
 
 Algorithm names: ``fedcg``, ``fedcg-plus``, ``fed-discrete-greedy``. Their own run_config
-keys (declared in :mod:`flower_app.settings`, reference in ``docs/configuration.md``; read
-validated with ``cfg.get``):
-
-``fedcg-rounds`` (int, 100)
-    communication rounds T (FedCG+ takes its own T, e.g. 20 for τ = 5 and 100 steps).
-``fedcg-eta`` (float, 0.0)
-    server step η; 0 means 1/T.
-``fedcg-local-steps`` (int, 5)
-    τ of FedCG+ (FedCG always uses 1).
-``fedcg-gradient`` (str, "exact")
-    ``"exact"`` closed-form gradients or ``"sampled"`` (Appendix C.3 estimator).
-``fedcg-gradient-samples`` (int, 10)
-    sets R per estimate with ``"sampled"``.
-``fedcg-rounding`` (str, "greedy")
-    ``"greedy"`` (top of x while independent, as the authors' scripts) or ``"pipage"``.
-``fedcg-fill-base`` (bool, true)
-    complete each user's LMO answer to a base with random zero-gradient elements (x then
-    ends fractional on almost every element; measured effect in ``docs/reproductions/fedcg.md``).
-``fedcg-report-pipage`` (bool, false)
-    also round the final x by pipage rounding (own stream ``default_rng([seed, 1])``) and
-    report its objective as ``objective-pipage`` (the "pipage/greedy" column of the recorded
-    sweeps); with the default it is None unless ``fedcg-rounding = "pipage"``.
-``fedcg-client-weights`` (str, "uniform")
-    p_i: ``"uniform"`` (1/N) or ``"data-size"`` (∝ the user's non-zero entries).
-``dgreedy-kappa`` (float, 50.0)
-    κ of Alg. 3 (κ_i = min(1, κ w_i)).
-
-The common key ``clients-per-round`` is K (draws with replacement per round); the float
-1.0 means full participation.
+keys (``fedcg-*``, ``dgreedy-kappa``) are declared, with their defaults and ranges, in
+:mod:`flower_app.settings` (reference: ``docs/configuration.md``; the measured effect of
+``fedcg-fill-base`` in ``docs/reproductions/fedcg.md``) and read validated with ``cfg.get``.
+``objective-pipage`` (the "pipage/greedy" column of the recorded sweeps) is None unless
+``fedcg-report-pipage`` or ``fedcg-rounding = "pipage"`` asks for it. The common key
+``clients-per-round`` is K (draws with replacement per round); the float 1.0 means full
+participation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,7 +51,7 @@ from flower_app.experiment import (
     serve_rounds,
 )
 from flower_app.experiment import summary_line as _base_summary_line
-from flower_app.node_data import load_node_rows, node_groups, node_partition
+from flower_app.node_data import file_stamp, load_node_rows, node_groups, node_partition
 from flower_app.problems import (
     SubmodularProblem,
     build_matroid,
@@ -279,7 +256,7 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     server = _server(cfg, exp.problem, exp.matroid)
     total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
     desc = f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}"
-    rounds = DirectRounds(exp, progress, desc, total)
+    rounds = DirectRounds(exp.writer, progress, desc, total)
     log_row = rounds.log
     value = _multilinear(exp)
 
@@ -356,9 +333,7 @@ def make_client(cfg: AppConfig, context: Context) -> NumPyClient:
     """
     pid, parts, path = node_partition(context.node_config)
     if path is not None:
-        st = Path(path).expanduser().resolve().stat()
-        stamp = (st.st_size, st.st_mtime_ns)
-        objective, first, n_total, matroid, cache = _node_file(cfg, path, stamp)
+        objective, first, n_total, matroid, cache = _node_file(cfg, path, file_stamp(path))
     else:
         objective, first, n_total, matroid, cache = _cohort(cfg, pid, parts)
     return ContinuousClient(

@@ -1,38 +1,11 @@
 """Runner of FedSM (Algorithms 1, 2 and 3): ServerApp side, ClientApp side and direct engine.
 
-run_config keys of the family (declared in :mod:`flower_app.settings`, reference in
-``docs/configuration.md``; read validated with ``cfg.get``):
-
-``fedsm-mode``
-    ``"alg1"`` (default; ``k`` rounds, one element each), ``"alg2"`` (O(log m) rounds;
-    ``elements-per-client`` is then d, the pairs per user: an int caps them, a float is a
-    fraction of |X|·r'), or ``"amplified"`` (Algorithm 3).
-``fedsm-epsilon``
-    Algorithm 2's ε ∈ (0, 1) (default 0.405, the authors' code).
-``fedsm-tau``
-    Algorithm 2's initial threshold τ on the mean-form F (default 0: λ = max_{e,i}
-    f_i({e}), the paper's; the authors' code used 0.006 on MovieLens).
-``fedsm-levels``
-    Algorithm 2's threshold levels (default 0: until τ < ε·τ₀/k, i.e.
-    ⌈ln(k/ε)/ln(1/(1−ε))⌉ levels; −1: no cap, until |S| = k, as the authors' loop).
-``fedsm-j-from``
-    Algorithm 2's first prefix length: 1 (default, the pseudo-code's j ∈ 1..r') or 0
-    (j ∈ 0..r'−1, so a round may only shrink X, as in Balkanski et al. 2019).
-``fedsm-eta``
-    Amplification step η ∈ (0, 1), 1/η an integer (default 0.1).
-``fedsm-inner``
-    Amplification's subroutine, ``"alg1"`` (default) or ``"alg2"``.
-``fedsm-surrogate``
-    ``"exact"`` (closed-form multilinear gradients, default) or ``"sampled"``.
-``fedsm-samples``
-    Sets R ~ y per user and round for the sampled surrogate (default 4).
-``fedsm-rounding``
-    ``"pipage"`` (default) or ``"greedy"``: the oblivious rounding of the final x.
-``fedsm-rng``
-    How users draw their d elements or pairs: ``"per-user"`` (default; one
-    ``default_rng([seed, t, user])`` per user and round, the recorded reproductions) or
-    ``"batched"`` (a keyed Philox for all users at once, in time proportional to each user's
-    support; same law, other draws: :mod:`flower_app.algorithms.fedsm.sampling`).
+The family's run_config keys (``fedsm-*``) are declared, with their defaults and ranges, in
+:mod:`flower_app.settings` (reference: ``docs/configuration.md``) and read validated with
+``cfg.get``. Two readings not spelt out there: with ``fedsm-mode = "alg2"``,
+``elements-per-client`` is d, the (element, prefix) pairs per user (an int caps them, a float
+is a fraction of |X|·r'); ``fedsm-levels = 0`` runs until τ < ε·τ₀/k, i.e.
+⌈ln(k/ε)/ln(1/(1−ε))⌉ levels, and −1 until |S| = k, as the authors' loop.
 """
 
 from __future__ import annotations
@@ -288,7 +261,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
-    rounds = DirectRounds(exp, progress, f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}")
+    desc = f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}"
+    rounds = DirectRounds(exp.writer, progress, desc)
     # the one in-process node computes every report from the profiles committed at setup
     committed, clipped = commit_profiles(exp.problem.objective, run.report_bound or 0.0)
     run_modes_direct(committed, run, rounds.log, oracle=exp.problem.objective)

@@ -55,6 +55,7 @@ from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
 from flower_app.experiment import (
+    DirectRounds,
     check_direct_engine,
     check_remote_resume,
     cohort_options,
@@ -221,29 +222,38 @@ def _heat_summary(task: RatingTask | None, heat: FeatureHeat, n_params: int = 0)
     }
 
 
-def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss: float) -> dict:
-    losses = [float(r["train-loss"]) for r in history]
-    summary = {
-        "algorithm": run.cfg.algorithm,
-        "dataset": run.task.name,
-        "engine": run.engine,
-        "seed": run.cfg.seed,
-        "clients-per-round": run.k,
-        "rounds": len(history),
-        "weighting": run.spec.weighting,
-        "initial-train-loss": x0_loss,
+def _summary(
+    cfg: AppConfig, spec: RunSpec, k: int, history: list[dict[str, Any]], rounds: int,
+    initial_loss: float | None, head: dict[str, Any], tail: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Return summary.json of a run: ``head`` (dataset, engine), the rounds' numbers, ``tail``."""
+    losses = [float(r["train-loss"]) for r in history if "train-loss" in r]
+    last = history[-1] if history else {}
+    return {
+        "algorithm": cfg.algorithm,
+        **head,
+        "seed": cfg.seed,
+        "clients-per-round": k,
+        "rounds": rounds,
+        "weighting": spec.weighting,
+        "initial-train-loss": initial_loss,
         "train-loss": losses[-1] if losses else None,
         "min-train-loss": min(losses) if losses else None,
-        "test-loss": history[-1].get("test-loss") if history else None,
-        "test-accuracy": history[-1].get("test-accuracy") if history else None,
+        "test-loss": last.get("test-loss"),
+        "test-accuracy": last.get("test-accuracy"),
         "train-loss-by-round": losses,
         "bad-replies": sum(int(r.get("bad-replies", 0)) for r in history),
         "bytes-up": sum(int(r.get("bytes-up", 0)) for r in history),
         "bytes-down": sum(int(r.get("bytes-down", 0)) for r in history),
-        **_heat_summary(run.task, heat),
-        "wall-time": time.perf_counter() - run.started,
-        "run-folder": str(run.writer.folder),
+        **tail,
     }
+
+
+def _finish(run: _Run, history: list[dict[str, Any]], heat: FeatureHeat, x0_loss: float) -> dict:
+    head = {"dataset": run.task.name, "engine": run.engine}
+    tail = {**_heat_summary(run.task, heat), "wall-time": time.perf_counter() - run.started,
+            "run-folder": str(run.writer.folder)}  # fmt: skip
+    summary = _summary(run.cfg, run.spec, run.k, history, len(history), x0_loss, head, tail)
     if run.spec.dp is not None:  # the last row holds the run's privacy so far
         last = next((r for r in reversed(history) if "dp-epsilon" in r), {})
         summary["privacy"] = privacy_summary(run.spec.dp, last)
@@ -353,30 +363,12 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     serve_rounds(strategy, grid, writer, cfg, spec.rounds, evaluate_fn=evaluate_fn)
     assert strategy.heat is not None
     history = strategy.history
-    losses = [float(r["train-loss"]) for r in history if "train-loss" in r]
-    last = history[-1] if history else {}
-    summary = {
-        "algorithm": cfg.algorithm,
-        "dataset": cfg.dataset,
-        "engine": "flower",
-        "server-data": "none",
-        "seed": cfg.seed,
-        "clients-per-round": k,
-        "rounds": len(losses),
-        "weighting": spec.weighting,
-        "initial-train-loss": initial.get("train-loss"),
-        "train-loss": losses[-1] if losses else None,
-        "min-train-loss": min(losses) if losses else None,
-        "test-loss": last.get("test-loss"),
-        "test-accuracy": last.get("test-accuracy"),
-        "train-loss-by-round": losses,
-        "bad-replies": sum(int(r.get("bad-replies", 0)) for r in history),
-        "bytes-up": sum(int(r.get("bytes-up", 0)) for r in history),
-        "bytes-down": sum(int(r.get("bytes-down", 0)) for r in history),
-        **_heat_summary(None, strategy.heat, problem.n_elements),
-        "wall-time": time.perf_counter() - started,
-        "run-folder": str(writer.folder),
-    }
+    rounds = sum("train-loss" in r for r in history)
+    head = {"dataset": cfg.dataset, "engine": "flower", "server-data": "none"}
+    tail = {**_heat_summary(None, strategy.heat, problem.n_elements),
+            "wall-time": time.perf_counter() - started,
+            "run-folder": str(writer.folder)}  # fmt: skip
+    summary = _summary(cfg, spec, k, history, rounds, initial.get("train-loss"), head, tail)
     if strategy.accountant is not None:
         summary["privacy"] = strategy.accountant.summary()
     writer.write_summary(summary)
@@ -444,20 +436,10 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     check_direct_engine(cfg)
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=run.spec.rounds, desc=f"{cfg.algorithm} seed {cfg.seed}", leave=False)
-
-    def on_round(row: dict[str, Any]) -> None:
-        run.writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
-
-    _, history, heat = run_direct_rounds(run.task, run.spec, on_round)
-    if bar is not None:
-        bar.close()
+    desc = f"{cfg.algorithm} seed {cfg.seed}"
+    rounds = DirectRounds(run.writer, progress, desc, run.spec.rounds, timed=False)
+    _, history, heat = run_direct_rounds(run.task, run.spec, rounds.log)
+    rounds.close()
     return _finish(run, history, heat, x0_loss)
 
 
@@ -489,16 +471,19 @@ def _client(cfg: AppConfig, partition_id: int, num_partitions: int) -> SubmodelC
 
 
 def summary_line(summary: dict) -> str:
-    """Return the one-line result printed at the end of a run."""
-    if summary.get("dataset") in TORCH_DATASETS:
-        from flower_app.runners import fedsubavg_torch
-
-        return fedsubavg_torch.summary_line(summary)
+    """Return the one-line result printed at the end of a run (the torch tasks' too)."""
+    if "test-auc" in summary:  # Amazon's DIN
+        metric = f"test AUC {summary['test-auc']:.4f} (best {summary['best-test-auc']:.4f})"
+    elif summary.get("dataset") in TORCH_DATASETS:
+        metric = f"test accuracy {summary.get('test-accuracy', float('nan')):.4f}"
+    else:
+        metric = (
+            f"test accuracy {summary['test-accuracy']:.4f}, feature heat dispersion "
+            f"{summary['feature-heat-dispersion']:.0f}, bad replies {summary['bad-replies']}"
+        )
     return (
         f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
         f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "
         f"train loss {summary['train-loss']:.5f} (min {summary['min-train-loss']:.5f}), "
-        f"test accuracy {summary['test-accuracy']:.4f}, feature heat dispersion "
-        f"{summary['feature-heat-dispersion']:.0f}, bad replies {summary['bad-replies']}; "
-        f"results in {summary['run-folder']}"
+        f"{metric}; results in {summary['run-folder']}"
     )

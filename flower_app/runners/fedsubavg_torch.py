@@ -41,6 +41,7 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 )
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig
+from flower_app.experiment import DirectRounds
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
 from flower_app.settings.rules import Instance, raise_size_problems
@@ -52,7 +53,6 @@ __all__ = [
     "run_torch_strategy",
     "server_run",
     "submodel_bytes",
-    "summary_line",
     "torch_spec",
 ]
 
@@ -227,20 +227,10 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run a torch task on the direct engine and write the run folder."""
     started = time.perf_counter()
     spec, task, writer, k = _open(cfg, "direct")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=spec.rounds, desc=f"{cfg.algorithm} seed {cfg.seed}", leave=False)
-
-    def on_round(row: dict[str, Any]) -> None:
-        writer.log_round(row)
-        if bar is not None and row["server-round"] > 0:
-            bar.update(1)
-
-    history = run_torch_direct(task, spec, on_round)
-    if bar is not None:
-        bar.close()
+    desc = f"{cfg.algorithm} seed {cfg.seed}"  # the rows: round 0 (x0), then every round
+    rounds = DirectRounds(writer, progress, desc, spec.rounds + 1, timed=False)
+    history = run_torch_direct(task, spec, rounds.log)
+    rounds.close()
     return _finish(cfg, spec, task, writer, k, history, "direct", started)
 
 
@@ -254,15 +244,3 @@ def make_client(cfg: AppConfig, context: Context) -> TorchTaskClient:
     )
     return TorchTaskClient(task, pid)
 
-
-def summary_line(summary: dict) -> str:
-    """Return the one-line result printed at the end of a run."""
-    metric = (f"test AUC {summary['test-auc']:.4f} (best {summary['best-test-auc']:.4f})"
-              if "test-auc" in summary else
-              f"test accuracy {summary.get('test-accuracy', float('nan')):.4f}")  # fmt: skip
-    return (
-        f"{summary['algorithm']} on {summary['dataset']} (K={summary['clients-per-round']}, "
-        f"{summary['rounds']} rounds, seed={summary['seed']}, {summary['engine']} engine): "
-        f"train loss {summary['train-loss']:.5f} (min {summary['min-train-loss']:.5f}), "
-        f"{metric}; results in {summary['run-folder']}"
-    )

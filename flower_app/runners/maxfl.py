@@ -55,7 +55,7 @@ from flower_app.datasets.maxfl_clients import DATASETS, SENT140, client_counts
 from flower_app.datasets.own_images import load_image_clients
 from flower_app.datasets.paths import resolve_data_dir
 from flower_app.datasets.sent140_features import DIM
-from flower_app.experiment import cohort_options, serve_rounds
+from flower_app.experiment import DirectRounds, cohort_options, serve_rounds
 from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
@@ -494,17 +494,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
         warn_no_privacy()
     server, sampler = _server(s)
     client = _client(s, 0, s.n_clients, DictState(), 0, 1)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=s.rounds + 1, desc=f"{s.algorithm} {s.dataset} seed {s.seed}", leave=False)
-
-    def on_round(row: dict[str, Any]) -> None:
-        writer.log_round(row)
-        if bar is not None:
-            bar.update(1)
-
+    desc = f"{s.algorithm} {s.dataset} seed {s.seed}"
+    rounds = DirectRounds(writer, progress, desc, s.rounds + 1, timed=False)
     transport = DirectTransport(client, s.algorithm, s.dp, s.n_seen)
     rows = run_protocol(
         server,
@@ -512,10 +503,9 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
         transport,
         s.rounds,
         eval_every=s.eval_every,
-        on_round=on_round,
+        on_round=rounds.log,
     )
-    if bar is not None:
-        bar.close()
+    rounds.close()
     return _finish(writer, s, "direct", rows, server.weights, started, transport.accountant)
 
 
