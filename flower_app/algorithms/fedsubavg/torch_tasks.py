@@ -324,7 +324,7 @@ def sent140_embedding_init(data: Sent140, how: str, data_dir: str = "") -> np.nd
         For ``glove`` without the GloVe file (the expected paths named).
     """
     from flower_app.datasets.paths import DatasetNotFoundError
-    from flower_app.datasets.sent140_features import read_glove
+    from flower_app.datasets.sent140_features import find_glove, read_glove
 
     if how == "random":
         return None
@@ -341,12 +341,11 @@ def sent140_embedding_init(data: Sent140, how: str, data_dir: str = "") -> np.nd
     if how != "glove":
         raise ValueError(f"fsa-embedding-init {how!r}: choose one of {EMBEDDING_INITS}")
     root = Path(data_dir).expanduser().resolve()
-    candidates = [folder / name for folder in (root / "sent140", root)
-                  for name in (GLOVE_25D_FILE, f"{GLOVE_25D_FILE}.gz")]  # fmt: skip
-    path = next((p for p in candidates if p.is_file()), None)
+    path = find_glove(root, GLOVE_25D_FILE)
     if path is None:
         raise DatasetNotFoundError(
-            "GloVe 25-D Twitter vectors (fsa-embedding-init = 'glove')", candidates[::2],
+            "GloVe 25-D Twitter vectors (fsa-embedding-init = 'glove')",
+            [root / "sent140" / GLOVE_25D_FILE, root / GLOVE_25D_FILE],
             "https://nlp.stanford.edu/projects/glove/: glove.twitter.27B.zip, unzip "
             f"{GLOVE_25D_FILE}", data_dir=root,
         )  # fmt: skip
