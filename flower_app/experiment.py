@@ -1,9 +1,8 @@
 """One experiment, either engine: config -> problem -> run -> run folder.
 
-``run_direct`` runs the algorithm in-process (no Flower; the speed reference and the
-workhorse of sweeps); the ServerApp (:mod:`flower_app.server_app`) runs the same server
-step over Flower. Both write the same run folder through :func:`open_run` and
-:func:`finish_run`.
+The ServerApp (:mod:`flower_app.server_app`) runs a family's server step over Flower; the
+direct engine (the repository's ``direct/``, not installed) runs the same step in-process.
+Both write the same run folder through :func:`open_run` and :func:`finish_run`.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from flower_app.config import AppConfig, ConfigError
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
-from flower_app.registry import load_runner
-from flower_app.results import ResumeError, RunWriter, run_session
+from flower_app.results import ResumeError, RunWriter
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
@@ -31,7 +29,6 @@ __all__ = [
     "open_remote_run",
     "open_run",
     "remote_checkpoint_fn",
-    "run_direct",
     "serve_rounds",
     "summary_line",
 ]
@@ -407,25 +404,6 @@ def _item_labels(
     if greedy is not None:
         out["greedy-selected-items"] = [labels[int(e)] for e in greedy]
     return out
-
-
-def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
-    """Run one experiment on the direct engine (in-process) and write its run folder.
-
-    Parameters
-    ----------
-    cfg : AppConfig
-        Validated configuration; ``cfg.algorithm`` picks the runner.
-    progress : bool, optional
-        Show a progress bar over rounds.
-
-    Returns
-    -------
-    dict
-        The run's summary (as in ``summary.json``).
-    """
-    with run_session():  # summary.json's run-wall-time counts from here
-        return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
 
 
 def summary_line(summary: dict) -> str:

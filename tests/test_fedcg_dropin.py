@@ -17,6 +17,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from direct import run_direct
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
 from flower_app.algorithms.fedcg.discrete_greedy import (
     DiscreteGreedyServer,
@@ -32,7 +33,6 @@ from flower_app.clients.fedcg import (
 )
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
-from flower_app.experiment import run_direct
 from flower_app.runners.fedcg import server_run
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.errors import (
