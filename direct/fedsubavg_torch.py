@@ -43,7 +43,6 @@ def sample_clients(rng: random.Random, n_clients: int, k: int) -> list[int]:
     return sorted(rng.sample(range(n_clients), k))
 
 
-
 def run_torch_direct(
     task: TorchSubmodelTask,
     spec: TorchRunSpec,

@@ -18,11 +18,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.clientapp import ClientApp
 
 from direct import run_direct
-from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
-from flower_app.algorithms.fedcg.discrete_greedy import (
-    DiscreteGreedyServer,
-    run_discrete_greedy_direct,
-)
+from direct.fedcg import run_discrete_greedy_direct, run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.clients.fedcg import (
     Coverage,
     ScoreTable,
