@@ -16,11 +16,26 @@ from __future__ import annotations
 
 import importlib
 
-from flower_app.config import AppConfig
+from flower_app.config import AppConfig, ConfigError
 from flower_app.registry import ALGORITHMS
 from flower_app.results import run_session
 
-__all__ = ["run_direct"]
+__all__ = ["check_direct_engine", "run_direct"]
+
+
+def check_direct_engine(cfg: AppConfig) -> None:
+    """Refuse, for the direct engine, the settings that only ``flwr run`` can honour.
+
+    Raises
+    ------
+    ConfigError
+        With ``server-data = "none"`` (the direct engine holds the data) or
+        ``resume = true`` (it does not checkpoint; it reruns in seconds).
+    """
+    if cfg.server_data == "none":
+        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
+    if cfg.resume:
+        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
 
 
 def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
@@ -38,7 +53,14 @@ def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
     -------
     dict
         The run's summary (as in ``summary.json``).
+
+    Raises
+    ------
+    ConfigError
+        For the settings only ``flwr run`` honours (:func:`check_direct_engine`), before
+        anything is written.
     """
+    check_direct_engine(cfg)
     family = importlib.import_module(f"direct.{ALGORITHMS[cfg.algorithm].family}")
     with run_session():  # summary.json's run-wall-time counts from here
         return family.direct_run(cfg, progress=progress)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from direct.rounds import DirectRounds, check_direct_engine
+from direct.rounds import DirectRounds
 from flower_app.algorithms.fedcg.continuous import (
     FedCGRound,
     FedCGServer,
@@ -129,7 +129,6 @@ def run_discrete_greedy_direct(
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured algorithm on the direct engine and write the run folder."""
-    check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     server = _server(cfg, exp.problem, exp.matroid)
     total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds

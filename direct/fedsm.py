@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from direct.rounds import DirectRounds, check_direct_engine
+from direct.rounds import DirectRounds
 from flower_app.algorithms.fedsm.core import ENTRY_BYTES
 from flower_app.algorithms.fedsm.modes import FedSMRun, cohort_report
 from flower_app.algorithms.robust.profiles import commit_profiles
@@ -74,7 +74,6 @@ def run_rounds(
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the configured FedSM mode on the direct engine and write the run folder."""
-    check_direct_engine(cfg)
     exp = _open(cfg, "direct")
     run = _run(cfg, exp.problem, exp.matroid)
     desc = f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}"

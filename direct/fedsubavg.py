@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from direct.rounds import DirectRounds, check_direct_engine
+from direct.rounds import DirectRounds
 from flower_app.algorithms.common.dp_noise import NoiseSource
 from flower_app.algorithms.common.gaussian_dp import GaussianAccountant
 from flower_app.algorithms.fedsubavg.core import (
@@ -130,7 +130,6 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
         from direct.fedsubavg_torch import direct_run as torch_direct_run
 
         return torch_direct_run(cfg, progress)
-    check_direct_engine(cfg)
     run = _open(cfg, "direct")
     x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
     desc = f"{cfg.algorithm} seed {cfg.seed}"

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from direct.rounds import DirectRounds
-from flower_app.algorithms.common.dp_noise import warn_no_privacy
 from flower_app.algorithms.common.gaussian_dp import (
     GaussianAccountant,
     GaussianDP,
@@ -36,7 +35,7 @@ from flower_app.algorithms.maxfl.appeal import (
 )
 from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.learning import DictState, LearningClient
-from flower_app.config import AppConfig, ConfigError
+from flower_app.config import AppConfig
 from flower_app.runners.maxfl import _client, _finish, _open, _server, settings
 
 __all__ = ["DirectTransport", "direct_run", "run_protocol"]
@@ -183,13 +182,9 @@ def run_protocol(
 
 def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     """Run the family's algorithm on the direct engine and write the run folder."""
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run (the direct engine does not checkpoint)")
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "direct")
-    if s.dp is not None and s.dp.reproducible:
-        warn_no_privacy()
     server, sampler = _server(s)
     client = _client(s, 0, s.n_clients, DictState(), 0, 1)
     desc = f"{s.algorithm} {s.dataset} seed {s.seed}"

@@ -1,29 +1,13 @@
-"""What every family's direct run shares: the settings it refuses and its round log."""
+"""The direct engine's round log, which every family's direct run writes its rows through."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from flower_app.config import AppConfig, ConfigError
 from flower_app.results import RunWriter
 
-__all__ = ["DirectRounds", "check_direct_engine"]
-
-
-def check_direct_engine(cfg: AppConfig) -> None:
-    """Refuse, for the direct engine, the settings that only ``flwr run`` can honour.
-
-    Raises
-    ------
-    ConfigError
-        With ``server-data = "none"`` (the direct engine holds the data) or
-        ``resume = true`` (it does not checkpoint; it reruns in seconds).
-    """
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
+__all__ = ["DirectRounds"]
 
 
 class DirectRounds:

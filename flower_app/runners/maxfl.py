@@ -336,6 +336,8 @@ def _client(
 
 # ---------------------------------------------------------------------- run folder
 def _open(cfg: AppConfig, s: MaxFLSettings, engine: str) -> RunWriter:
+    if s.dp is not None and s.dp.reproducible:
+        warn_no_privacy()
     config = {**cfg.to_dict(), "engine": engine, "settings": _jsonable(asdict(s))}
     return RunWriter(cfg.run_folder(), config, resume=cfg.resume)
 
@@ -389,8 +391,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "flower")
-    if s.dp is not None and s.dp.reproducible:
-        warn_no_privacy()
     log(INFO, "run folder: %s", writer.folder)
     server, sampler = _server(s)
     strategy = MaxFLCohorts(
