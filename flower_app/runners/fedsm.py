@@ -152,26 +152,23 @@ def _finish(
     }
     for key in _TOTALS:
         extra[key] = sum(int(row.get(key, 0)) for row in history)
-    if obj is None:  # server-data = none: no oracle curves, no fractional objective
-        if mode == "amplified":
-            assert run.point is not None
-            extra["fractional-objective"] = None
-            extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
-            extra["step-sets"] = run.step_sets
-            extra["steps"] = run.steps
-    elif mode == "alg2":  # F(S_1), ..., F(S_|S|) along the order in which elements were added
+    # server-data = none (obj None): no oracle curves, no fractional objective
+    if mode == "amplified":
+        assert run.point is not None
+        if obj is not None:
+            extra["objective-by-k"] = []
+        extra["fractional-objective"] = (
+            None if obj is None else multilinear_value(obj, run.point) / max(obj.n_users, 1)
+        )
+        extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
+        extra["step-sets"] = run.step_sets
+        extra["steps"] = run.steps
+    elif mode == "alg2" and obj is not None:  # F(S_1), ..., F(S_|S|) in the order of adding
         current, by_k = np.zeros(obj.n_users), []
         for e in selected:
             current = obj.update_current(current, e)
             by_k.append(float(current.sum()) / max(obj.n_users, 1))
         extra["objective-by-k"] = by_k
-    if mode == "amplified":
-        assert run.point is not None
-        extra["objective-by-k"] = []
-        extra["fractional-objective"] = multilinear_value(obj, run.point) / max(obj.n_users, 1)
-        extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
-        extra["step-sets"] = run.step_sets
-        extra["steps"] = run.steps
     if run.params.dp_epsilon:
         extra["privacy"] = _privacy(run, history)
     summary.update(extra)
