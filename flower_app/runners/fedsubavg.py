@@ -146,27 +146,24 @@ def spec_fields(cfg: AppConfig, local: Any) -> dict[str, Any]:
 
 
 def resolved_config(
-    cfg: AppConfig, engine: str, clients_per_round: int | float, task: Any
+    cfg: AppConfig, engine: str, clients_per_round: int | float, task: dict[str, Any]
 ) -> tuple[int, dict[str, Any]]:
     """Return K resolved on the task's clients and the run's ``config.json`` (torch tasks too).
+
+    ``task`` is config.json's description of the task: its ``name`` and its ``clients``
+    (from the data, or as the nodes reported them), with whatever else it holds.
 
     Raises
     ------
     ConfigError
-        If ``fsa-clients-per-round`` does not fit the task's number of clients.
+        If ``clients-per-round`` does not fit the task's number of clients.
     """
-    raise_size_problems(cfg, Instance(task.name, users=task.n_clients))
+    raise_size_problems(cfg, Instance(task["name"], users=task["clients"]))
     try:
-        k = resolve_clients_per_round(clients_per_round, task.n_clients)
+        k = resolve_clients_per_round(clients_per_round, task["clients"])
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "task": {"name": task.name, **task.stats()},
-        "clients-per-round-resolved": k,
-    }
-    return k, config
+    return k, {**cfg.to_dict(), "engine": engine, "task": task, "clients-per-round-resolved": k}
 
 
 @dataclass
@@ -184,7 +181,9 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
     """Validate everything, load the task and open the run folder (nothing before that)."""
     spec = run_spec(cfg)
     task = load_task(cfg)
-    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
+    k, config = resolved_config(
+        cfg, engine, spec.clients_per_round, {"name": task.name, **task.stats()}
+    )
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     if spec.dp is not None and spec.dp.reproducible:
         warn_no_privacy()
@@ -320,17 +319,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     started = time.perf_counter()
     spec = run_spec(cfg)
     problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
-    raise_size_problems(cfg, Instance(cfg.dataset, users=problem.n_users))
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, problem.n_users)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": "flower",
-        "task": {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements},
-        "clients-per-round-resolved": k,
-    }
+    task = {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements}
+    k, config = resolved_config(cfg, "flower", spec.clients_per_round, task)
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     check_remote_resume(writer, problem)
     log(INFO, "run folder: %s (server-data = none)", writer.folder)

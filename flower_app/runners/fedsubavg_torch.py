@@ -158,7 +158,9 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
 def _open(cfg: AppConfig, engine: str) -> tuple[TorchRunSpec, TorchSubmodelTask, RunWriter, int]:
     spec = torch_spec(cfg)
     task = _cached_task(cfg)
-    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
+    k, config = resolved_config(
+        cfg, engine, spec.clients_per_round, {"name": task.name, **task.stats()}
+    )
     return spec, task, RunWriter(cfg.run_folder(), config), k
 
 
