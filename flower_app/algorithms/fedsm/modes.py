@@ -772,4 +772,3 @@ class FedSMRun:
         y = self.point.copy()
         y[self.inner.selected] += self.params.eta
         return multilinear_value(objective, np.minimum(y, 1.0)) / max(objective.n_users, 1)
-

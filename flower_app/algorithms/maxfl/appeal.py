@@ -282,4 +282,3 @@ def outcome_row(outcome: TrainOutcome) -> dict[str, Any]:
 def evaluates_at(server_round: int, num_rounds: int, eval_every: int) -> bool:
     """Whether all clients are evaluated after round ``server_round`` (0, every k-th, T)."""
     return server_round == 0 or server_round % eval_every == 0 or server_round == num_rounds
-
