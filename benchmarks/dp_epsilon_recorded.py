@@ -84,7 +84,7 @@ def replay(family: str, n: int, k: int, rounds: int, seed: int, sigma: float) ->
 
 def check_against_real_runs() -> None:
     """The replay gives the ε that small direct-engine runs record themselves."""
-    from flower_app.experiment import run_direct
+    from direct import run_direct
     from flower_app.results import read_rows
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_app.algorithms.fedcg.continuous import round_point, run_fedcg_direct
+from direct.fedcg import run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import round_point
 from flower_app.config import AppConfig
 from flower_app.problems import build_matroid, load_problem
 from flower_app.runners.fedcg import fedcg_server

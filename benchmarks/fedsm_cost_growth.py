@@ -79,7 +79,8 @@ print(json.dumps({
 _CHILD_FEDCG = """
 import json, resource, time, sys
 import numpy as np
-from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
+from direct.fedcg import run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
 from flower_app.datasets.synthetic import synthetic_dblp
 from flower_app.submodular.matroids import UniformMatroid
 from flower_app.submodular.objectives import MaxCoverage

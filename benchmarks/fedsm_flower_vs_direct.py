@@ -6,7 +6,7 @@ runs one experiment with ``flwr run . --stream``
 against a local SuperLink that it starts itself (isolated ``FLWR_HOME``, free ports), samples
 the memory of every process of that run, checks the run's status with ``flwr ls``, reads the
 run folder, and stops the SuperLink. Then, in the same invocation, it runs the same
-configuration on the direct engine (:func:`flower_app.experiment.run_direct`) in a fresh
+configuration on the direct engine (:func:`direct.run_direct`) in a fresh
 Python subprocess and records its wall time and peak RSS. Results go to ``results.json`` and
 ``results.csv`` in ``--out``.
 
@@ -382,7 +382,7 @@ DIRECT_CODE = """
 import json, resource, sys, time
 t0 = time.perf_counter()
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
+from direct import run_direct
 cfg = AppConfig.from_run_config(json.loads(sys.argv[1]))
 t1 = time.perf_counter()
 summary = run_direct(cfg)

@@ -20,10 +20,10 @@ import platform
 import time
 from pathlib import Path
 
+from direct.fedsubavg_torch import run_torch_direct
 from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
     TorchRunSpec,
-    run_torch_direct,
 )
 from flower_app.algorithms.fedsubavg.torch_tasks import load_torch_task
 from flower_app.datasets import amazon, sent140

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from direct import run_direct
 from flower_app.cli.report import write_report
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.results import read_rows
 from flower_app.simulation import LocalSimulation, superlink_pids
 from rehearsal.processes import kill_tree

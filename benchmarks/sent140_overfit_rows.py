@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from flower_app.algorithms.fedsubavg.torch_engine import run_torch_direct
+from direct.fedsubavg_torch import run_torch_direct
 from flower_app.algorithms.fedsubavg.torch_tasks import Sent140Task, load_torch_task
 from flower_app.config import AppConfig
 from flower_app.runners.fedsubavg_torch import torch_spec

@@ -1,9 +1,8 @@
 """One experiment, either engine: config -> problem -> run -> run folder.
 
-``run_direct`` runs the algorithm in-process (no Flower; the speed reference and the
-workhorse of sweeps); the ServerApp (:mod:`flower_app.server_app`) runs the same server
-step over Flower. Both write the same run folder through :func:`open_run` and
-:func:`finish_run`.
+The ServerApp (:mod:`flower_app.server_app`) runs a family's server step over Flower; the
+direct engine (the repository's ``direct/``, not installed) runs the same step in-process.
+Both write the same run folder through :func:`open_run` and :func:`finish_run`.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from flower_app.config import AppConfig, ConfigError
+from flower_app.config import AppConfig
 from flower_app.problems import SubmodularProblem, build_matroid, load_problem
-from flower_app.registry import load_runner
-from flower_app.results import ResumeError, RunWriter, run_session
+from flower_app.results import ResumeError, RunWriter
 from flower_app.submodular.greedy import SelectionResult, lazy_greedy
 from flower_app.submodular.matroids import Matroid
 
@@ -31,7 +29,6 @@ __all__ = [
     "open_remote_run",
     "open_run",
     "remote_checkpoint_fn",
-    "run_direct",
     "serve_rounds",
     "summary_line",
 ]
@@ -73,77 +70,6 @@ class Experiment:
     def remote(self) -> bool:
         """True when the server holds no client data (no objective, no greedy reference)."""
         return self.problem.objective is None
-
-
-def check_direct_engine(cfg: AppConfig) -> None:
-    """Refuse, for the direct engine, the settings that only ``flwr run`` can honour.
-
-    Raises
-    ------
-    ConfigError
-        With ``server-data = "none"`` (the direct engine holds the data) or
-        ``resume = true`` (it does not checkpoint; it reruns in seconds).
-    """
-    if cfg.server_data == "none":
-        raise ConfigError("server-data = 'none' is for the ServerApp; the direct engine holds data")
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run; the direct engine reruns in seconds")
-
-
-class DirectRounds:
-    """The direct engine's round log of every family: ``rounds.log`` takes each row.
-
-    A row goes to ``history`` and to the run folder's ``metrics.jsonl``, and moves the
-    progress bar (tqdm, with ``progress``); with ``timed`` it first gets ``wall-time``
-    (seconds since this object was made; FedSM's and FedCG's rows, the other families time
-    their rows themselves). :meth:`close` closes the bar.
-
-    Parameters
-    ----------
-    writer : RunWriter
-        The open run's writer.
-    progress : bool
-        Show a progress bar.
-    desc : str
-        The bar's label.
-    total : int, optional
-        Rows expected (None: unknown, as FedSM's Algorithm 2).
-    timed : bool, optional
-        Add ``wall-time`` to each row (default True).
-    """
-
-    def __init__(
-        self,
-        writer: RunWriter,
-        progress: bool,
-        desc: str,
-        total: int | None = None,
-        *,
-        timed: bool = True,
-    ) -> None:
-        self.writer = writer
-        self.timed = timed
-        self.history: list[dict[str, Any]] = []
-        self.bar = None
-        if progress:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, leave=False)
-        self.t0 = time.perf_counter()
-
-    def log(self, row: dict[str, Any]) -> None:
-        """Record one round's row."""
-        if self.timed:
-            row["wall-time"] = time.perf_counter() - self.t0
-        self.history.append(row)
-        self.writer.log_round(row)
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        """Close the progress bar (if any)."""
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _run_config(
@@ -407,25 +333,6 @@ def _item_labels(
     if greedy is not None:
         out["greedy-selected-items"] = [labels[int(e)] for e in greedy]
     return out
-
-
-def run_direct(cfg: AppConfig, progress: bool = False) -> dict:
-    """Run one experiment on the direct engine (in-process) and write its run folder.
-
-    Parameters
-    ----------
-    cfg : AppConfig
-        Validated configuration; ``cfg.algorithm`` picks the runner.
-    progress : bool, optional
-        Show a progress bar over rounds.
-
-    Returns
-    -------
-    dict
-        The run's summary (as in ``summary.json``).
-    """
-    with run_session():  # summary.json's run-wall-time counts from here
-        return load_runner(cfg.algorithm).direct_run(cfg, progress=progress)
 
 
 def summary_line(summary: dict) -> str:

@@ -5,8 +5,6 @@ A *runner* module (``flower_app/runners/<family>.py``) ties one algorithm family
 ``server_run(grid, cfg) -> dict``
     the ServerApp side: runs the strategy over the grid, writes the run folder, returns the
     summary.
-``direct_run(cfg, progress=False) -> dict``
-    the same algorithm on the direct engine (in-process, no Flower).
 ``make_client(cfg, context) -> NumPyClient``
     the ClientApp side: the node's client.
 ``summary_line(summary) -> str``
@@ -18,6 +16,8 @@ in :mod:`flower_app.settings` (family = the :attr:`Algorithm.family` of this reg
 runner reads them already validated and typed with ``cfg.get(key)``.
 
 Runners are imported lazily, so a run of one family never imports another's dependencies.
+The direct engine (the repository's ``direct/``, not installed) runs each family in-process
+with the pieces of its runner.
 """
 
 from __future__ import annotations

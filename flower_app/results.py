@@ -19,7 +19,7 @@ rounds, and resuming then continues from the last checkpoint that reached the di
 Two times are recorded in ``summary.json``: ``wall-time``, the rounds' (from the strategy's
 start to its end, as each family's runner measures it), and ``run-wall-time``, the whole run's:
 from the start of the session (:func:`run_session`: the SuperLink accepting the run under
-``flwr run``, the call of :func:`flower_app.experiment.run_direct`), through loading data, the
+``flwr run``, the call of the direct engine's ``run_direct``), through loading data, the
 greedy reference and discovery, to the summary. A resumed run adds each earlier session's time
 up to its last checkpoint (kept in ``checkpoint.npz``), and ``run-sessions`` counts them.
 """

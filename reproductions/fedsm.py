@@ -9,7 +9,7 @@ The ``fedsm-sweep`` and ``plot`` commands of ``run_sim.py`` (:mod:`reproductions
 ``plot``
     Re-makes ``table.csv`` and the figures from an existing ``sweep.csv``.
 
-Engines: ``--engine direct`` (default) runs :func:`flower_app.experiment.run_direct` in-process;
+Engines: ``--engine direct`` (default) runs :func:`direct.run_direct` in-process;
 ``--engine flower`` runs each configuration with ``flwr run . --stream --run-config ...``
 (Flower's simulation engine, against a private local SuperLink) and reads the same run folder.
 Both give the same sets for the same seed.

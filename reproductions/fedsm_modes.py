@@ -23,7 +23,7 @@ per user), and Algorithm 3 with Algorithm 1 inside (1/η steps, pipage and greed
 rounding), and writes ``amplification.csv`` and
 ``amplification.md``. ``report`` redoes the figures and tables from the CSVs.
 
-Every run goes through :func:`flower_app.experiment.run_direct` (the direct engine, the same
+Every run goes through :func:`direct.run_direct` (the direct engine, the same
 math the Flower strategy runs; ``tests/test_fedsm_modes_flower.py`` checks both engines agree)
 and keeps its run folder under ``<out>/runs/``. Each run appends its rows as it finishes; a
 second call into the same ``--out`` runs only the (variant, setting, seed) or (method, seed)

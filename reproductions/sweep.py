@@ -114,8 +114,8 @@ def run_direct_config(run_config: Mapping[str, Any], progress: bool = False) -> 
     The worker of :meth:`Sweep.execute` (a module-level function: a pool's processes import
     it). The direct engine runs the same math as the Flower strategies.
     """
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
 
     return run_direct(AppConfig.from_run_config(dict(run_config)), progress=progress)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app.cli.report import write_report
 from flower_app.cli.run import local_superlink_pids
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from rehearsal.processes import (
     flwr_env,
     free_port,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app import procfs
 from flower_app.config import AppConfig
 from flower_app.deploy import make_node_keys
 from flower_app.deploy.credentials import read_public_keys
-from flower_app.experiment import run_direct
 from flower_app.privacy.secagg_client import IDENTITY_KEY, TRUSTED_KEYS
 from rehearsal import PeakRSS
 from rehearsal.processes import process_tree

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from rehearsal.processes import process_tree
 from rehearsal.rehearsal import EDGE_DEVICE
 from tests.support.deployment import BackgroundRun, data_root, rows

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from tests.support.deployment import data_root
 
 pytestmark = [pytest.mark.deploy, pytest.mark.realdata]

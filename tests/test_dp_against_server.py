@@ -21,6 +21,8 @@ import pytest
 import scipy.sparse as sp
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
+from direct import run_direct
+from direct.fedsubavg import run_direct_rounds
 from flower_app.algorithms.common.dp_noise import DP_NOISE, DP_STREAM, NoiseSource
 from flower_app.algorithms.common.gaussian_dp import (
     GaussianAccountant,
@@ -33,13 +35,11 @@ from flower_app.algorithms.common.gaussian_dp import (
 from flower_app.algorithms.fedsm.dp import dp_entry_counts, dp_reporters
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, cohort_report
 from flower_app.algorithms.fedsm.shuffle_dp import debias_counts
-from flower_app.algorithms.fedsubavg.core import LocalConfig, gather_submodels
-from flower_app.algorithms.fedsubavg.direct import full_heat, run_direct_rounds
+from flower_app.algorithms.fedsubavg.core import LocalConfig, full_heat, gather_submodels
 from flower_app.algorithms.fedsubavg.dp import private_round_update
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.learning import DictState
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.privacy import SecureAggregation
 from flower_app.runners import fedsubavg as fsa_runner
 from flower_app.runners import maxfl as maxfl_runner

@@ -10,13 +10,13 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct.fedcg import run_fedcg_direct
 from flower_app.algorithms.fedcg.continuous import (
     FedCGServer,
     LocalSteps,
     UserEntries,
     entry_gradient,
     round_point,
-    run_fedcg_direct,
     sampled_entry_gradient,
     user_direction_sum,
 )

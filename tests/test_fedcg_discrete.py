@@ -8,13 +8,13 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct.fedcg import run_discrete_greedy_direct
 from flower_app.algorithms.fedcg.discrete_greedy import (
     DiscreteGreedyServer,
     discrete_report_sum,
     histogram_sum,
     importance_factors,
     participation_probabilities,
-    run_discrete_greedy_direct,
 )
 from flower_app.clients.cohorts import cohort_range
 from flower_app.datasets.synthetic import synthetic_dblp, synthetic_facility_location

@@ -17,11 +17,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, run_fedcg_direct
-from flower_app.algorithms.fedcg.discrete_greedy import (
-    DiscreteGreedyServer,
-    run_discrete_greedy_direct,
-)
+from direct import run_direct
+from direct.fedcg import run_discrete_greedy_direct, run_fedcg_direct
+from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps
+from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.clients.fedcg import (
     Coverage,
     ScoreTable,
@@ -32,7 +31,6 @@ from flower_app.clients.fedcg import (
 )
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
-from flower_app.experiment import run_direct
 from flower_app.runners.fedcg import server_run
 from flower_app.strategies.discrete_greedy import FedDiscreteGreedyStrategy
 from flower_app.strategies.errors import (

@@ -18,6 +18,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
+from direct import run_direct
 from flower_app.algorithms.fedcg.continuous import FedCGServer, LocalSteps, user_direction_sum
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
 from flower_app.clients.adapter import handle_train
@@ -25,7 +26,6 @@ from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.continuous import HISTOGRAM_RECORD, ContinuousClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_facility_location
-from flower_app.experiment import run_direct
 from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.strategies.discovery import CohortMap

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 
 pytestmark = pytest.mark.realdata
 E = 1 - 1 / np.e

@@ -18,9 +18,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct.fedsm import run_rounds
 from flower_app.algorithms.common.counts import resolve_count
 from flower_app.algorithms.fedsm.core import FedSMServer, user_report_sum
-from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.clients.adapter import handle_train
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient, encode_report
@@ -41,7 +42,7 @@ def _fl(n=300, m=80, seed=0) -> FacilityLocation:
 def _alg1_direct(obj, matroid, k, clients, elements, seed) -> list[int]:
     """Algorithm 1 (fedsm-mode alg1) on the direct engine."""
     params = FedSMParams("alg1", clients, elements)
-    return run_direct(obj, FedSMRun(obj.n_users, matroid, k, params, obj.max_singleton, seed=seed))
+    return run_rounds(obj, FedSMRun(obj.n_users, matroid, k, params, obj.max_singleton, seed=seed))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -14,8 +14,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
+from direct.fedsm import run_rounds as run_modes
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
-from flower_app.algorithms.fedsm.modes import run_direct as run_modes
 from flower_app.algorithms.fedsm.user import GainsUtility
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range

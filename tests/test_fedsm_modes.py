@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct import run_direct
+from direct.fedsm import run_rounds as run_modes
 from flower_app.algorithms.fedsm.alg2 import (
     PlainPairGains,
     pair_report_sum,
@@ -17,12 +19,10 @@ from flower_app.algorithms.fedsm.alg2 import (
 from flower_app.algorithms.fedsm.amplify import SurrogatePairGains, surrogate_entries
 from flower_app.algorithms.fedsm.core import user_report_sum
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, RoundPlan, cohort_report
-from flower_app.algorithms.fedsm.modes import run_direct as run_modes
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.synthetic import synthetic_dblp, synthetic_facility_location
-from flower_app.experiment import run_direct
 from flower_app.strategies.cohort.fedsm import plan_arrays
 from flower_app.strategies.fedsm import decode_report
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flwr.clientapp import ClientApp
 
+from direct import run_direct
 from flower_app.clients.fedsm import fedsm_reply
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.problems import load_problem
 from flower_app.runners.fedsm import fedsm_params, server_run
 from flower_app.strategies.fedsm import FedSMStrategy

@@ -319,8 +319,8 @@ def test_batched_direct_cohort_and_plain_mode_give_the_same_set(mode) -> None:
 @pytest.mark.long
 def test_flwr_run_with_batched_draws_gives_the_direct_engines_set(flower_cli, tmp_path) -> None:
     """run_config ``fedsm-rng='batched'`` reaches the server and the nodes (one flwr run)."""
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
 
     config = {
         "num-users": 40,
@@ -359,8 +359,8 @@ def test_run_sim_sweep_passes_rng_to_every_run(tmp_path) -> None:
     """``run_sim.py fedsm-sweep --rng batched``: the rows are the batched direct runs'."""
     from test_run_sim import run_sim
 
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
 
     argv = [
         "fedsm-sweep", "--dataset", "synthetic-facility-location", "--num-users", "200",

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct.fedsubavg import run_direct_rounds
 from flower_app.algorithms.fedsubavg.core import (
     AdamConfig,
     CentralSGD,
@@ -15,19 +16,20 @@ from flower_app.algorithms.fedsubavg.core import (
     FeatureHeat,
     LocalConfig,
     RoundUpdate,
+    RunSpec,
     ScaffoldApprox,
     SubmodelAveraging,
     batch_schedule,
     client_bytes,
     client_round,
     count_heat,
+    full_heat,
     gather_submodels,
     local_deltas,
     make_server_update,
     merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
 from flower_app.datasets.movielens_rating import (
     build_rating_task,
     load_rating_task,

@@ -18,8 +18,14 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.algorithms.fedsubavg.core import FeatureHeat, LocalConfig, make_server_update
-from flower_app.algorithms.fedsubavg.direct import RunSpec, full_heat, run_direct_rounds
+from direct.fedsubavg import direct_run, run_direct_rounds
+from flower_app.algorithms.fedsubavg.core import (
+    FeatureHeat,
+    LocalConfig,
+    RunSpec,
+    full_heat,
+    make_server_update,
+)
 from flower_app.config import AppConfig, ConfigError
 from flower_app.registry import load_runner
 from flower_app.runners.fedsubavg import load_task
@@ -265,7 +271,7 @@ def test_k_above_n_fails_before_round_1(tmp_path) -> None:
         _strategy("fedsubavg", _cfg(**{"clients-per-round": 46}))
     cfg = _cfg(**{"clients-per-round": 46, "output-dir": str(tmp_path), "run-name": "bad"})
     with pytest.raises(ConfigError, match="exceeds the 45 clients"):
-        load_runner("fedsubavg").direct_run(cfg)
+        direct_run(cfg)
     assert not (tmp_path / "bad").exists()
 
 
@@ -290,7 +296,7 @@ def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
     base = {**SMALL, "output-dir": str(tmp_path)}
     flower_cfg = AppConfig.from_run_config({**base, "run-name": "flower"})
     summary = runner.server_run(LocalGrid(3, flower_cfg.to_dict()), flower_cfg)
-    direct = runner.direct_run(AppConfig.from_run_config({**base, "run-name": "direct"}))
+    direct = direct_run(AppConfig.from_run_config({**base, "run-name": "direct"}))
     assert summary["engine"] == "flower" and direct["engine"] == "direct"
     np.testing.assert_allclose(
         summary["train-loss-by-round"], direct["train-loss-by-round"], rtol=1e-9
@@ -301,7 +307,7 @@ def test_server_run_writes_the_run_folder_like_direct_run(tmp_path) -> None:
     ]
     assert [r["server-round"] for r in rows] == [1, 2, 3, 4]
     assert "fedsubavg on synthetic-movielens-rating" in runner.summary_line(summary)
-    central = runner.direct_run(
+    central = direct_run(
         AppConfig.from_run_config({**base, "algorithm": "central-sgd", "run-name": "c"})
     )
     assert central["min-train-loss"] < central["initial-train-loss"]

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from direct.fedsubavg import direct_run
 from flower_app.config import AppConfig
-from flower_app.registry import load_runner
 
 SMALL = {
     "algorithm": "fedsubavg",
@@ -25,7 +25,7 @@ def _direct(tmp_path, run_config: dict) -> dict:
     cfg = AppConfig.from_run_config(
         {**run_config, "output-dir": str(tmp_path), "run-name": "direct"}
     )
-    return load_runner(cfg.algorithm).direct_run(cfg)
+    return direct_run(cfg)
 
 
 @pytest.mark.flwr
@@ -67,7 +67,7 @@ def test_movielens_rating_task_and_feature_heat(tmp_path) -> None:
             "run-name": "ml",
         }
     )
-    summary = load_runner("fedsubavg").direct_run(cfg)
+    summary = direct_run(cfg)
     config = json.loads((tmp_path / "ml" / "config.json").read_text())
     assert config["task"]["clients"] == 6040 and config["task"]["movies"] == 3706
     assert config["task"]["params"] == 37070

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from direct import run_direct
+from direct.fedsubavg_torch import run_torch_direct
 from flower_app.algorithms.fedsubavg.named import NamedLayout
 from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchLocalConfig,
@@ -23,7 +25,6 @@ from flower_app.algorithms.fedsubavg.torch_engine import (
     load_values,
     local_train,
     model_values,
-    run_torch_direct,
 )
 from flower_app.algorithms.fedsubavg.torch_tasks import (
     METRIC_KEYS,
@@ -35,7 +36,6 @@ from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.amazon import synthetic_amazon
 from flower_app.datasets.sent140 import synthetic_sent140
-from flower_app.experiment import run_direct
 from flower_app.registry import load_runner
 from tests.support.local_grid import LocalGrid
 

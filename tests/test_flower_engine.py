@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 
 pytestmark = pytest.mark.flwr
 

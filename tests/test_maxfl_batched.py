@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from direct import run_direct
 from flower_app.algorithms.common.streams import user_rng
 from flower_app.algorithms.common.threads import single_thread
 from flower_app.algorithms.maxfl.learning import TRAIN
 from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched, make_model
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.models.mlp import MLP
 from flower_app.results import read_rows
 

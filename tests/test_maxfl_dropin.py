@@ -17,13 +17,13 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from maxfl_configs import SMALL
 
+from direct import run_direct
 from flower_app.algorithms.maxfl.appeal import AppealServer
 from flower_app.algorithms.maxfl.core import aggregation_weight, maxfl_update
 from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.maxfl import appeal_reply, ensure_rho, maxfl_metrics, stored_rho
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
 from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.errors import (

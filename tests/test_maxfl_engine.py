@@ -19,11 +19,12 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 from maxfl_configs import SMALL
 
-from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
+from direct import run_direct
+from direct.maxfl import DirectTransport, run_protocol
+from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome
 from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.learning import DictState, byzantine_clients
 from flower_app.config import AppConfig, ConfigError
-from flower_app.experiment import run_direct
 from flower_app.runners import maxfl as runner
 from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 from flower_app.strategies.discovery import CohortMap
@@ -281,7 +282,7 @@ BYZANTINE = {
 }
 
 
-class _RecordingTransport(runner.DirectTransport):
+class _RecordingTransport(DirectTransport):
     """The direct engine's transport, keeping every round's TrainOutcome."""
 
     def __init__(self, *args) -> None:
@@ -330,7 +331,7 @@ def test_mwfed_gives_byzantine_clients_large_weights() -> None:
 
 
 # ------------------------------------------------------------------ opt-in pool reuse
-class _CountingTransport(runner.DirectTransport):
+class _CountingTransport(DirectTransport):
     """The direct engine's transport, counting the opt-in requests per round."""
 
     def __init__(self, *args) -> None:

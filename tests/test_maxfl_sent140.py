@@ -12,6 +12,7 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 from maxfl_configs import SMALL as MAXFL_SMALL
 
+from direct import run_direct
 from flower_app import registry
 from flower_app.algorithms.maxfl.local_steps import local_sgd, local_sgd_batched, make_model
 from flower_app.config import AppConfig, ConfigError
@@ -27,7 +28,6 @@ from flower_app.datasets.sent140_features import (
     synthetic_sent140_features,
     tweet_features,
 )
-from flower_app.experiment import run_direct
 from flower_app.models.mlp import SENT140_HIDDEN, init_weights, layer_sizes
 from flower_app.runners import maxfl as runner
 from flower_app.settings import SETTINGS

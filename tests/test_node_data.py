@@ -73,6 +73,13 @@ def test_export_writes_the_cohort_split_and_a_manifest(export) -> None:
     [
         {"algorithm": "fedsm", "k": 5, "clients-per-round": 0.5},
         {"algorithm": "fedsm", "k": 5, "fedsm-mode": "alg2", "clients-per-round": 0.5},
+        {
+            "algorithm": "fedsm",
+            "k": 4,
+            "fedsm-mode": "amplified",
+            "fedsm-eta": 0.5,
+            "clients-per-round": 0.5,
+        },
         {"algorithm": "fedsm", "k": 6, "matroid": "partition", "partition-capacity": 1},
         {"algorithm": "fedcg", "k": 4, "fedcg-rounds": 5, "clients-per-round": 0.5},
         {
@@ -88,6 +95,7 @@ def test_export_writes_the_cohort_split_and_a_manifest(export) -> None:
     ids=[
         "fedsm-alg1",
         "fedsm-alg2",
+        "fedsm-amplified",
         "fedsm-partition",
         "fedcg",
         "fedcg-plus-partition",

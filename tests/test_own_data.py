@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.own import OwnDataError, load_coverage_sets, load_facility_table
-from flower_app.experiment import run_direct
 from flower_app.registry import load_runner
 from tests.support.local_grid import LocalGrid
 

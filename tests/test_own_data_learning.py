@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
+from direct import run_direct
 from flower_app.config import AppConfig
 from flower_app.datasets.idx import write_idx
 from flower_app.datasets.own import OwnDataError
-from flower_app.experiment import run_direct
 from tests.support.local_grid import LocalGrid
 
 

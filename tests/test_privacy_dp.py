@@ -203,8 +203,8 @@ def test_dp_maxfl_on_flower_nodes_matches_the_direct_engine(tmp_path, algorithm)
     one; rows and summary.json say the noise gives no privacy against the server."""
     import json
 
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
     from flower_app.runners import maxfl as runner
 
     def cfg(name: str, **extra) -> AppConfig:
@@ -260,7 +260,7 @@ def test_dp_fedsubavg_on_flower_nodes_matches_the_direct_engine() -> None:
     """Clipped submodel updates, noise on the whole heat support: the Flower run (secure
     aggregation, 3 nodes) reaches the direct engine's x within the fixed-point error, the
     server's union is the support (no client's rows), and ε grows with the rounds."""
-    from flower_app.algorithms.fedsubavg.direct import run_direct_rounds
+    from direct.fedsubavg import run_direct_rounds
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task, run_spec
 

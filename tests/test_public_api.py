@@ -72,7 +72,8 @@ def test_a_clientapp_imports_only_what_its_family_needs(family):
 ROOT = Path(__file__).resolve().parents[1]
 #: top-level parts of the repository that are never installed nor shipped in the FAB
 NOT_SHIPPED = (
-    "benchmarks/", "docs/", "examples/", "rehearsal/", "reproductions/", "run_sim.py", "tests/",
+    "benchmarks/", "direct/", "docs/", "examples/", "rehearsal/", "reproductions/", "run_sim.py",
+    "tests/",
 )
 
 
@@ -80,7 +81,8 @@ NOT_SHIPPED = (
 @pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")
 def test_the_fab_ships_the_package_only() -> None:
     """What ``flwr run`` packages (Flower's own builder on this checkout): ``flower_app/``,
-    never the reproductions, the tests and their harnesses, the benchmarks or the docs."""
+    never the direct engine, the reproductions, the tests and their harnesses, the benchmarks
+    or the docs."""
     from flwr.cli.build import build_fab_from_disk
 
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
@@ -90,10 +92,11 @@ def test_the_fab_ships_the_package_only() -> None:
 
 def test_the_wheel_installs_the_package_only_and_it_imports_nothing_that_is_not() -> None:
     """The wheel holds ``flower_app`` (hatch's ``packages``), and no module of it imports the
-    reproductions, the tests' harnesses or Flower's private simulation entry point."""
+    direct engine, the reproductions, the tests' harnesses or Flower's private simulation
+    entry point."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["flower_app"]
-    outside = ("reproductions", "rehearsal", "tests", "run_sim", "benchmarks",
+    outside = ("direct.", "reproductions", "rehearsal", "tests", "run_sim", "benchmarks",
                "flwr.simulation.run_simulation")
     found = []
     for path in sorted((ROOT / "flower_app").rglob("*.py")):
@@ -101,7 +104,8 @@ def test_the_wheel_installs_the_package_only_and_it_imports_nothing_that_is_not(
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith(outside)]
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                      if n == "direct" or n.startswith(outside)]  # fmt: skip
     assert found == []
 
 
@@ -137,3 +141,22 @@ def test_the_public_strategies_are_the_expected_families() -> None:
     assert {"FedSMStrategy", "FedCGStrategy", "FedDiscreteGreedyStrategy", "MaxFLStrategy",
             "FedSubAvgStrategy", "FedProxSubStrategy", "FedAdamSubStrategy"} <= set(
         PUBLIC_STRATEGIES)  # fmt: skip
+
+
+def test_every_module_of_the_package_imports_without_the_direct_engine() -> None:
+    """``flower_app`` never imports the repository's ``direct/`` (the direct engine imports
+    the package, never the reverse): every module imports with ``direct`` made unimportable."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['direct'] = None  # any import of direct raises ImportError\n"
+        "import flower_app\n"
+        "names = [m.name for m in pkgutil.walk_packages(flower_app.__path__, 'flower_app.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "print(len(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 100

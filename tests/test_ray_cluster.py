@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.simulation import FlwrRun, LocalSimulation
 from tests.support.ray_cluster import LoopbackRayCluster
 

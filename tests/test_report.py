@@ -15,6 +15,7 @@ import time
 import pytest
 from matplotlib.colors import to_hex
 
+from direct import run_direct
 from flower_app.cli.report import (
     draw_figures,
     load_run,
@@ -24,7 +25,6 @@ from flower_app.cli.report import (
     write_report,
 )
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.results import RunWriter, run_session
 
 SMALL = {"num-users": 120, "num-elements": 80, "k": 5, "seed": 3}

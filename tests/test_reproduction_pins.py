@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from direct import run_direct
+from direct.fedsubavg import direct_run as fedsubavg_direct_run
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.results import read_rows
-from flower_app.runners.fedsubavg import direct_run as fedsubavg_direct_run
 from reproductions.fedcg import PRESETS as FEDCG_PRESETS
 from reproductions.fedsm_modes import ALG2_VARIANTS
 from reproductions.fedsubavg import rounds_to_target

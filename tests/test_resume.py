@@ -26,8 +26,8 @@ import time
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.simulation import LocalSimulation, superlink_pids
 from rehearsal.processes import kill_tree
 

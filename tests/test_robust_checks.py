@@ -8,13 +8,14 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct.fedsm import run_rounds
 from flower_app.algorithms.fedcg.discrete_greedy import (
     FIXED_POINT_SCALE,
     DiscreteGreedyServer,
     discrete_report_sum,
 )
 from flower_app.algorithms.fedsm.core import user_report_sum
-from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.fedsm.sampling import user_draw
 from flower_app.algorithms.robust.budget import ClaimBudget
 from flower_app.algorithms.robust.guard import UserGuard
@@ -362,7 +363,7 @@ def test_history_clamp_keeps_committed_promoters_out_where_the_estimate_lets_the
         params = FedSMParams("alg1", 0.1, 0.1, history_clamp=clamp)
         run = FedSMRun(committed.n_users, UniformMatroid(m, k), k, params, 5.0, seed=seed)
         rows: list[dict] = []
-        return run_direct(committed, run, on_round=rows.append), rows
+        return run_rounds(committed, run, on_round=rows.append), rows
 
     assert set(direct(4, "off")[0]) & useless  # the attack works without the clamp
     for seed in range(6):
@@ -385,7 +386,7 @@ def test_history_clamp_is_algorithm_1s() -> None:
 
     def alg2(clamp: str) -> list[int]:
         params = FedSMParams("alg2", 0.5, 0.5, history_clamp=clamp)
-        return run_direct(committed, FedSMRun(committed.n_users, UniformMatroid(m, k), k,
+        return run_rounds(committed, FedSMRun(committed.n_users, UniformMatroid(m, k), k,
                                               params, 5.0, seed=1))  # fmt: skip
 
     assert alg2("noise-aware") == alg2("off")
@@ -400,8 +401,8 @@ def test_run_config_history_clamp_reaches_the_direct_engine_and_metrics(tmp_path
     import json
     from pathlib import Path
 
+    from direct import run_direct as run_experiment
     from flower_app.config import AppConfig, ConfigError
-    from flower_app.experiment import run_direct as run_experiment
 
     base = {
         "dataset": "synthetic-facility-location", "num-users": 200, "num-elements": 60,

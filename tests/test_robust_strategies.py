@@ -10,9 +10,10 @@ from flwr.clientapp import ClientApp
 from test_fedsm_dropin import M, N, _objective, user_app
 from test_robust_checks import promoted_instance
 
+from direct.fedsm import run_rounds
 from flower_app import checkpoint
 from flower_app.algorithms.fedcg.discrete_greedy import DiscreteGreedyServer
-from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun, run_direct
+from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
 from flower_app.algorithms.robust.history import NOISE_AWARE_MARGIN
 from flower_app.clients.adapter import numpy_client_app
 from flower_app.clients.cohorts import cohort_range
@@ -135,7 +136,7 @@ def test_report_bound_must_be_positive() -> None:
 def _direct_rows(obj: MaxRowObjective, k: int, params: FedSMParams, seed: int):
     run = FedSMRun(obj.n_users, UniformMatroid(obj.n_elements, k), k, params, 5.0, seed=seed)
     rows: list[dict] = []
-    return run_direct(obj, run, on_round=rows.append), rows
+    return run_rounds(obj, run, on_round=rows.append), rows
 
 
 @pytest.mark.parametrize("name", ["noise-aware", "mean"])
@@ -181,7 +182,7 @@ def test_plain_fedsm_with_the_history_clamp_gives_the_direct_engines_set(name: s
     params = FedSMParams("alg1", 0.25, 0.2, history_clamp=name)
     run = FedSMRun(N, UniformMatroid(M, k), k, params, obj.max_singleton, seed=seed)
     rows: list[dict] = []
-    selected = run_direct(committed, run, on_round=rows.append)
+    selected = run_rounds(committed, run, on_round=rows.append)
     strategy = FedSMStrategy(k=k, seed=seed, min_available_nodes=N, params=params)
     result = strategy.start(LocalGrid(N, {}, app=user_app(committed)))
     assert result.arrays["selected"].numpy().tolist() == selected

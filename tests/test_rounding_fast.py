@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from direct import run_direct
 from flower_app.algorithms.fedcg.continuous import round_point
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
 from flower_app.submodular.rounding import (
     blocks_of,

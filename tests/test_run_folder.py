@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app.cli.report import load_run
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.results import RunWriter, read_rows, read_run
 
 ROWS = [{"server-round": t, "objective": t / 2} for t in (1, 2, 3)]

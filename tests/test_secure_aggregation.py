@@ -408,8 +408,8 @@ def test_flwr_run_with_secure_aggregation_selects_the_plain_set(flower_cli, tmp_
     protocol's cost in every round's row and the settings in config.json."""
     import json
 
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
 
     small = {"num-users": 60, "num-elements": 40, "k": 4, "clients-per-round": 0.5,
              "elements-per-client": 0.5, "seed": 5}  # fmt: skip
@@ -461,8 +461,8 @@ def test_maxfl_family_under_secure_aggregation_matches_the_plain_model(tmp_path,
     carries a client's q_k, loss or update in the clear."""
     import json
 
+    from direct import run_direct
     from flower_app.config import AppConfig
-    from flower_app.experiment import run_direct
     from flower_app.runners import maxfl as runner
 
     def cfg(name: str, **extra) -> AppConfig:
@@ -553,8 +553,8 @@ def test_fedsubavg_family_under_secure_aggregation_reaches_the_plain_model(algor
     """Cohort mode: the heat is counted exactly by a secure sum, the model after 4 rounds is
     the direct engine's within the fixed-point error, and the server receives neither a
     node's update nor any user's index set (the full model goes down instead)."""
-    from flower_app.algorithms.fedsubavg.core import LocalConfig
-    from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
+    from direct.fedsubavg import run_direct_rounds
+    from flower_app.algorithms.fedsubavg.core import LocalConfig, RunSpec
     from flower_app.config import AppConfig
     from flower_app.runners.fedsubavg import load_task
     run_config = {"algorithm": algorithm, "dataset": "synthetic-movielens-rating",

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from direct import run_direct
 from flower_app.algorithms.fedsubavg.torch_engine import initial_state
 from flower_app.algorithms.fedsubavg.torch_tasks import (
     GLOVE_25D_FILE,
@@ -22,7 +23,6 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.paths import DataFormatError, DatasetNotFoundError
 from flower_app.datasets.sent140 import Tweet, build_sent140, synthetic_sent140
-from flower_app.experiment import run_direct
 from flower_app.runners.fedsubavg_torch import _cached_task
 
 TINY = {"dataset": "synthetic-sent140", "num-users": 8, "num-elements": 400,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from direct import run_direct
 from flower_app.config import AppConfig
-from flower_app.experiment import run_direct
 from flower_app.registry import ALGORITHMS, algorithms_of
 from reproductions import cli, fedcg, fedsm_modes, fedsubavg, maxfl, privacy
 

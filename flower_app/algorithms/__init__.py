@@ -14,7 +14,7 @@ subpackage    what lives there
 ``maxfl``     MaxFL (Cho et al., TMLR 2024, Algorithm 1), its baselines' server steps,
               the clients' local training, the round protocol shared by both engines
 ``fedsubavg`` FedSubAvg (Ding et al., NeurIPS 2022, Algorithm 1) and its baselines on
-              submodels: server steps, the direct engine, named-array models, DP, the torch
+              submodels: server steps, CentralSGD, named-array models, DP, the torch
               tasks (Sent140 LSTM, Amazon DIN)
 ``common``    what several families use: counts given as fractions, the users' random
               streams, the greedy servers' step (best feasible element), torch on one

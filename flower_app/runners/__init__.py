@@ -1,1 +1,1 @@
-"""Runners: how each algorithm family runs on the ServerApp, the ClientApp and the direct engine."""
+"""Runners: how each algorithm family runs on the ServerApp and the ClientApp."""

@@ -24,25 +24,19 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.fedcg.continuous import (
     ROUNDINGS,
-    FedCGRound,
     FedCGServer,
     LocalSteps,
     UserEntries,
     round_point,
-    run_fedcg_direct,
 )
 from flower_app.algorithms.fedcg.discrete_greedy import (
-    DiscreteGreedyRound,
     DiscreteGreedyServer,
-    run_discrete_greedy_direct,
 )
-from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
+from flower_app.algorithms.robust.profiles import declared_bound
 from flower_app.clients.continuous import ContinuousClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
-    DirectRounds,
     Experiment,
-    check_direct_engine,
     cohort_options,
     finish_run,
     open_remote_run,
@@ -66,7 +60,7 @@ from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
 
-__all__ = ["direct_run", "make_client", "server_run", "summary_line"]
+__all__ = ["make_client", "server_run", "summary_line"]
 
 
 def local_steps(cfg: AppConfig) -> LocalSteps:
@@ -247,63 +241,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     evaluate = evaluator(grid, fedcg, server.n_users, cfg.round_timeout)
     extra = _continuous_extra(server, exp, evaluate)
     return _finish(exp, selected, fedcg.history, extra, evaluate(selected))
-
-
-def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the configured algorithm on the direct engine and write the run folder."""
-    check_direct_engine(cfg)
-    exp = _open(cfg, "direct")
-    server = _server(cfg, exp.problem, exp.matroid)
-    total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
-    desc = f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}"
-    rounds = DirectRounds(exp.writer, progress, desc, total)
-    log_row = rounds.log
-    value = _multilinear(exp)
-
-    def on_continuous(rnd: FedCGRound, x: np.ndarray) -> None:
-        log_row(
-            {
-                "server-round": rnd.server_round,
-                "users": rnd.users,
-                "draws": rnd.draws,
-                "weight": rnd.weight,
-                "ids-sent": rnd.ids_sent,
-                "step-mass": rnd.step_norm,
-                # F̂(x) costs a sort of all entries: every 10th round and the last one
-                **(
-                    {"multilinear": value(x)}
-                    if rnd.server_round % 10 == 0 or rnd.server_round == server.rounds
-                    else {}
-                ),
-            }
-        )
-
-    def on_discrete(rnd: DiscreteGreedyRound, objective: float) -> None:
-        log_row(
-            {
-                "server-round": rnd.server_round,
-                "element": rnd.element,
-                "estimate": rnd.estimate,
-                "objective": objective,
-                "participants": rnd.participants,
-                "users": rnd.participants,
-                "expected-participants": rnd.expected,
-                **rnd.checks,
-            }
-        )
-
-    if isinstance(server, DiscreteGreedyServer):
-        # the one in-process node computes every report from the profiles committed at setup
-        committed, clipped = commit_profiles(exp.problem.objective, server.report_bound or 0.0)
-        selected = run_discrete_greedy_direct(
-            committed, server, on_discrete, oracle=exp.problem.objective
-        )
-        extra = {**_discrete_extra(server), "profile-values-clipped": clipped}
-    else:
-        selected = run_fedcg_direct(exp.problem.objective, server, on_continuous)
-        extra = _continuous_extra(server, exp)
-    rounds.close()
-    return _finish(exp, selected, rounds.history, extra)
 
 
 @lru_cache(maxsize=64)

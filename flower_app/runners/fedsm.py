@@ -1,4 +1,4 @@
-"""Runner of FedSM (Algorithms 1, 2 and 3): ServerApp side, ClientApp side and direct engine.
+"""Runner of FedSM (Algorithms 1, 2 and 3): ServerApp side and ClientApp side.
 
 The family's run_config keys (``fedsm-*``) are declared, with their defaults and ranges, in
 :mod:`flower_app.settings` (reference: ``docs/configuration.md``) and read validated with
@@ -22,14 +22,11 @@ from flwr.serverapp import Grid
 
 from flower_app.algorithms.common.dp_noise import NO_PRIVACY_NOTE, warn_no_privacy
 from flower_app.algorithms.fedsm.modes import FedSMParams, FedSMRun
-from flower_app.algorithms.fedsm.modes import run_direct as run_modes_direct
-from flower_app.algorithms.robust.profiles import commit_profiles, declared_bound
+from flower_app.algorithms.robust.profiles import declared_bound
 from flower_app.clients.submodular import SubmodularClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.experiment import (
-    DirectRounds,
     Experiment,
-    check_direct_engine,
     cohort_options,
     finish_run,
     open_remote_run,
@@ -46,7 +43,7 @@ from flower_app.strategies.cohort.fedsm import FedSMCohorts
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
 
-__all__ = ["direct_run", "fedsm_params", "make_client", "server_run", "summary_line"]
+__all__ = ["fedsm_params", "make_client", "server_run", "summary_line"]
 
 #: totals summed over rounds into summary.json
 _TOTALS = (
@@ -155,26 +152,23 @@ def _finish(
     }
     for key in _TOTALS:
         extra[key] = sum(int(row.get(key, 0)) for row in history)
-    if obj is None:  # server-data = none: no oracle curves, no fractional objective
-        if mode == "amplified":
-            assert run.point is not None
-            extra["fractional-objective"] = None
-            extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
-            extra["step-sets"] = run.step_sets
-            extra["steps"] = run.steps
-    elif mode == "alg2":  # F(S_1), ..., F(S_|S|) along the order in which elements were added
+    # server-data = none (obj None): no oracle curves, no fractional objective
+    if mode == "amplified":
+        assert run.point is not None
+        if obj is not None:
+            extra["objective-by-k"] = []
+        extra["fractional-objective"] = (
+            None if obj is None else multilinear_value(obj, run.point) / max(obj.n_users, 1)
+        )
+        extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
+        extra["step-sets"] = run.step_sets
+        extra["steps"] = run.steps
+    elif mode == "alg2" and obj is not None:  # F(S_1), ..., F(S_|S|) in the order of adding
         current, by_k = np.zeros(obj.n_users), []
         for e in selected:
             current = obj.update_current(current, e)
             by_k.append(float(current.sum()) / max(obj.n_users, 1))
         extra["objective-by-k"] = by_k
-    if mode == "amplified":
-        assert run.point is not None
-        extra["objective-by-k"] = []
-        extra["fractional-objective"] = multilinear_value(obj, run.point) / max(obj.n_users, 1)
-        extra["x"] = {str(int(e)): float(run.point[e]) for e in np.flatnonzero(run.point)}
-        extra["step-sets"] = run.step_sets
-        extra["steps"] = run.steps
     if run.params.dp_epsilon:
         extra["privacy"] = _privacy(run, history)
     summary.update(extra)
@@ -254,23 +248,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         evaluations = result.evaluate_metrics_clientapp
         objective = evaluations[max(evaluations)].get("objective")
     return _finish(exp, strategy.run, strategy.history, objective)
-
-
-def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the configured FedSM mode on the direct engine and write the run folder."""
-    check_direct_engine(cfg)
-    exp = _open(cfg, "direct")
-    run = _run(cfg, exp.problem, exp.matroid)
-    desc = f"fedsm {run.params.mode} {cfg.dataset} seed {cfg.seed}"
-    rounds = DirectRounds(exp.writer, progress, desc)
-    # the one in-process node computes every report from the profiles committed at setup
-    committed, clipped = commit_profiles(exp.problem.objective, run.report_bound or 0.0)
-    run_modes_direct(committed, run, rounds.log, oracle=exp.problem.objective)
-    rounds.close()
-    summary = _finish(exp, run, rounds.history)
-    summary["profile-values-clipped"] = clipped
-    exp.writer.write_summary(summary)
-    return summary
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

@@ -1,4 +1,4 @@
-"""Runner of FedSubAvg and its baselines: ServerApp side, ClientApp side and direct engine.
+"""Runner of FedSubAvg and its baselines: ServerApp side and ClientApp side.
 
 Algorithms (``algorithm`` run_config key): ``fedsubavg``, ``fedavg-sub``, ``fedprox-sub``,
 ``fedadam-sub``, ``scaffold-sub`` (federated, :mod:`flower_app.strategies.fedsubavg`) and
@@ -46,17 +46,16 @@ from flower_app.algorithms.fedsubavg.core import (
     Evaluator,
     FeatureHeat,
     LocalConfig,
+    RunSpec,
     client_bytes,
     resolve_clients_per_round,
+    run_central_sgd,
 )
-from flower_app.algorithms.fedsubavg.direct import RunSpec, run_direct_rounds
 from flower_app.clients.cohorts import cohort_range
 from flower_app.clients.submodel import SubmodelClient
 from flower_app.config import AppConfig, ConfigError
 from flower_app.datasets.movielens_rating import RatingTask, load_rating_task
 from flower_app.experiment import (
-    DirectRounds,
-    check_direct_engine,
     check_remote_resume,
     cohort_options,
     remote_checkpoint_fn,
@@ -77,7 +76,7 @@ from flower_app.strategies.exchange import exchange, messages_to
 from flower_app.strategies.records import to_metric_record
 from flower_app.strategies.replies import float_metric, int_metric
 
-__all__ = ["direct_run", "load_task", "make_client", "run_spec", "server_run", "summary_line"]
+__all__ = ["load_task", "make_client", "run_spec", "server_run", "summary_line"]
 
 
 def load_task(cfg: AppConfig) -> RatingTask:
@@ -147,27 +146,24 @@ def spec_fields(cfg: AppConfig, local: Any) -> dict[str, Any]:
 
 
 def resolved_config(
-    cfg: AppConfig, engine: str, clients_per_round: int | float, task: Any
+    cfg: AppConfig, engine: str, clients_per_round: int | float, task: dict[str, Any]
 ) -> tuple[int, dict[str, Any]]:
     """Return K resolved on the task's clients and the run's ``config.json`` (torch tasks too).
+
+    ``task`` is config.json's description of the task: its ``name`` and its ``clients``
+    (from the data, or as the nodes reported them), with whatever else it holds.
 
     Raises
     ------
     ConfigError
-        If ``fsa-clients-per-round`` does not fit the task's number of clients.
+        If ``clients-per-round`` does not fit the task's number of clients.
     """
-    raise_size_problems(cfg, Instance(task.name, users=task.n_clients))
+    raise_size_problems(cfg, Instance(task["name"], users=task["clients"]))
     try:
-        k = resolve_clients_per_round(clients_per_round, task.n_clients)
+        k = resolve_clients_per_round(clients_per_round, task["clients"])
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": engine,
-        "task": {"name": task.name, **task.stats()},
-        "clients-per-round-resolved": k,
-    }
-    return k, config
+    return k, {**cfg.to_dict(), "engine": engine, "task": task, "clients-per-round-resolved": k}
 
 
 @dataclass
@@ -185,7 +181,9 @@ def _open(cfg: AppConfig, engine: str) -> _Run:
     """Validate everything, load the task and open the run folder (nothing before that)."""
     spec = run_spec(cfg)
     task = load_task(cfg)
-    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
+    k, config = resolved_config(
+        cfg, engine, spec.clients_per_round, {"name": task.name, **task.stats()}
+    )
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     if spec.dp is not None and spec.dp.reproducible:
         warn_no_privacy()
@@ -321,17 +319,8 @@ def _server_run_remote(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     started = time.perf_counter()
     spec = run_spec(cfg)
     problem = probe_instance(grid, cfg.dataset, cfg.discovery_timeout)
-    raise_size_problems(cfg, Instance(cfg.dataset, users=problem.n_users))
-    try:
-        k = resolve_clients_per_round(spec.clients_per_round, problem.n_users)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    config = {
-        **cfg.to_dict(),
-        "engine": "flower",
-        "task": {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements},
-        "clients-per-round-resolved": k,
-    }
+    task = {"name": cfg.dataset, "clients": problem.n_users, "params": problem.n_elements}
+    k, config = resolved_config(cfg, "flower", spec.clients_per_round, task)
     writer = RunWriter(cfg.run_folder(), config, resume=cfg.resume)
     check_remote_resume(writer, problem)
     log(INFO, "run folder: %s (server-data = none)", writer.folder)
@@ -403,7 +392,7 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     x0_loss = evaluate(np.zeros(run.task.n_params))["train-loss"]
     if run.spec.algorithm == "central-sgd":
         log(INFO, "central-sgd runs on the pooled data inside the ServerApp (no messages)")
-        _, history, heat = run_direct_rounds(run.task, run.spec, run.writer.log_round)
+        _, history, heat = run_central_sgd(run.task, run.spec, run.writer.log_round)
         return _finish(run, history, heat, x0_loss)
     strategy = FedSubAvgCohorts(
         run.spec.algorithm,
@@ -427,20 +416,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     serve_rounds(strategy, grid, run.writer, cfg, run.spec.rounds, evaluate_fn=evaluate_fn)
     assert strategy.heat is not None
     return _finish(run, strategy.history, strategy.heat, x0_loss)
-
-
-def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the algorithm on the direct engine and write the run folder; return the summary."""
-    if (runner := _torch(cfg)) is not None:
-        return runner.direct_run(cfg, progress)
-    check_direct_engine(cfg)
-    run = _open(cfg, "direct")
-    x0_loss = Evaluator(run.task)(np.zeros(run.task.n_params))["train-loss"]
-    desc = f"{cfg.algorithm} seed {cfg.seed}"
-    rounds = DirectRounds(run.writer, progress, desc, run.spec.rounds, timed=False)
-    _, history, heat = run_direct_rounds(run.task, run.spec, rounds.log)
-    rounds.close()
-    return _finish(run, history, heat, x0_loss)
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

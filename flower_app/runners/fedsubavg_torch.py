@@ -3,14 +3,14 @@
 :func:`run_torch_strategy` runs the public
 :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy` or a baseline (named arrays, one
 client per node; the rows go to ``on_round`` once the run is over) with the same settings
-the direct engine (:func:`~flower_app.algorithms.fedsubavg.torch_engine.run_torch_direct`)
-takes, and evaluates the full model centrally after each round (``evaluate_fn``) with the
-same task method, so both return the same rows for the same seed. The nodes run the app's
+the direct engine (the repository's ``direct/fedsubavg_torch.py``) takes, and evaluates the
+full model centrally after each round (``evaluate_fn``) with the same task method, so both
+return the same rows for the same seed. The nodes run the app's
 ClientApp, which routes the messages to
 :class:`~flower_app.clients.torch_tasks.TorchTaskClient` (one client per node:
 ``partition-id`` = client, ``num-partitions`` = N). :mod:`flower_app.runners.fedsubavg`
-hands the ``sent140``/``amazon`` datasets (and their stand-ins) to :func:`server_run`,
-:func:`direct_run` and :func:`make_client` here.
+hands the ``sent140``/``amazon`` datasets (and their stand-ins) to :func:`server_run` and
+:func:`make_client` here.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from flower_app.algorithms.fedsubavg.torch_engine import (
     TorchRunSpec,
     initial_state,
     load_values,
-    run_torch_direct,
+    run_torch_central,
 )
 from flower_app.algorithms.fedsubavg.torch_tasks import (
     METRIC_KEYS,
@@ -41,14 +41,12 @@ from flower_app.algorithms.fedsubavg.torch_tasks import (
 )
 from flower_app.clients.torch_tasks import TorchTaskClient
 from flower_app.config import AppConfig
-from flower_app.experiment import DirectRounds
 from flower_app.results import RunWriter
 from flower_app.runners.fedsubavg import resolved_config, spec_fields
 from flower_app.settings.rules import Instance, raise_size_problems
 from flower_app.strategies.fedsubavg import STRATEGIES
 
 __all__ = [
-    "direct_run",
     "make_client",
     "run_torch_strategy",
     "server_run",
@@ -64,15 +62,15 @@ def run_torch_strategy(
     timeout: float = 600.0,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``spec`` on ``task`` over ``grid``; return rows like ``run_torch_direct``'s.
+    """Run ``spec`` on ``task`` over ``grid``; return rows like the direct engine's.
 
     Raises
     ------
     ValueError
-        For ``central-sgd`` (not federated: use the direct engine) or FedProx without μ.
+        For ``central-sgd`` (not federated: :func:`run_torch_central`) or FedProx without μ.
     """
     if spec.algorithm == "central-sgd":
-        raise ValueError("central-sgd sends no messages: run it with run_torch_direct")
+        raise ValueError("central-sgd sends no messages: run it with run_torch_central")
     if spec.algorithm == "fedprox-sub" and spec.local.proximal_mu == 0:
         raise ValueError("fedprox-sub needs local.proximal_mu > 0 (the paper's 0.01)")
     k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
@@ -160,7 +158,9 @@ def torch_spec(cfg: AppConfig) -> TorchRunSpec:
 def _open(cfg: AppConfig, engine: str) -> tuple[TorchRunSpec, TorchSubmodelTask, RunWriter, int]:
     spec = torch_spec(cfg)
     task = _cached_task(cfg)
-    k, config = resolved_config(cfg, engine, spec.clients_per_round, task)
+    k, config = resolved_config(
+        cfg, engine, spec.clients_per_round, {"name": task.name, **task.stats()}
+    )
     return spec, task, RunWriter(cfg.run_folder(), config), k
 
 
@@ -217,21 +217,10 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         task.n_clients)  # fmt: skip
     if spec.algorithm == "central-sgd":
         log(INFO, "central-sgd runs on the pooled data inside the ServerApp (no messages)")
-        history = run_torch_direct(task, spec, writer.log_round)
+        history = run_torch_central(task, spec, writer.log_round)
     else:
         history = run_torch_strategy(grid, task, spec, cfg.round_timeout, writer.log_round)
     return _finish(cfg, spec, task, writer, k, history, "flower", started)
-
-
-def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run a torch task on the direct engine and write the run folder."""
-    started = time.perf_counter()
-    spec, task, writer, k = _open(cfg, "direct")
-    desc = f"{cfg.algorithm} seed {cfg.seed}"  # the rows: round 0 (x0), then every round
-    rounds = DirectRounds(writer, progress, desc, spec.rounds + 1, timed=False)
-    history = run_torch_direct(task, spec, rounds.log)
-    rounds.close()
-    return _finish(cfg, spec, task, writer, k, history, "direct", started)
 
 
 def make_client(cfg: AppConfig, context: Context) -> TorchTaskClient:

@@ -1,9 +1,9 @@
 """Runner of MaxFL and its baselines (fedavg, fedprox, qffl, scaffold, mwfed, perfedavg, pfedme).
 
 ``server_run`` runs :class:`~flower_app.strategies.cohort.maxfl.MaxFLCohorts` over
-the grid, ``direct_run`` runs the same protocol in-process (:class:`DirectTransport` calls
-one :class:`~flower_app.clients.learning.LearningClient` that serves every client), and
-``make_client`` builds a node's client. Datasets (:data:`DATASETS`): images (an MLP with
+the grid and ``make_client`` builds a node's client (the direct engine, the repository's
+``direct/maxfl.py``, runs the same protocol in-process with the settings, server and client
+made here). Datasets (:data:`DATASETS`): images (an MLP with
 hidden layers (64, 30) on the standardised pixels) and Sent140 (``sent140`` and its stand-in
 ``synthetic-sent140``, :mod:`flower_app.datasets.sent140_features`: accounts as clients,
 308 seen + 619 unseen by default, an MLP with hidden layers (128, 86, 30) on the 200-D
@@ -32,10 +32,8 @@ from flower_app.algorithms.common.dp_noise import warn_no_privacy
 from flower_app.algorithms.common.gaussian_dp import (
     GaussianAccountant,
     GaussianDP,
-    dp_config,
-    q_sum_floor,
 )
-from flower_app.algorithms.maxfl.appeal import AppealServer, TrainOutcome, run_protocol
+from flower_app.algorithms.maxfl.appeal import AppealServer
 from flower_app.algorithms.maxfl.learning import LocalConfig
 from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.clients.cohorts import cohort_range
@@ -55,7 +53,7 @@ from flower_app.datasets.maxfl_clients import DATASETS, SENT140, client_counts
 from flower_app.datasets.own_images import load_image_clients
 from flower_app.datasets.paths import resolve_data_dir
 from flower_app.datasets.sent140_features import DIM
-from flower_app.experiment import DirectRounds, cohort_options, serve_rounds
+from flower_app.experiment import cohort_options, serve_rounds
 from flower_app.models.mlp import HIDDEN, SENT140_HIDDEN, init_weights
 from flower_app.node_data import MAXFL_SOURCE_KEYS, load_node_images, node_partition, source_of
 from flower_app.results import RunWriter
@@ -64,9 +62,7 @@ from flower_app.strategies.cohort.maxfl import MaxFLCohorts
 
 __all__ = [
     "DATASETS",
-    "DirectTransport",
     "MaxFLSettings",
-    "direct_run",
     "make_client",
     "server_run",
     "settings",
@@ -340,6 +336,8 @@ def _client(
 
 # ---------------------------------------------------------------------- run folder
 def _open(cfg: AppConfig, s: MaxFLSettings, engine: str) -> RunWriter:
+    if s.dp is not None and s.dp.reproducible:
+        warn_no_privacy()
     config = {**cfg.to_dict(), "engine": engine, "settings": _jsonable(asdict(s))}
     return RunWriter(cfg.run_folder(), config, resume=cfg.resume)
 
@@ -393,8 +391,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     s = settings(cfg)
     started = time.perf_counter()
     writer = _open(cfg, s, "flower")
-    if s.dp is not None and s.dp.reproducible:
-        warn_no_privacy()
     log(INFO, "run folder: %s", writer.folder)
     server, sampler = _server(s)
     strategy = MaxFLCohorts(
@@ -409,104 +405,6 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     serve_rounds(strategy, grid, writer, cfg, s.rounds, initial_arrays=initial)
     return _finish(writer, s, "flower", strategy.history, strategy.server.weights, started,
                    strategy.accountant)  # fmt: skip
-
-
-class DirectTransport:
-    """The direct engine's transport: calls a LearningClient in-process (no Flower).
-
-    Parameters
-    ----------
-    client : LearningClient
-        A client that serves every client id.
-    algorithm : str
-        The algorithm (sent in the fit config, as the strategy does).
-    """
-
-    def __init__(
-        self,
-        client: LearningClient,
-        algorithm: str,
-        dp: GaussianDP | None = None,
-        population: int = 0,
-    ) -> None:
-        self.client = client
-        self.algorithm = algorithm
-        self.dp, self.population = dp, int(population)
-        self.accountant = None if dp is None else GaussianAccountant(dp, self.population)
-
-    def train(
-        self,
-        server_round: int,
-        users: np.ndarray,
-        payload: list[np.ndarray],
-        user_config: dict[str, list[float]] | None = None,
-    ) -> TrainOutcome:
-        """Train ``users`` from ``payload`` and return their summed arrays."""
-        config = {
-            "server-round": server_round,
-            "users": [int(u) for u in users],
-            "algorithm": self.algorithm,
-            **(user_config or {}),
-        }
-        if self.dp is not None:
-            config.update(dp_config(self.dp, users.size))
-        sums, n, metrics = self.client.fit(payload, config)
-        if self.dp is not None:  # sums only, as a securely aggregated round gives them
-            out = TrainOutcome(sums=[np.asarray(a, np.float64) for a in sums], users=n,
-                               q_sum=max(float(metrics["q-sum"]), q_sum_floor(self.dp)),
-                               h_sum=0.0)  # fmt: skip
-            assert self.accountant is not None  # every sampled client is in the sum
-            out.info = self.accountant.record(int(users.size), users)
-            return out
-        return TrainOutcome(
-            sums=[np.asarray(a, np.float64) for a in sums],
-            users=n,
-            q=list(metrics["q"]),
-            losses=list(metrics["loss"]),
-            h_sum=float(metrics["h-sum"]),
-            ids=[int(u) for u in metrics["users"]],
-            met=[bool(v) for v in metrics.get("met", [])],
-        )
-
-    def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
-        """Return the seen clients that opt in."""
-        config = {"kind": "appeal", "users": [int(u) for u in users]}
-        _, _, metrics = self.client.evaluate(weights, config)
-        return np.asarray(metrics["appealing"], dtype=np.int64)
-
-    def evaluate(
-        self, server_round: int, weights: list[np.ndarray], tuned: bool
-    ) -> dict[str, float]:
-        """Return the metric sums over all clients."""
-        config = {"kind": "metrics", "server-round": server_round, "tuned": int(tuned)}
-        _, _, sums = self.client.evaluate(weights, config)
-        return sums
-
-
-def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
-    """Run the family's algorithm on the direct engine and write the run folder."""
-    if cfg.resume:
-        raise ConfigError("resume = true is for flwr run (the direct engine does not checkpoint)")
-    s = settings(cfg)
-    started = time.perf_counter()
-    writer = _open(cfg, s, "direct")
-    if s.dp is not None and s.dp.reproducible:
-        warn_no_privacy()
-    server, sampler = _server(s)
-    client = _client(s, 0, s.n_clients, DictState(), 0, 1)
-    desc = f"{s.algorithm} {s.dataset} seed {s.seed}"
-    rounds = DirectRounds(writer, progress, desc, s.rounds + 1, timed=False)
-    transport = DirectTransport(client, s.algorithm, s.dp, s.n_seen)
-    rows = run_protocol(
-        server,
-        sampler,
-        transport,
-        s.rounds,
-        eval_every=s.eval_every,
-        on_round=rounds.log,
-    )
-    rounds.close()
-    return _finish(writer, s, "direct", rows, server.weights, started, transport.accountant)
 
 
 def make_client(cfg: AppConfig, context: Context) -> NumPyClient:

@@ -7,10 +7,10 @@ module               what it holds
                      continuous-greedy directions (their gradients, exact or sampled, by
                      :mod:`flower_app.submodular.multilinear`), the server step
                      (:class:`~.continuous.FedCGServer`), the oblivious rounding at the end
-                     (Remark 4.4), the direct engine
+                     (Remark 4.4)
 ``discrete_greedy``  the federated discrete greedy with importance factors: the histogram
                      and importance factors (Algorithms 4 and 5), the greedy rounds with
                      participation probabilities (Algorithm 3)
-                     (:class:`~.discrete_greedy.DiscreteGreedyServer`), the direct engine
+                     (:class:`~.discrete_greedy.DiscreteGreedyServer`)
 ===================  ==========================================================================
 """

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -75,7 +74,6 @@ __all__ = [
     "round_point",
     "matroid_from_spec",
     "matroid_spec",
-    "run_fedcg_direct",
     "sampled_set_gradient",
     "set_function_direction",
     "user_direction_sum",
@@ -756,41 +754,3 @@ def round_point(
     if rounding == "swap":
         return complete_by_order(swap_rounding(y, matroid, rng), y, matroid)
     raise ValueError(f"rounding={rounding!r}: choose one of {', '.join(ROUNDINGS)} (or swap)")
-
-
-def run_fedcg_direct(
-    objective: MaxRowObjective,
-    server: FedCGServer,
-    on_round: Callable[[FedCGRound, np.ndarray], Any] | None = None,
-) -> list[int]:
-    """Run FedCG / FedCG+ in one process (the direct engine) and round the result.
-
-    Parameters
-    ----------
-    objective : MaxRowObjective
-        All users' rows.
-    server : FedCGServer
-        Fresh server state.
-    on_round : callable, optional
-        Called after each round with the record and the new x.
-
-    Returns
-    -------
-    list of int
-        The rounded set S.
-    """
-    cache: dict[bytes, UserEntries] = {}
-    while not server.done:
-        users, weights = server.sample()
-        key = users.tobytes()
-        if key not in cache:
-            cache.clear()
-            cache[key] = UserEntries.build(objective, users)
-        total, sent = user_direction_sum(
-            objective, users, weights, server.x, server.matroid, server.local,
-            server.seed, server.t + 1, entries=cache[key],
-        )  # fmt: skip
-        record = server.step(total, float(weights.sum()), users.size, sent)
-        if on_round is not None:
-            on_round(record, server.x)
-    return server.round_solution()

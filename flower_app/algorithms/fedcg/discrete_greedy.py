@@ -28,7 +28,7 @@ is refused and counted in the round's record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +49,6 @@ __all__ = [
     "histogram_sum",
     "importance_factors",
     "participation_probabilities",
-    "run_discrete_greedy_direct",
     "set_function_importance",
     "set_function_report",
 ]
@@ -450,47 +449,3 @@ def set_function_report(
         raise OverflowError("a report exceeds the fixed-point range: raise κ")
     out[keep] = scaled.astype(np.int64)
     return out, 1
-
-
-def run_discrete_greedy_direct(
-    objective: MaxRowObjective,
-    server: DiscreteGreedyServer,
-    on_round: Callable[[DiscreteGreedyRound, float], None] | None = None,
-    oracle: MaxRowObjective | None = None,
-) -> list[int]:
-    """Run Algs. 4/5 then Alg. 3 in one process (the direct engine).
-
-    Parameters
-    ----------
-    objective : MaxRowObjective
-        All users' rows (the profiles their reports are computed from).
-    server : DiscreteGreedyServer
-        Fresh server state.
-    on_round : callable, optional
-        Called after each round with the record and the true F(S).
-    oracle : MaxRowObjective, optional
-        The rows F(S) is computed on (default ``objective``).
-
-    Returns
-    -------
-    list of int
-        The selected set in order.
-    """
-    ids = np.arange(objective.n_users, dtype=np.int64)
-    server.set_histogram(histogram_sum(objective))
-    w = importance_factors(objective, server.histogram)
-    kappa_i = participation_probabilities(w, server.kappa)
-    server.expected = float(kappa_i.sum())
-    truth = objective if oracle is None else oracle
-    current = np.zeros(truth.n_users)
-    while not server.done:
-        t = len(server.selected) + 1
-        node = discrete_report_sum(
-            objective, server.selected, server.matroid, kappa_i, server.seed, t, ids
-        )
-        total, participants, _ = server.accept([node])  # the one in-process node
-        record = server.select(total, participants)
-        current = truth.update_current(current, record.element)
-        if on_round is not None:
-            on_round(record, float(current.sum()) / max(truth.n_users, 1))
-    return list(server.selected)

@@ -11,9 +11,8 @@ module             what it holds
 ``amplify``        Algorithm 3 (Appendix B): the users' values of the surrogate g (exact
                    multilinear or sampled) for Algorithm 1 or 2 inside
 ``modes``          the three modes behind one round protocol (:class:`~.modes.FedSMRun`, the
-                   server; :func:`~.modes.cohort_report`, what a cohort of users sends) and
-                   the direct engine (:func:`~.modes.run_direct`); the Flower strategy uses
-                   the same two
+                   server; :func:`~.modes.cohort_report`, what a cohort of users sends); the
+                   Flower strategy and the direct engine use the same two
 ``sampling``       the users' draws of elements / pairs: per-user generators or the batched
                    counter-based scheme (``fedsm-rng``)
 ``user``           one user with any utility (plain mode: one node, one client)

@@ -10,9 +10,8 @@ One communication round t = 1..r (r = k ≤ rank):
    argmax_{e : S ∪ {e} ∈ I} F̂(e | S) to S.
 
 The server step (:class:`FedSMServer`) and the users' step (:func:`user_report_sum`) are
-shared by the Flower strategy and by the direct engine
-(:func:`~flower_app.algorithms.fedsm.modes.run_direct`), so both give the same S for the
-same seed. Because every user has its own random stream, the sum a
+shared by the Flower strategy and by the direct engine (the repository's ``direct/``), so
+both give the same S for the same seed. Because every user has its own random stream, the sum a
 node reports for its sampled users does not depend on how users are split over nodes.
 
 Choices where the paper is silent (also in the README):

@@ -9,8 +9,9 @@
   (:func:`~flower_app.submodular.rounding.pipage_rounding` or ``greedy_rounding``).
 
 :class:`FedSMRun` is the server (no Flower import); :func:`cohort_report` is what users
-compute, for any cohort of them; both the Flower strategy and :func:`run_direct` use exactly
-these two, so both engines give the same S for the same seed. All of the server's randomness
+compute, for any cohort of them; both the Flower strategy and the direct engine (the
+repository's ``direct/fedsm.py``) use exactly these two, so both engines give the same S for
+the same seed. All of the server's randomness
 (users, sequences, rounding) comes from one generator seeded by ``seed``, used in round
 order; users' randomness from ``default_rng([seed, t, user])`` (and ``[seed, t, user, 1]``
 for the sampled surrogate), t the global communication round. With ``rng="batched"``
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from flower_app.algorithms.fedsm.amplify import (
     SurrogatePairGains,
     surrogate_entries,
 )
-from flower_app.algorithms.fedsm.core import ENTRY_BYTES, FedSMServer, sampled_entry_sum
+from flower_app.algorithms.fedsm.core import FedSMServer, sampled_entry_sum
 from flower_app.algorithms.fedsm.dp import dp_entry_counts, dp_reporters, dp_user_sums
 from flower_app.algorithms.fedsm.sampling import check_scheme
 from flower_app.algorithms.fedsm.shuffle_dp import (
@@ -64,7 +65,6 @@ __all__ = [
     "FedSMRun",
     "RoundPlan",
     "cohort_report",
-    "run_direct",
 ]
 
 MODES = ("alg1", "alg2", "amplified")
@@ -772,53 +772,3 @@ class FedSMRun:
         y = self.point.copy()
         y[self.inner.selected] += self.params.eta
         return multilinear_value(objective, np.minimum(y, 1.0)) / max(objective.n_users, 1)
-
-
-def run_direct(
-    objective: MaxRowObjective,
-    run: FedSMRun,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-    oracle: MaxRowObjective | None = None,
-) -> list[int]:
-    """Run any FedSM mode in one process (the direct engine), one user per "node".
-
-    Parameters
-    ----------
-    objective : MaxRowObjective
-        All users' rows (the profiles their reports are computed from).
-    run : FedSMRun
-        Fresh server state.
-    on_round : callable, optional
-        Receives each round's metrics, with the oracle's ``objective`` and the modelled
-        communication of one-user nodes (``values-*``, ``bytes-*``).
-    oracle : MaxRowObjective, optional
-        The rows the row's ``objective`` F(S) is computed on (default ``objective``; the
-        true data when the reports come from profiles clipped at setup).
-
-    Returns
-    -------
-    list of int
-        The final S.
-    """
-    while not run.done:
-        plan = run.plan()
-        total, hits = cohort_report(objective, plan.users, plan.users, plan, run.seed,
-                                    reproducible_noise=run.params.dp_reproducible)  # fmt: skip
-        row = run.update(total, plan.users.size)
-        k_users = plan.users.size
-        down = plan.values_down(1)
-        row.update(
-            {
-                "values-up": 2 * hits,
-                "bytes-up": ENTRY_BYTES * hits,
-                "values-up-per-client": 2 * hits / max(k_users, 1),
-                "values-down": k_users * down,
-                "values-down-per-client": down,
-                "bytes-down": k_users * 8 * down,
-                "positive-entries": hits,
-                "objective": run.progress_value(objective if oracle is None else oracle),
-            }
-        )
-        if on_round is not None:
-            on_round(row)
-    return run.selected

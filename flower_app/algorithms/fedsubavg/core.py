@@ -37,12 +37,16 @@ the server's sample by ``seed`` in round order, client i's batches in round t by
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from flower_app.algorithms.common.counts import resolve_count
+from flower_app.algorithms.common.gaussian_dp import GaussianDP
 from flower_app.algorithms.common.streams import user_rng
 from flower_app.datasets.movielens_rating import RatingTask
 from flower_app.models.sparse_logreg import (
@@ -67,6 +71,7 @@ __all__ = [
     "FeatureHeat",
     "LocalConfig",
     "RoundUpdate",
+    "RunSpec",
     "ScaffoldApprox",
     "ServerUpdate",
     "ServerAdam",
@@ -76,10 +81,12 @@ __all__ = [
     "client_round",
     "client_weights",
     "count_heat",
+    "full_heat",
     "gather_submodels",
     "make_server_update",
     "merge_updates",
     "resolve_clients_per_round",
+    "run_central_sgd",
 ]
 
 ALGORITHM_NAMES = (
@@ -138,6 +145,41 @@ class AdamConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run does.
+
+    Attributes
+    ----------
+    algorithm : str
+        ``fedsubavg``, ``fedavg-sub``, ``fedprox-sub``, ``fedadam-sub``, ``scaffold-sub``
+        or ``central-sgd``.
+    rounds : int
+        Communication rounds R.
+    clients_per_round : int or float
+        K (count or fraction of N).
+    seed : int
+        Seed of all randomness.
+    local : LocalConfig
+        Clients' I, B, γ, μ (CentralSGD: I and γ; its batch is K·B).
+    weighting : str
+        ``"clients"`` or ``"samples"``.
+    adam : AdamConfig
+        FedAdam's server hyperparameters.
+    dp : GaussianDP or None
+        Client-level DP (:mod:`flower_app.algorithms.fedsubavg.dp`), or None.
+    """
+
+    algorithm: str
+    rounds: int
+    clients_per_round: int | float
+    seed: int = 0
+    local: LocalConfig = field(default_factory=LocalConfig)
+    weighting: str = "clients"
+    adam: AdamConfig = field(default_factory=AdamConfig)
+    dp: GaussianDP | None = None
 
 
 def resolve_clients_per_round(spec: int | float, n_clients: int) -> int:
@@ -345,6 +387,14 @@ def count_heat(task: RatingTask, clients: np.ndarray) -> tuple[np.ndarray, ...]:
     uniq, per_samples = sum_by_row(rows, owner_w)
     per_clients = np.bincount(rows)[uniq]
     return uniq, per_clients.astype(np.int64), per_samples.astype(np.int64)
+
+
+def full_heat(task: RatingTask) -> FeatureHeat:
+    """Return the feature heat of all clients (what the counting round adds up)."""
+    heat = FeatureHeat.zeros(task.n_params)
+    rows, clients, samples = count_heat(task, np.arange(task.n_clients))
+    heat.add(rows, clients, samples, task.n_clients, int(task.n_train))
+    return heat
 
 
 # ----------------------------------------------------------------------------- clients
@@ -812,3 +862,44 @@ class Evaluator:
             out["test-loss"] = loss_of_logits(z, self.test_y)
             out["test-accuracy"] = accuracy_of_logits(z, self.test_y)
         return out
+
+
+def run_central_sgd(
+    task: RatingTask,
+    spec: RunSpec,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[np.ndarray, list[dict[str, Any]], FeatureHeat]:
+    """Run R rounds of CentralSGD (no clients, no messages: the ServerApp runs it alone).
+
+    Parameters
+    ----------
+    task : RatingTask
+        The data.
+    spec : RunSpec
+        The run (``algorithm = "central-sgd"``; its batch is K·B).
+    on_round : callable, optional
+        Receives each round's metrics dict.
+
+    Returns
+    -------
+    tuple
+        ``(final model, per-round metrics, feature heat of all clients)``.
+    """
+    k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
+    x = np.zeros(task.n_params)
+    heat = full_heat(task)
+    evaluate = Evaluator(task)
+    sgd = CentralSGD(task, k * spec.local.batch, spec.local.iters, spec.local.lr, spec.seed)
+    history: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for t in range(1, spec.rounds + 1):
+        r0 = time.perf_counter()
+        sgd.round(x, t)
+        row: dict[str, Any] = {"server-round": t, "clients": 0, "bad-replies": 0}
+        row.update(evaluate(x))
+        row["round-time"] = time.perf_counter() - r0
+        row["wall-time"] = time.perf_counter() - t0
+        history.append(row)
+        if on_round is not None:
+            on_round(row)
+    return x, history, heat

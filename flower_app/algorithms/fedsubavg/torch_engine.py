@@ -1,4 +1,4 @@
-"""FedSubAvg and its baselines on torch models (Sent140 LSTM, Amazon DIN): local training + engines.
+"""FedSubAvg and its baselines on torch models (Sent140 LSTM, Amazon DIN): local training, rounds.
 
 Both engines run :class:`~flower_app.strategies.fedsubavg.FedSubAvgStrategy`'s plain-mode
 rounds (one client per node, its submodel = the declared rows of each sparse table + the
@@ -12,10 +12,12 @@ dense arrays, :mod:`flower_app.algorithms.fedsubavg.named`):
    applies the algorithm's step (:func:`~flower_app.algorithms.fedsubavg.core.make_server_update`);
 3. the full model is evaluated centrally after every round (:meth:`TorchSubmodelTask.evaluate`).
 
-:func:`run_torch_direct` does it in one process; :func:`run_torch_strategy` drives the real
-strategy over a Flower ``Grid`` whose nodes run
-:func:`flower_app.clients.torch_tasks.torch_task_client_app`. They agree exactly for the same
-seed (tested): same clients, same batches (``user_rng(seed, t, c)``), same float order.
+:func:`~flower_app.runners.fedsubavg_torch.run_torch_strategy` drives the real strategy over
+a Flower ``Grid`` whose nodes run :func:`flower_app.clients.torch_tasks.torch_task_client_app`;
+the direct engine (the repository's ``direct/fedsubavg_torch.py``) does it in one process
+with the pieces here. They agree exactly for the same seed (tested): same clients, same
+batches (``user_rng(seed, t, c)``), same float order. CentralSGD sends no messages: both
+engines run :func:`run_torch_central`.
 
 Local training (:func:`local_train`) is plain SGD, I iterations of batch B sampled as
 :func:`~flower_app.algorithms.fedsubavg.core.batch_schedule` does (the MovieLens task's stream),
@@ -27,7 +29,6 @@ actors run on one).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,25 +44,24 @@ from flower_app.algorithms.fedsubavg.core import (
     CENTRAL_STREAM,
     AdamConfig,
     batch_schedule,
-    make_server_update,
-    merge_updates,
     resolve_clients_per_round,
 )
-from flower_app.algorithms.fedsubavg.named import NamedLayout, named_heat
+from flower_app.algorithms.fedsubavg.named import NamedLayout
 from flower_app.algorithms.fedsubavg.torch_tasks import TorchSubmodelTask
 
 __all__ = [
     "TORCH_ALGORITHMS",
     "TorchLocalConfig",
+    "TorchRunRows",
     "TorchRunSpec",
     "initial_state",
     "load_values",
     "local_train",
     "model_values",
-    "run_torch_direct",
+    "run_torch_central",
 ]
 
-#: algorithms of the torch tasks (CentralSGD runs in the direct engine only)
+#: algorithms of the torch tasks (CentralSGD runs on the server alone: run_torch_central)
 TORCH_ALGORITHMS = ("fedsubavg", "fedavg-sub", "fedprox-sub", "fedadam-sub", "scaffold-sub",
                     "central-sgd")  # fmt: skip
 
@@ -236,9 +236,52 @@ class TorchRunSpec:
             raise ValueError("rounds and eval_every must be at least 1")
 
 
-def sample_clients(rng: random.Random, n_clients: int, k: int) -> list[int]:
-    """Return the strategy's plain-mode sample: ``rng.sample`` over clients by partition."""
-    return sorted(rng.sample(range(n_clients), k))
+class TorchRunRows:
+    """A torch-task run's rows and the model the server evaluates them on.
+
+    Made at round 0: the initial model (:func:`initial_state`, torch then seeded with
+    ``spec.seed`` for the evaluation model) is evaluated as row 0.
+
+    Parameters
+    ----------
+    task : TorchSubmodelTask
+        The data and model.
+    spec : TorchRunSpec
+        The run (its seed).
+    on_round : callable, optional
+        Receives each evaluated row.
+    """
+
+    def __init__(
+        self,
+        task: TorchSubmodelTask,
+        spec: TorchRunSpec,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        named = initial_state(task, spec.seed)
+        torch.manual_seed(int(spec.seed))
+        self.task, self.eval_every, self.rounds = task, spec.eval_every, spec.rounds
+        self.on_round = on_round
+        self.model = task.make_model()
+        self.layout = NamedLayout.from_arrays(named, task.sparse_keys)
+        self.x0 = self.layout.flatten(named)
+        self.history: list[dict[str, Any]] = []
+        self.add(0, self.x0, {"server-round": 0})
+
+    def add(self, server_round: int, x: np.ndarray, row: dict[str, Any]) -> None:
+        """Record round ``server_round``'s row; evaluate ``x`` into it on evaluated rounds.
+
+        Rounds 0, every ``eval_every``-th and the last are evaluated (the task's metrics)
+        and passed to ``on_round``; the others are only recorded.
+        """
+        if server_round % self.eval_every and server_round != self.rounds:
+            self.history.append(row)
+            return
+        load_values(self.model, self.layout.unflatten(x), {})
+        row.update(self.task.evaluate(self.model))
+        self.history.append(row)
+        if self.on_round is not None:
+            self.on_round(row)
 
 
 def _central_round(task, model, spec: TorchRunSpec, k: int, server_round: int) -> float:
@@ -249,82 +292,24 @@ def _central_round(task, model, spec: TorchRunSpec, k: int, server_round: int) -
     return float(np.mean(_sgd_steps(task, model, batches, local, server_round, 0.0)))
 
 
-def run_torch_direct(
+def run_torch_central(
     task: TorchSubmodelTask,
     spec: TorchRunSpec,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run FedSubAvg or a baseline on a torch task in one process; return one row per round.
+    """Run CentralSGD on a torch task (no clients, no messages: the ServerApp runs it alone).
 
-    Each row: ``server-round``, ``local-train-loss`` (the sampled clients' mean loss over
-    their local steps, weighted by ``num-examples`` as the strategy averages it),
-    ``clients``, ``bytes-down``/``bytes-up`` (the submodels' payload) and, on evaluated
-    rounds, the task's metrics (``train-loss`` on the fixed sample, ``test-loss``,
-    ``test-accuracy`` or ``test-auc``). Row 0 evaluates the initial model.
+    One row per round: ``server-round``, ``local-train-loss`` (the mean loss of the round's
+    steps), ``round-time`` and, on evaluated rounds, the task's metrics; row 0 evaluates the
+    initial model (:class:`TorchRunRows`).
     """
     k = resolve_clients_per_round(spec.clients_per_round, task.n_clients)
-    named = initial_state(task, spec.seed)
-    torch.manual_seed(int(spec.seed))
-    model = task.make_model()
-    layout = NamedLayout.from_arrays(named, task.sparse_keys)
-    x = layout.flatten(named)
-    history: list[dict[str, Any]] = []
-
-    def evaluate(server_round: int, row: dict[str, Any]) -> None:
-        load_values(model, layout.unflatten(x), {})
-        row.update(task.evaluate(model))
-        history.append(row)
-        if on_round is not None:
-            on_round(row)
-
-    evaluate(0, {"server-round": 0})
-    if spec.algorithm == "central-sgd":
-        for t in range(1, spec.rounds + 1):
-            start = time.perf_counter()
-            loss = _central_round(task, model, spec, k, t)
-            x = layout.flatten(model_values(model, {}, list(layout.keys)))
-            row = {"server-round": t, "local-train-loss": loss,
-                   "round-time": time.perf_counter() - start}  # fmt: skip
-            if t % spec.eval_every == 0 or t == spec.rounds:
-                evaluate(t, row)
-            else:
-                history.append(row)
-        return history
-    rows_of = [task.client_rows(c) for c in range(task.n_clients)]
-    heat = named_heat(layout, [(rows_of[c], task.n_train(c)) for c in range(task.n_clients)])
-    server = make_server_update(spec.algorithm, x.size, task.n_clients, heat=heat,
-                                weighting=spec.weighting, adam=spec.adam)  # fmt: skip
-    rng = random.Random(spec.seed)
-    local = spec.local
-    if spec.algorithm == "fedprox-sub" and local.proximal_mu == 0:
-        raise ValueError("fedprox-sub needs local.proximal_mu > 0 (the paper's 0.01)")
-    keys = list(layout.keys)
+    rows = TorchRunRows(task, spec, on_round)
+    keys = list(rows.layout.keys)
     for t in range(1, spec.rounds + 1):
         start = time.perf_counter()
-        parts, losses, down, up = [], [], 0, 0
-        for c in sample_clients(rng, task.n_clients, k):
-            sent = layout.gather(x, rows_of[c])
-            load_values(model, sent, rows_of[c])
-            losses.append((local_train(task, model, c, local, spec.seed, t), task.n_train(c)))
-            received = model_values(model, rows_of[c], keys)
-            weight = 1.0 if spec.weighting == "clients" else float(task.n_train(c))
-            parts.append(layout.update(sent, received, rows_of[c], weight))
-            nbytes = sum(v.nbytes for v in sent.values())
-            nbytes += sum(r.nbytes for r in rows_of[c].values())
-            down, up = down + nbytes, up + nbytes
-        update = merge_updates(parts)
-        server.step(x, update, t)
-        total = sum(n for _, n in losses)
-        row = {
-            "server-round": t,
-            "local-train-loss": sum(v * n for v, n in losses) / max(total, 1),
-            "clients": update.clients,
-            "bytes-down": down,
-            "bytes-up": up,
-            "round-time": time.perf_counter() - start,
-        }
-        if t % spec.eval_every == 0 or t == spec.rounds:
-            evaluate(t, row)
-        else:
-            history.append(row)
-    return history
+        loss = _central_round(task, rows.model, spec, k, t)
+        x = rows.layout.flatten(model_values(rows.model, {}, keys))
+        rows.add(t, x, {"server-round": t, "local-train-loss": loss,
+                        "round-time": time.perf_counter() - start})  # fmt: skip
+    return rows.history

@@ -1,14 +1,13 @@
-"""The round protocol shared by MaxFL and its baselines, written once for both engines.
+"""The round protocol shared by MaxFL and its baselines, its pieces written once for both engines.
 
-:func:`run_protocol` runs the rounds; how a request reaches the clients is a
-:class:`Transport`: the direct engine calls the clients in-process
-(:mod:`flower_app.runners.maxfl`). The Flower strategy
-(:class:`flower_app.strategies.cohort.maxfl.MaxFLCohorts`) runs the same steps as the hooks of
-its base's loop, with the pieces written here (:class:`PoolCache`, :func:`round_row`,
-:func:`outcome_row`, :func:`evaluates_at`, :func:`summarise_metrics`), in the same order:
-opt-in request, sampling, training, step, evaluation; so both engines draw the same clients
-and produce the same rows. The server state and its step per algorithm are
-:class:`AppealServer`. No Flower import.
+The Flower strategy (:class:`flower_app.strategies.cohort.maxfl.MaxFLCohorts`) runs the
+protocol's steps as the hooks of its base's loop, and the direct engine (the repository's
+``direct/maxfl.py``) runs them in one loop that calls the clients in-process, with the pieces
+written here (:class:`PoolCache`, :func:`round_row`, :func:`outcome_row`,
+:func:`evaluates_at`, :func:`summarise_metrics`), in the same order: opt-in request,
+sampling, training, step, evaluation; so both engines draw the same clients and produce the
+same rows. The server state and its step per algorithm are :class:`AppealServer`. No Flower
+import.
 
 One round t = 1..T:
 
@@ -26,26 +25,22 @@ One round t = 1..T:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from flower_app.algorithms.maxfl.learning import ALGORITHMS
-from flower_app.algorithms.maxfl.participation import ParticipationSampler
 from flower_app.algorithms.maxfl.server_rules import ServerRule, rule_for
 
 __all__ = [
     "AppealServer",
     "PoolCache",
     "TrainOutcome",
-    "Transport",
     "evaluates_at",
     "outcome_row",
     "round_row",
-    "run_protocol",
     "same_model",
     "summarise_metrics",
 ]
@@ -91,34 +86,6 @@ class TrainOutcome:
     loss_sum: float | None = None
     bad_replies: int = 0
     info: dict[str, Any] = field(default_factory=dict)
-
-
-class Transport(Protocol):
-    """How the protocol reaches the clients."""
-
-    def train(
-        self,
-        server_round: int,
-        users: np.ndarray,
-        payload: list[np.ndarray],
-        user_config: dict[str, list[float]] | None = None,
-    ) -> TrainOutcome:
-        """Have ``users`` train from ``payload``; return the summed replies.
-
-        ``user_config`` maps a config key to one value per entry of ``users`` (same order);
-        a node receives the values of its own clients.
-        """
-        ...
-
-    def appeal(self, server_round: int, users: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
-        """Return the ids among ``users`` to which ``weights`` appeals."""
-        ...
-
-    def evaluate(
-        self, server_round: int, weights: list[np.ndarray], tuned: bool
-    ) -> dict[str, float]:
-        """Return the metric sums over all clients (see LearningClient.evaluate)."""
-        ...
 
 
 @dataclass
@@ -315,70 +282,3 @@ def outcome_row(outcome: TrainOutcome) -> dict[str, Any]:
 def evaluates_at(server_round: int, num_rounds: int, eval_every: int) -> bool:
     """Whether all clients are evaluated after round ``server_round`` (0, every k-th, T)."""
     return server_round == 0 or server_round % eval_every == 0 or server_round == num_rounds
-
-
-def run_protocol(
-    server: AppealServer,
-    sampler: ParticipationSampler,
-    transport: Transport,
-    num_rounds: int,
-    eval_every: int = 10,
-    tuned_final: bool = True,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run ``num_rounds`` rounds; return one row per round (round 0 = initial evaluation).
-
-    Parameters
-    ----------
-    server : AppealServer
-        Server state (updated in place).
-    sampler : ParticipationSampler
-        Draws the clients (flexible participation lives here).
-    transport : Transport
-        Reaches the clients.
-    num_rounds : int
-        T.
-    eval_every : int, optional
-        Evaluate all clients every this many rounds (default 10; also rounds 0 and T).
-    tuned_final : bool, optional
-        Also evaluate locally-tuned models at round T (default True).
-    on_round : callable, optional
-        Receives each row as soon as the round ends.
-
-    Returns
-    -------
-    list of dict
-        The rows.
-    """
-    if num_rounds < 1 or eval_every < 1:
-        raise ValueError("num_rounds and eval_every must be >= 1")
-    rows: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-
-    def emit(row: dict[str, Any]) -> None:
-        row["wall-time"] = time.perf_counter() - t0
-        rows.append(row)
-        if on_round is not None:
-            on_round(row)
-
-    seen = np.arange(server.n_seen)
-    emit({"server-round": 0, **summarise_metrics(transport.evaluate(0, server.weights, False))})
-    cache = PoolCache()
-    for t in range(1, num_rounds + 1):
-        r0 = time.perf_counter()
-        pool = None
-        if sampler.needs_pool(t):
-            pool = cache.get(server.weights, lambda t=t: transport.appeal(t, seen, server.weights))
-        users = sampler.sample(pool)
-        row = round_row(t, server.n_seen if pool is None else len(pool), users.size)
-        outcome = TrainOutcome(None, 0)
-        if users.size:
-            outcome = transport.train(t, users, server.payload(), server.user_config(users))
-        row.update(server.step(outcome))
-        row.update(outcome_row(outcome))
-        if evaluates_at(t, num_rounds, eval_every):
-            tuned = tuned_final and t == num_rounds
-            row.update(summarise_metrics(transport.evaluate(t, server.weights, tuned)))
-        row["round-time"] = time.perf_counter() - r0
-        emit(row)
-    return rows

@@ -3,7 +3,7 @@
 The round of :class:`~flower_app.strategies.fedsm.FedSMRounds` (shared with the public
 :class:`~flower_app.strategies.fedsm.FedSMStrategy`) over cohorts: the server knows n and
 the matroid, discovery maps users to nodes, and each node reports the sum over its sampled
-users. The numbers are the direct engine's (:func:`flower_app.experiment.run_direct`).
+users. The numbers are the direct engine's (``direct.run_direct``, in the repository).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class MaxFLCohorts(CohortStrategy):
     """MaxFL or a baseline over cohorts: seen/unseen clients, flexible participation.
 
     The reproductions' strategy (:func:`flower_app.runners.maxfl.server_run`). One round
-    runs the steps of :func:`flower_app.algorithms.maxfl.appeal.run_protocol` as the base's
+    runs the steps of the round protocol (:mod:`flower_app.algorithms.maxfl.appeal`) as the base's
     hooks: ``before_round`` asks for the opt-in pool (flexible participation, after the
     mandatory rounds; reused while the model is unchanged) and samples the round's
     clients with the server's generator; ``train_messages`` / ``aggregate_train`` send
