@@ -33,8 +33,10 @@ __all__ = [
     "OWN_DATASETS",
     "RULES",
     "SECURE_FAMILIES",
+    "PARQUET_SUFFIXES",
     "SIZE_RULES",
     "TABLE_SUFFIXES",
+    "TEXT_TABLE_SEPARATORS",
     "Instance",
     "Rule",
     "raise_size_problems",
@@ -57,8 +59,12 @@ OWN_DATASETS: dict[str, tuple[str, ...] | None] = {
     "rating-table": (".csv", ".tsv", ".tab", ".parquet", ".pq"),
     "image-clients": (".npz", "images-idx3-ubyte", "images-idx3-ubyte.gz"),
 }
+#: the text tables your own data may come in, by extension, and their separators
+TEXT_TABLE_SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t"}
+#: the extensions of a Parquet table
+PARQUET_SUFFIXES = (".parquet", ".pq")
 #: the file extensions of a table (the other files of coverage-sets are text, a set per line)
-TABLE_SUFFIXES = (".csv", ".tsv", ".tab", ".parquet", ".pq")
+TABLE_SUFFIXES = (*TEXT_TABLE_SEPARATORS, *PARQUET_SUFFIXES)
 #: datasets whose file is a table named by ``data-columns`` (coverage-sets: a table or text)
 _COLUMN_DATASETS = ("facility-location-table", "coverage-sets", "rating-table")
 #: datasets that read ``item-names``
