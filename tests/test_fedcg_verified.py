@@ -43,6 +43,11 @@ SMALL = {
 }  # fmt: skip
 
 
+def _greedy(run: dict) -> dict:
+    """``run`` with greedy rounding (and without the κ only verified rounding reads)."""
+    return {**{k: v for k, v in run.items() if k != "dgreedy-kappa"}, "fedcg-rounding": "greedy"}
+
+
 # ----------------------------------------------------------------- the candidates' matroid
 @st.composite
 def _point(draw) -> tuple[np.ndarray, object]:
@@ -144,7 +149,7 @@ def test_both_engines_choose_the_same_set_after_fedcgs_rounds(
         verified = [r for r in rows if r.get("phase") == VERIFY_PHASE]
         assert [r["element"] for r in verified] == summary["selected"]
     plain = run_direct(
-        AppConfig.from_run_config({**run, "run-name": "greedy", "fedcg-rounding": "greedy"})
+        AppConfig.from_run_config(_greedy({**run, "run-name": "greedy"}))
     )
     assert plain["multilinear"] == direct["multilinear"]  # the same x
     assert direct["objective"] >= plain["objective"]
@@ -171,11 +176,17 @@ def test_a_run_that_died_in_verification_resumes_to_the_same_set(tmp_path) -> No
     assert [r["element"] for r in rows if "element" in r] == whole["selected"]
 
 
-def test_verified_rounding_is_refused_outside_fedcg(tmp_path) -> None:
-    """``fed-discrete-greedy`` has no x to round: the key is FedCG's, and a value it does not
-    know is refused with the choices named."""
+def test_what_verified_rounding_would_leave_unused_is_refused(tmp_path) -> None:
+    """A rounding for ``fed-discrete-greedy`` (no x to round), a κ for FedCG without
+    verified rounding, and an unknown rounding are refused by name before anything runs."""
+    with pytest.raises(ConfigError, match="'fedcg-rounding' = 'verified'.*would ignore it"):
+        AppConfig.from_run_config({**SMALL, "algorithm": "fed-discrete-greedy",
+                                   "clients-per-round": 1.0})  # fmt: skip
+    with pytest.raises(ConfigError, match="'dgreedy-kappa' = 4.0.*now 'greedy'"):
+        AppConfig.from_run_config({**SMALL, "fedcg-rounding": "greedy"})
     with pytest.raises(ConfigError, match="verified"):
         AppConfig.from_run_config({**SMALL, "fedcg-rounding": "verify"})
+    assert AppConfig.from_run_config({**SMALL, "algorithm": "fedcg-plus"}).k == 4
 
 
 # ------------------------------------------------------------------------- the attack
@@ -215,6 +226,7 @@ def test_colluders_take_greedy_roundings_set_but_not_the_verified_one(tmp_path) 
     for rounding in ("greedy", "verified"):
         for attacked in (False, True):
             run = {**base, "fedcg-rounding": rounding, "run-name": f"{rounding}-{attacked}"}
+            run = _greedy(run) if rounding == "greedy" else run
             grid = LocalGrid(3, run)
             if attacked:
                 grid.tamper = _colluding_node(useless, base["k"])

@@ -204,6 +204,22 @@ RULES: tuple[Rule, ...] = (
         "'dgreedy-kappa' instead",
     ),
     Rule(
+        ("fedcg-rounding", "algorithm"),
+        lambda v: v["algorithm"] == "fed-discrete-greedy" and _non_default(v, "fedcg-rounding"),
+        lambda v: f"run_config 'fedcg-rounding' = {v['fedcg-rounding']!r} rounds FedCG's "
+        "fractional point; fed-discrete-greedy chooses its set itself and would ignore it: "
+        "leave it at its default",
+    ),
+    Rule(
+        ("dgreedy-kappa", "fedcg-rounding"),
+        lambda v: v["algorithm"] in ("fedcg", "fedcg-plus")
+        and _non_default(v, "dgreedy-kappa")
+        and v["fedcg-rounding"] != "verified",
+        lambda v: f"run_config 'dgreedy-kappa' = {v['dgreedy-kappa']} is the discrete greedy's "
+        f"κ; {v['algorithm']} uses it only with fedcg-rounding = 'verified' (now "
+        f"{v['fedcg-rounding']!r}) and would ignore it: drop it or set that rounding",
+    ),
+    Rule(
         ("fedcg-client-weights", "server-data"),
         lambda v: _family(v) == "fedcg"
         and v["fedcg-client-weights"] == "data-size"
