@@ -65,8 +65,9 @@ The defences (``--defence``):
     sum (``DiscreteGreedyServer.accept``: overflow, participants · max(λ, O_e/κ)), which it
     fills to that bound on the useless elements.
 ``verify``
-    FedCG: verified rounding, the discrete greedy with ``checks`` over the 2k elements of
-    largest x instead of greedy rounding.
+    FedCG: verified rounding (the app's ``fedcg-rounding = "verified"``, through the same
+    :func:`~flower_app.submodular.rounding.verification_matroid`), the discrete greedy with
+    ``checks`` over the 2k elements of largest x instead of greedy rounding.
 
 Usage: a quick look, then the grid recorded in ``docs/benchmarks/robustness.{json,md}``
 (about 2.5 h on the shared 2-core machine, most of it FedCG; each pair of FedSM's clamp defences
@@ -127,8 +128,9 @@ from flower_app.algorithms.robust.sums import ReportOverflowError, checked_int_a
 from flower_app.config import AppConfig
 from flower_app.problems import load_problem
 from flower_app.submodular.greedy import lazy_greedy
-from flower_app.submodular.matroids import Matroid, PartitionMatroid, UniformMatroid
+from flower_app.submodular.matroids import Matroid, UniformMatroid
 from flower_app.submodular.objectives import MaxRowObjective
+from flower_app.submodular.rounding import verification_matroid
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 #: how many of the least-valued elements count as useless
@@ -527,12 +529,9 @@ def run_fedcg(inst: Instance, k: int, seed: int, attack: Attack | None, defence:
         server.step(total, weight, inst.n, sent)
     if defence != "verify":
         return {"selected": server.round_solution(), **tally.row()}
-    # verified rounding: the discrete greedy (with the per-user checks and budgets) over the
-    # VERIFY_CANDIDATES·k elements of largest x
-    order = np.lexsort((np.arange(inst.m), -server.x))
-    groups = np.ones(inst.m, dtype=np.int64)
-    groups[order[: VERIFY_CANDIDATES * k]] = 0
-    restricted = PartitionMatroid(groups, [k, 0])
+    # verified rounding (the app's fedcg-rounding = "verified"): the discrete greedy, with
+    # the per-user checks and budgets, over the VERIFY_CANDIDATES·k elements of largest x
+    restricted = verification_matroid(server.x, matroid, VERIFY_CANDIDATES)
     return run_dgreedy(inst, k, seed, attack, "checks", matroid=restricted)
 
 

@@ -33,12 +33,15 @@ from flower_app.algorithms.fedcg.discrete_greedy import (
 from flower_app.algorithms.robust.profiles import commit_profiles
 from flower_app.config import AppConfig
 from flower_app.runners.fedcg import (
+    VERIFIED,
     _continuous_extra,
     _discrete_extra,
     _finish,
     _multilinear,
     _open,
     _server,
+    verification_server,
+    verify_rows,
 )
 from flower_app.submodular.objectives import MaxRowObjective
 
@@ -132,6 +135,8 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     exp = _open(cfg, "direct")
     server = _server(cfg, exp.problem, exp.matroid)
     total = server.k if isinstance(server, DiscreteGreedyServer) else server.rounds
+    if cfg.get("fedcg-rounding") == VERIFIED and not isinstance(server, DiscreteGreedyServer):
+        total += server.matroid.rank
     desc = f"{cfg.algorithm} {cfg.dataset} seed {cfg.seed}"
     rounds = DirectRounds(exp.writer, progress, desc, total)
     log_row = rounds.log
@@ -155,19 +160,20 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
             }
         )
 
+    def discrete_row(rnd: DiscreteGreedyRound, objective: float) -> dict[str, Any]:
+        return {
+            "server-round": rnd.server_round,
+            "element": rnd.element,
+            "estimate": rnd.estimate,
+            "objective": objective,
+            "participants": rnd.participants,
+            "users": rnd.participants,
+            "expected-participants": rnd.expected,
+            **rnd.checks,
+        }
+
     def on_discrete(rnd: DiscreteGreedyRound, objective: float) -> None:
-        log_row(
-            {
-                "server-round": rnd.server_round,
-                "element": rnd.element,
-                "estimate": rnd.estimate,
-                "objective": objective,
-                "participants": rnd.participants,
-                "users": rnd.participants,
-                "expected-participants": rnd.expected,
-                **rnd.checks,
-            }
-        )
+        log_row(discrete_row(rnd, objective))
 
     if isinstance(server, DiscreteGreedyServer):
         # the one in-process node computes every report from the profiles committed at setup
@@ -179,5 +185,13 @@ def direct_run(cfg: AppConfig, progress: bool = False) -> dict[str, Any]:
     else:
         selected = run_fedcg_direct(exp.problem.objective, server, on_continuous)
         extra = _continuous_extra(server, exp)
+        verify = verification_server(cfg, exp.problem, server)
+        if verify is not None:  # verified rounding: the discrete greedy over the top of x
+            committed, _ = commit_profiles(exp.problem.objective, verify.report_bound or 0.0)
+            log_verify = verify_rows(rounds.log, server.rounds)
+            selected = run_discrete_greedy_direct(
+                committed, verify, lambda rnd, obj: log_verify(discrete_row(rnd, obj)),
+                oracle=exp.problem.objective,
+            )  # fmt: skip
     rounds.close()
     return _finish(exp, selected, rounds.history, extra)

@@ -61,7 +61,6 @@ import importlib.metadata
 import io
 import json
 import math
-import os
 import random
 import re
 import zipfile
@@ -71,6 +70,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from flower_app.files import atomic_file
 
 __all__ = [
     "DOCUMENT",
@@ -808,8 +809,8 @@ def _read_archive(fh: IO[bytes], source: str) -> Any:
 def write_checkpoint(path: Path, value: Any, sync: bool = True) -> None:
     """Replace the checkpoint file ``path`` atomically with ``value``.
 
-    ``value`` is encoded first (nothing is written if it cannot be stored), then written to
-    ``<path>.tmp``, flushed, ``fsync``\\ ed if ``sync``, and renamed over ``path``.
+    ``value`` is encoded first (nothing is written if it cannot be stored), then written
+    through :func:`flower_app.files.atomic_file` (``fsync``\\ ed if ``sync``).
 
     Parameters
     ----------
@@ -826,14 +827,8 @@ def write_checkpoint(path: Path, value: Any, sync: bool = True) -> None:
         On a value that cannot be stored.
     """
     document, arrays = encode(value)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
+    with atomic_file(path, sync=sync) as fh:
         _write_archive(fh, document, arrays)
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def read_checkpoint(path: Path) -> Any:

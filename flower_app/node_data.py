@@ -34,7 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from flower_app.clients.cohorts import cohort_range
-from flower_app.datasets.paths import atomic_file, file_checksum
+from flower_app.datasets.paths import file_checksum
+from flower_app.files import atomic_file
 from flower_app.submodular.objectives import MaxRowObjective
 
 __all__ = [

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from flower_app.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from flower_app.files import atomic_write_text
 
 __all__ = [
     "CHECKPOINT",
@@ -166,12 +167,6 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class RunWriter:
     """Writes one run's folder.
 
@@ -226,8 +221,8 @@ class RunWriter:
             self._sessions = int(self.checkpoint.get("run-sessions", 1)) + 1
             last = int(self.checkpoint["server-round"])
             kept = [r for r in _complete_rows(self.folder) if int(r.get("server-round", 0)) <= last]
-        _atomic_write(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
-        _atomic_write(
+        atomic_write_text(self.folder / "config.json", json.dumps(to_jsonable(config), indent=2))
+        atomic_write_text(
             self.folder / "metrics.jsonl", "".join(json.dumps(to_jsonable(r)) + "\n" for r in kept)
         )
         self._metrics = (self.folder / "metrics.jsonl").open("a", encoding="utf-8")
@@ -345,7 +340,7 @@ class RunWriter:
         ).isoformat(timespec="seconds")
         summary.update(self.extra_summary)
         path = self.folder / "summary.json"
-        _atomic_write(path, json.dumps(to_jsonable(summary), indent=2))
+        atomic_write_text(path, json.dumps(to_jsonable(summary), indent=2))
         return path
 
 

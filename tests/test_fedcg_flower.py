@@ -227,6 +227,11 @@ def _rows(run) -> list[dict]:
         pytest.param(
             {"algorithm": "fed-discrete-greedy", "dgreedy-kappa": 4.0}, 5, marks=pytest.mark.long
         ),
+        pytest.param(
+            {"algorithm": "fedcg", "fedcg-rounding": "verified", "dgreedy-kappa": 4.0},
+            3,
+            marks=pytest.mark.long,
+        ),
     ],
 )
 def test_flwr_run_gives_the_direct_engine_result(
@@ -246,4 +251,5 @@ def test_flwr_run_gives_the_direct_engine_result(
         assert summary["expected-participants"] == pytest.approx(direct["expected-participants"])
     else:
         assert summary["multilinear"] == direct["multilinear"]  # bit-identical x
-        assert len(rows) == run_config["fedcg-rounds"]
+        verified = run_config["k"] if config.get("fedcg-rounding") == "verified" else 0
+        assert len(rows) == run_config["fedcg-rounds"] + verified

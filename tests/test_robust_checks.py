@@ -346,6 +346,20 @@ def test_history_clamps_by_name() -> None:
         clamp_margin("median")
 
 
+def test_a_history_from_before_the_noise_aware_bound_restores_as_the_mean_clamp() -> None:
+    """A checkpoint written before the noise-aware bound holds only ``total`` and
+    ``rounds``; restored as the checkpoint format restores an object (no ``__init__``, the
+    stored attributes set), it clamps to the mean, as the run it came from did."""
+    whole = GainHistory(3)
+    rounds = [np.array([1.0, 2.0, 0.0]), np.array([3.0, 0.0, 1.0]), np.array([9.0, 1.0, 1.0])]
+    whole.clamp(rounds[0])
+    restored = object.__new__(GainHistory)
+    vars(restored).update({"total": whole.total.copy(), "rounds": whole.rounds})
+    for estimate in rounds[1:]:
+        np.testing.assert_array_equal(restored.clamp(estimate)[0], whole.clamp(estimate)[0])
+    assert restored.margin == 0.0 and "squares" not in vars(restored)
+
+
 @pytest.mark.parametrize("clamp", ["noise-aware", "mean"])
 def test_history_clamp_keeps_committed_promoters_out_where_the_estimate_lets_them_in(
     clamp: str,

@@ -209,6 +209,7 @@ def test_choices_agree_with_the_algorithm_modules() -> None:
     from flower_app.algorithms.fedsm import amplify as fedsm_amplify
     from flower_app.algorithms.fedsm import modes as fedsm_modes
     from flower_app.algorithms.fedsubavg import core as fedsubavg
+    from flower_app.runners import fedcg as fedcg_runner
 
     def choices(key: str) -> set[str]:
         return set(SETTINGS[key].choices)
@@ -218,7 +219,8 @@ def test_choices_agree_with_the_algorithm_modules() -> None:
     assert choices("fedsm-rounding") == set(fedsm_modes.ROUNDINGS)
     assert choices("fedsm-surrogate") == set(fedsm_amplify.SURROGATES)
     assert choices("fedcg-gradient") == set(fedcg.GRADIENTS)
-    assert choices("fedcg-rounding") == set(fedcg.ROUNDINGS)
+    # the oblivious roundings of x, and the runner's verified rounding
+    assert choices("fedcg-rounding") == {*fedcg.ROUNDINGS, fedcg_runner.VERIFIED}
     assert choices("fsa-weighting") == set(fedsubavg.WEIGHTINGS)
     assert set(algorithms_of("fedsubavg")) == set(fedsubavg.ALGORITHM_NAMES)
 

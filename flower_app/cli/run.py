@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from flower_app import procfs
+from flower_app.files import atomic_write_text
 from flower_app.quiet import Collapser, is_noise
 
 __all__ = [
@@ -226,9 +227,7 @@ def local_ports(home: Path | None = None) -> tuple[dict[str, int], str]:
         note = note or f"chose the local SuperLink ports of {home}"
     if note:
         home.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(ports, indent=1) + "\n")
-        os.replace(tmp, file)
+        atomic_write_text(file, json.dumps(ports, indent=1) + "\n")
     return ports, note
 
 

@@ -43,7 +43,13 @@ from flower_app.datasets.paths import (
     resolve_data_dir,
 )
 from flower_app.registry import FEDSUBAVG_TORCH_DATASETS
-from flower_app.settings.rules import TABLE_SUFFIXES, Instance, size_problems
+from flower_app.settings.rules import (
+    PARQUET_SUFFIXES,
+    TABLE_SUFFIXES,
+    TEXT_TABLE_SEPARATORS,
+    Instance,
+    size_problems,
+)
 
 __all__ = ["FULL_READ_BYTES", "check_data", "data_problems", "gzip_problem"]
 
@@ -301,16 +307,14 @@ def _amazon(cfg: Any) -> Found:
 
 # ---------------------------------------------------------------------- your own data
 def _table_header(path: Path, columns: list[str]) -> list[str]:
-    from flower_app.datasets.own import _PARQUET, _TABLE
-
     suffix = path.suffix.lower()
-    if suffix in _PARQUET:
+    if suffix in PARQUET_SUFFIXES:
         import pyarrow.parquet as pq
 
         names = list(pq.read_schema(path).names)
     else:
         with open(path, encoding="utf-8-sig", newline="") as fh:
-            header = next(csv.reader(fh, delimiter=_TABLE[suffix]), [])
+            header = next(csv.reader(fh, delimiter=TEXT_TABLE_SEPARATORS[suffix]), [])
         names = [h.strip() for h in header]
     missing = [c for c in columns if c not in names]
     if missing:

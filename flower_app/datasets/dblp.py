@@ -45,9 +45,9 @@ from flower_app.datasets.matrices import VenueSets
 from flower_app.datasets.paths import (
     DataFormatError,
     DatasetNotFoundError,
-    atomic_file,
     resolve_data_dir,
 )
+from flower_app.files import atomic_file
 
 __all__ = [
     "COUNTED_TAGS",

@@ -44,12 +44,12 @@ from flower_app.datasets.movielens_files import (
 from flower_app.datasets.paths import (
     DataFormatError,
     DatasetNotFoundError,
-    atomic_file,
     download_allowed,
     download_file,
     file_checksum,
     resolve_data_dir,
 )
+from flower_app.files import atomic_file
 
 __all__ = [
     "ML1M_FILES",

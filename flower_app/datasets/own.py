@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
+from flower_app.settings.rules import PARQUET_SUFFIXES, TABLE_SUFFIXES, TEXT_TABLE_SEPARATORS
+
 if TYPE_CHECKING:  # pandas is imported where a table is read: a MaxFL ClientApp imports
     import pandas as pd  # this module for OwnDataError alone
 
@@ -47,8 +49,6 @@ __all__ = [
     "table_columns",
 ]
 
-_TABLE = {".csv": ",", ".tsv": "\t", ".tab": "\t"}
-_PARQUET = (".parquet", ".pq")
 
 
 class OwnDataError(ValueError):
@@ -184,7 +184,7 @@ def _read_table(
     import pandas as pd
 
     suffix = file.suffix.lower()
-    if suffix in _PARQUET:
+    if suffix in PARQUET_SUFFIXES:
         try:
             frame = pd.read_parquet(file)
         except (ValueError, OSError) as err:
@@ -204,7 +204,7 @@ def _read_table(
                                    f"record; expected one value per cell ({expected})")  # fmt: skip
         frame = frame.astype({c: str for c in columns if c in frame.columns})
     else:
-        frame, lines = _read_text_table(file, _TABLE[suffix], expected)
+        frame, lines = _read_text_table(file, TEXT_TABLE_SEPARATORS[suffix], expected)
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise OwnDataError(
@@ -214,7 +214,7 @@ def _read_table(
         )
     if frame.empty:
         raise OwnDataError(f"{file}: no rows; expected {expected}")
-    where = "row" if suffix in _PARQUET else "line"
+    where = "row" if suffix in PARQUET_SUFFIXES else "line"
     for name in labels:
         cells = frame[name].astype(str).str.strip()
         empty = (cells == "").to_numpy()
@@ -336,7 +336,7 @@ def load_coverage_sets(path: str, columns: str = "user,item", item_names: str = 
         Missing file or column, an empty file: the file, the line and the format are named.
     """
     file = _path(path)
-    if file.suffix.lower() in (*_TABLE, *_PARQUET):
+    if file.suffix.lower() in TABLE_SUFFIXES:
         user, item = table_columns("coverage-sets", columns)
         frame, _ = _read_table(file, [user, item], f"a table with columns {user},{item}",
                                labels=(user, item))  # fmt: skip

@@ -23,14 +23,13 @@ import numpy as np
 
 from flower_app.datasets.movielens_rating import RatingTask, task_from_rows
 from flower_app.datasets.own import (
-    _PARQUET,
-    _TABLE,
     OwnDataError,
     _index,
     _path,
     _read_table,
     table_columns,
 )
+from flower_app.settings.rules import TABLE_SUFFIXES
 
 __all__ = ["TableLayout", "load_rating_table"]
 
@@ -79,7 +78,7 @@ def load_rating_table(data_file: str, data_columns: str, split_seed: int = 0) ->
         Naming the file, the line and the expected format.
     """
     file = _path(data_file)
-    if file.suffix.lower() not in (*_TABLE, *_PARQUET):
+    if file.suffix.lower() not in TABLE_SUFFIXES:
         raise OwnDataError(f"{file}: unknown table extension {file.suffix!r}; expected "
                            f"{_EXPECTED}")  # fmt: skip
     columns = table_columns("rating-table", data_columns)

@@ -20,16 +20,15 @@ Every text file is opened with :func:`open_text` (or its bytes decoded with
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
 import os
-import tempfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+
+from flower_app.files import atomic_file
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -38,7 +37,6 @@ __all__ = [
     "ChecksumError",
     "DataFormatError",
     "DatasetNotFoundError",
-    "atomic_file",
     "decode_text",
     "download_allowed",
     "download_file",
@@ -428,27 +426,6 @@ def file_checksum(path: str | os.PathLike[str], algorithm: str = "md5") -> str:
         for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def atomic_file(dest: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
-    """Write a file whole or not at all: yield a temporary file beside ``dest``.
-
-    When the block ends normally the temporary file becomes ``dest`` (mode 0644, by rename,
-    so a reader never sees a partial file); when it raises, the temporary file is deleted
-    and ``dest`` is left as it was. ``dest``'s folder is created if needed.
-    """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            yield out
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def download_file(

@@ -45,7 +45,6 @@ from __future__ import annotations
 import fcntl
 import json
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
+from flower_app.files import atomic_write_text
 from flower_app.privacy.refusals import NodeRefusedError
 
 __all__ = [
@@ -309,12 +309,7 @@ def _read_ledger_file(path: Path) -> dict[str, Any]:
 def _write_ledger_file(path: Path, data: dict[str, Any]) -> None:
     """Write the ledger atomically (a temporary file, fsync, rename)."""
     text = json.dumps({"format": LEDGER_FORMAT, "version": LEDGER_VERSION, **data}, indent=1)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, text + "\n", sync=True)
 
 
 @contextmanager

@@ -8,6 +8,13 @@ keys (``fedcg-*``, ``dgreedy-kappa``) are declared, with their defaults and rang
 ``fedcg-report-pipage`` or ``fedcg-rounding = "pipage"`` asks for it. The common key
 ``clients-per-round`` is K (draws with replacement per round); the float 1.0 means full
 participation.
+
+``fedcg-rounding = "verified"`` (verified rounding, not the paper's oblivious rounding):
+after FedCG's T rounds the federated discrete greedy (its importance exchanges, then k
+rounds with its checks and ``dgreedy-kappa``) chooses S among the 2k elements of largest x
+(:func:`~flower_app.submodular.rounding.verification_matroid`). Its rows follow FedCG's
+(``server-round`` T + 1 … T + k, ``phase = "verified-rounding"``); the checkpoint stays
+FedCG's last round, so a resumed run redoes these k rounds (seeded: the same S).
 """
 
 from __future__ import annotations
@@ -59,8 +66,15 @@ from flower_app.strategies.cohort.discrete_greedy import DiscreteGreedyCohorts
 from flower_app.strategies.cohort.fedcg import FedCGCohorts
 from flower_app.submodular.matroids import Matroid
 from flower_app.submodular.multilinear import multilinear_value
+from flower_app.submodular.rounding import verification_matroid
 
-__all__ = ["make_client", "server_run", "summary_line"]
+__all__ = ["make_client", "server_run", "summary_line", "verification_server", "verify_rows"]
+
+#: ``fedcg-rounding``'s value for verified rounding (FedCG's own server then rounds greedily,
+#: for its per-round preview)
+VERIFIED = "verified"
+#: the ``phase`` of verified rounding's rows in metrics.jsonl
+VERIFY_PHASE = "verified-rounding"
 
 
 def local_steps(cfg: AppConfig) -> LocalSteps:
@@ -88,6 +102,7 @@ def fedcg_server(
     cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid
 ) -> FedCGServer:
     """Build (and so validate) the FedCG / FedCG+ server state of a configuration."""
+    rounding = cfg.get("fedcg-rounding")
     try:
         return FedCGServer(
             problem.n_users,
@@ -98,7 +113,7 @@ def fedcg_server(
             cfg.clients_per_round,
             client_weights(cfg, problem),
             seed=cfg.seed,
-            rounding=cfg.get("fedcg-rounding"),
+            rounding="greedy" if rounding == VERIFIED else rounding,
         )
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -120,6 +135,33 @@ def discrete_server(
         problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed,
         report_bound=declared_bound(cfg.report_bound, lam),
     )  # fmt: skip
+
+
+def verification_server(
+    cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, server: FedCGServer
+) -> DiscreteGreedyServer | None:
+    """Return the discrete greedy of verified rounding over FedCG's final x (None if not asked).
+
+    The same κ (``dgreedy-kappa``), seed and report bound as ``fed-discrete-greedy``; the
+    matroid keeps the 2k elements of largest x (per block: 2c) open.
+    """
+    if cfg.get("fedcg-rounding") != VERIFIED:
+        return None
+    matroid = verification_matroid(server.x, server.matroid)
+    lam = problem.max_singleton if problem.objective is None else problem.objective.max_singleton
+    return DiscreteGreedyServer(
+        problem.n_users, matroid, matroid.rank, cfg.get("dgreedy-kappa"), seed=cfg.seed,
+        report_bound=declared_bound(cfg.report_bound, lam),
+    )  # fmt: skip
+
+
+def verify_rows(log_row: Callable[[dict], None], rounds: int) -> Callable[[dict], None]:
+    """Log verified rounding's rows after FedCG's ``rounds`` rows."""
+
+    def log_verify_row(row: dict) -> None:
+        log_row({**row, "server-round": rounds + int(row["server-round"]), "phase": VERIFY_PHASE})
+
+    return log_verify_row
 
 
 def _server(cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid) -> Any:
@@ -180,7 +222,7 @@ def _continuous_extra(
         "x-support": int(np.count_nonzero(server.x > 1e-12)),
         "eta": server.eta,
         "local-steps": server.local.steps,
-        "rounding": server.rounding,
+        "rounding": exp.cfg.get("fedcg-rounding"),
         "full-participation": bool(server.full),
         "draws-per-round": server.K,
     }
@@ -236,11 +278,30 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     server = fedcg.server  # a resumed run continues the checkpoint's server state
     assert server is not None
     selected = fedcg.selected if fedcg.selected is not None else server.round_solution()
+    history = list(fedcg.history)
+    verify = verification_server(cfg, exp.problem, server)
+    if verify is not None:
+        log(20, "verified rounding: the discrete greedy over the %d elements of largest x",
+            int(np.count_nonzero(verify.matroid.groups < verify.matroid.capacities.size - 1)))
+        # no checkpoint of its own: FedCG's last one stays, and a resume redoes these rounds
+        verifier = DiscreteGreedyCohorts(
+            verify,
+            objective_fn=None if remote else exp.problem.objective.mean_value,
+            **{**options, "on_round": verify_rows(exp.writer.log_round, server.rounds),
+               "checkpoint_fn": None},
+        )  # fmt: skip
+        verifier.start(grid=grid, num_rounds=verify.k, timeout=cfg.round_timeout)
+        exp.writer.record_failures(verifier.failure_summary())
+        selected = list(verifier.server.selected)
+        history += [
+            {**row, "server-round": server.rounds + int(row["server-round"])}
+            for row in verifier.history
+        ]
     if not remote:
-        return _finish(exp, selected, fedcg.history, _continuous_extra(server, exp))
+        return _finish(exp, selected, history, _continuous_extra(server, exp))
     evaluate = evaluator(grid, fedcg, server.n_users, cfg.round_timeout)
     extra = _continuous_extra(server, exp, evaluate)
-    return _finish(exp, selected, fedcg.history, extra, evaluate(selected))
+    return _finish(exp, selected, history, extra, evaluate(selected))
 
 
 @lru_cache(maxsize=64)

@@ -268,8 +268,9 @@ _DECLARED = (
     ),
     Setting(
         "fedcg-rounding", "choice", "greedy", _FEDCG,
-        "rounding of x: greedy (as the authors' scripts) or pipage",
-        choices=("pipage", "greedy"),
+        "rounding of x: greedy (as the authors' scripts), pipage, or verified (the "
+        "discrete greedy, with its checks, over the 2k elements of largest x)",
+        choices=("pipage", "greedy", "verified"),
     ),
     Setting(
         "fedcg-fill-base", "bool", True, _FEDCG,
@@ -286,7 +287,8 @@ _DECLARED = (
     ),
     Setting(
         "dgreedy-kappa", "float", 50.0, _FEDCG,
-        "κ of the federated discrete greedy (κ_i = min(1, κ w_i))", gt=0,
+        "κ of the federated discrete greedy and of FedCG's verified rounding "
+        "(κ_i = min(1, κ w_i))", gt=0,
     ),
     # ------------------------------------------------------------------ maxfl
     Setting("maxfl-rounds", "int", 200, _MAXFL, "communication rounds T", ge=1),

@@ -33,8 +33,10 @@ __all__ = [
     "OWN_DATASETS",
     "RULES",
     "SECURE_FAMILIES",
+    "PARQUET_SUFFIXES",
     "SIZE_RULES",
     "TABLE_SUFFIXES",
+    "TEXT_TABLE_SEPARATORS",
     "Instance",
     "Rule",
     "raise_size_problems",
@@ -57,8 +59,12 @@ OWN_DATASETS: dict[str, tuple[str, ...] | None] = {
     "rating-table": (".csv", ".tsv", ".tab", ".parquet", ".pq"),
     "image-clients": (".npz", "images-idx3-ubyte", "images-idx3-ubyte.gz"),
 }
+#: the text tables your own data may come in, by extension, and their separators
+TEXT_TABLE_SEPARATORS = {".csv": ",", ".tsv": "\t", ".tab": "\t"}
+#: the extensions of a Parquet table
+PARQUET_SUFFIXES = (".parquet", ".pq")
 #: the file extensions of a table (the other files of coverage-sets are text, a set per line)
-TABLE_SUFFIXES = (".csv", ".tsv", ".tab", ".parquet", ".pq")
+TABLE_SUFFIXES = (*TEXT_TABLE_SEPARATORS, *PARQUET_SUFFIXES)
 #: datasets whose file is a table named by ``data-columns`` (coverage-sets: a table or text)
 _COLUMN_DATASETS = ("facility-location-table", "coverage-sets", "rating-table")
 #: datasets that read ``item-names``
@@ -196,6 +202,22 @@ RULES: tuple[Rule, ...] = (
         f"'dgreedy-kappa' (now {v['dgreedy-kappa']}); 'clients-per-round' = "
         f"{v['clients-per-round']!r} would be ignored: leave it at its default and set "
         "'dgreedy-kappa' instead",
+    ),
+    Rule(
+        ("fedcg-rounding", "algorithm"),
+        lambda v: v["algorithm"] == "fed-discrete-greedy" and _non_default(v, "fedcg-rounding"),
+        lambda v: f"run_config 'fedcg-rounding' = {v['fedcg-rounding']!r} rounds FedCG's "
+        "fractional point; fed-discrete-greedy chooses its set itself and would ignore it: "
+        "leave it at its default",
+    ),
+    Rule(
+        ("dgreedy-kappa", "fedcg-rounding"),
+        lambda v: v["algorithm"] in ("fedcg", "fedcg-plus")
+        and _non_default(v, "dgreedy-kappa")
+        and v["fedcg-rounding"] != "verified",
+        lambda v: f"run_config 'dgreedy-kappa' = {v['dgreedy-kappa']} is the discrete greedy's "
+        f"κ; {v['algorithm']} uses it only with fedcg-rounding = 'verified' (now "
+        f"{v['fedcg-rounding']!r}) and would ignore it: drop it or set that rounding",
     ),
     Rule(
         ("fedcg-client-weights", "server-data"),

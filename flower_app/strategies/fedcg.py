@@ -318,7 +318,11 @@ class FedCGStrategy(FedCGRounds, RoundStrategy):
         base with random zero-gradient elements). Default ``LocalSteps()``: FedCG, exact
         gradients, bases completed.
     rounding : str, optional
-        Final rounding, ``"greedy"`` (default) or ``"pipage"``.
+        Final rounding, ``"greedy"`` (default) or ``"pipage"``. Verified rounding (the
+        discrete greedy over the elements of largest x, which colluding users cannot steer
+        as they steer greedy rounding) is a second strategy after this one:
+        :class:`~flower_app.strategies.FedDiscreteGreedyStrategy` over
+        :func:`~flower_app.submodular.rounding.verification_matroid` of ``Result.arrays["x"]``.
     fraction_train : float, optional
         Fraction of connected nodes sampled per round (default 1.0: all, FedCG's full
         participation with uniform weights).

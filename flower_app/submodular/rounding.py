@@ -21,6 +21,10 @@ the server can round without the clients' data. Each runs in O(n log n) for n el
 * :func:`greedy_rounding` — deterministic: add elements by decreasing x_j while independent.
 * :func:`complete_by_order` — complete an independent set to a base by decreasing x_j
   (:func:`complete_by_scan`: the same by its definition, the reference it is tested against).
+* :func:`verification_matroid` — not a rounding itself: the candidates of *verified
+  rounding*, where the federated discrete greedy (which asks the users for values, with its
+  checks and budgets) chooses the set among the elements of largest x instead of taking the
+  top of x blindly.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ __all__ = [
     "greedy_rounding",
     "pipage_rounding",
     "swap_rounding",
+    "verification_matroid",
 ]
 
 _EPS = 1e-9
@@ -407,3 +412,40 @@ def complete_by_scan(selected: list[int], x: np.ndarray, matroid: Matroid) -> li
         if matroid.feasible_mask(chosen)[e]:
             chosen.append(int(e))
     return sorted(chosen)
+
+
+def verification_matroid(x: np.ndarray, matroid: Matroid, factor: int = 2) -> PartitionMatroid:
+    """Return the matroid of verified rounding: the top of x per block, the rest closed.
+
+    In each block of ``matroid`` (capacity c), the ``factor``·c elements of largest x (ties:
+    lower index, the order of :func:`greedy_rounding`) keep the block's capacity; every other
+    element goes to one extra block of capacity 0. A set independent in the result is
+    independent in ``matroid``, and :func:`greedy_rounding`'s set is one of its bases, so a
+    greedy over it chooses among a superset of what greedy rounding would take.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Point of the matroid polytope (checked).
+    matroid : Matroid
+        Uniform or partition matroid.
+    factor : int, optional
+        Candidates per unit of capacity (default 2: 2k candidates for a uniform matroid of
+        rank k), at least 1.
+
+    Returns
+    -------
+    PartitionMatroid
+        Over the same elements, of the same rank.
+    """
+    if int(factor) < 1:
+        raise ValueError(f"factor={factor!r} must be at least 1")
+    y = check_in_polytope(x, matroid)
+    blocks = blocks_of(matroid)
+    groups = np.full(matroid.n_elements, len(blocks), dtype=np.int64)
+    capacities = []
+    for b, (elements, cap) in enumerate(blocks):
+        top = elements[np.lexsort((elements, -y[elements]))][: int(factor) * cap]
+        groups[top] = b
+        capacities.append(cap)
+    return PartitionMatroid(groups, [*capacities, 0])

@@ -110,6 +110,10 @@ class GainHistory:
         standard errors of that mean (default 0: the plain mean).
     """
 
+    #: c; a class default, so that a checkpoint written before the noise-aware bound (which
+    #: holds neither ``margin`` nor ``squares``) restores the plain mean clamp it was
+    margin: float = 0.0
+
     def __init__(self, n_elements: int, margin: float = 0.0) -> None:
         if isinstance(n_elements, bool) or not isinstance(n_elements, int) or n_elements < 1:
             raise ValueError(f"n_elements={n_elements!r} must be a positive int")
@@ -127,13 +131,11 @@ class GainHistory:
         over t gives the squared standard error; with c = 0 the bound is the mean itself.
         """
         mean = self.total / max(self.rounds, 1)
-        # a checkpoint written before the noise-aware bound holds no margin (the mean clamp)
-        margin = getattr(self, "margin", 0.0)
-        if margin == 0.0 or self.rounds < 2:
+        if self.margin == 0.0 or self.rounds < 2:
             return mean
         t = self.rounds
         variance = np.maximum(self.squares - t * mean * mean, 0.0) / (t - 1)
-        return mean + margin * np.sqrt(variance / t)
+        return mean + self.margin * np.sqrt(variance / t)
 
     def clamp(
         self, estimate: np.ndarray, candidates: np.ndarray | None = None
@@ -158,7 +160,7 @@ class GainHistory:
         if estimate.shape != self.total.shape or not np.all(np.isfinite(estimate)):
             raise ValueError(f"estimates must be a finite vector of length {self.total.size}")
         self.total += estimate
-        if hasattr(self, "squares"):  # absent from a checkpoint written before the bound
+        if self.margin:  # the sums of squares only feed the noise-aware bound
             self.squares += estimate * estimate
         self.rounds += 1
         bound = self.bound()
