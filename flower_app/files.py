@@ -23,9 +23,10 @@ def atomic_file(dest: str | os.PathLike[str], *, sync: bool = False) -> Iterator
     """Yield a temporary file beside ``dest`` that becomes ``dest`` when the block ends.
 
     When the block ends normally the temporary file (``.<name>.<random>.part``) is flushed,
-    forced to the disk if ``sync``, made mode 0644 and renamed onto ``dest``, so a reader
-    never sees a partial file; when it raises, the temporary file is deleted and ``dest`` is
-    left as it was. ``dest``'s folder is created if needed.
+    forced to the disk if ``sync``, given the mode ``open()`` would have created it with
+    (0666 less the process's umask: 0644 by default, 0600 under ``umask 077``) and renamed
+    onto ``dest``, so a reader never sees a partial file; when it raises, the temporary file
+    is deleted and ``dest`` is left as it was. ``dest``'s folder is created if needed.
 
     Parameters
     ----------
@@ -44,11 +45,23 @@ def atomic_file(dest: str | os.PathLike[str], *, sync: bool = False) -> Iterator
             out.flush()
             if sync:
                 os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
         os.replace(tmp, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    """Return the process's umask, read without changing it (Linux: /proc; else 022)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def atomic_write_text(dest: str | os.PathLike[str], text: str, *, sync: bool = False) -> None:

@@ -122,18 +122,21 @@ def fedcg_server(
 
 
 def discrete_server(
-    cfg: AppConfig, problem: SubmodularProblem | RemoteProblem, matroid: Matroid
+    cfg: AppConfig,
+    problem: SubmodularProblem | RemoteProblem,
+    matroid: Matroid,
+    k: int | None = None,
 ) -> DiscreteGreedyServer:
     """Build (and so validate) the discrete-greedy server state of a configuration.
 
     ``clients-per-round`` is not read: the discrete greedy samples each user with
     probability κ_i = min(1, κ w_i) (``dgreedy-kappa``); a config that sets it is refused
-    (:mod:`flower_app.settings.rules`).
+    (:mod:`flower_app.settings.rules`). ``k``: its rounds (default the configured k).
     """
     lam = problem.max_singleton if problem.objective is None else problem.objective.max_singleton
     return DiscreteGreedyServer(
-        problem.n_users, matroid, cfg.k, cfg.get("dgreedy-kappa"), seed=cfg.seed,
-        report_bound=declared_bound(cfg.report_bound, lam),
+        problem.n_users, matroid, cfg.k if k is None else k, cfg.get("dgreedy-kappa"),
+        seed=cfg.seed, report_bound=declared_bound(cfg.report_bound, lam),
     )  # fmt: skip
 
 
@@ -148,18 +151,22 @@ def verification_server(
     if cfg.get("fedcg-rounding") != VERIFIED:
         return None
     matroid = verification_matroid(server.x, server.matroid)
-    lam = problem.max_singleton if problem.objective is None else problem.objective.max_singleton
-    return DiscreteGreedyServer(
-        problem.n_users, matroid, matroid.rank, cfg.get("dgreedy-kappa"), seed=cfg.seed,
-        report_bound=declared_bound(cfg.report_bound, lam),
-    )  # fmt: skip
+    return discrete_server(cfg, problem, matroid, k=matroid.rank)
 
 
-def verify_rows(log_row: Callable[[dict], None], rounds: int) -> Callable[[dict], None]:
-    """Log verified rounding's rows after FedCG's ``rounds`` rows."""
+def verify_rows(
+    log_row: Callable[[dict], None], rounds: int, kept: list[dict] | None = None
+) -> Callable[[dict], None]:
+    """Log verified rounding's rows after FedCG's ``rounds`` rows.
+
+    Each row is also appended to ``kept`` (the run's history), when given.
+    """
 
     def log_verify_row(row: dict) -> None:
-        log_row({**row, "server-round": rounds + int(row["server-round"]), "phase": VERIFY_PHASE})
+        row = {**row, "server-round": rounds + int(row["server-round"]), "phase": VERIFY_PHASE}
+        log_row(row)
+        if kept is not None:
+            kept.append(row)
 
     return log_verify_row
 
@@ -287,16 +294,12 @@ def server_run(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
         verifier = DiscreteGreedyCohorts(
             verify,
             objective_fn=None if remote else exp.problem.objective.mean_value,
-            **{**options, "on_round": verify_rows(exp.writer.log_round, server.rounds),
+            **{**options, "on_round": verify_rows(exp.writer.log_round, server.rounds, history),
                "checkpoint_fn": None},
         )  # fmt: skip
         verifier.start(grid=grid, num_rounds=verify.k, timeout=cfg.round_timeout)
         exp.writer.record_failures(verifier.failure_summary())
         selected = list(verifier.server.selected)
-        history += [
-            {**row, "server-round": server.rounds + int(row["server-round"])}
-            for row in verifier.history
-        ]
     if not remote:
         return _finish(exp, selected, history, _continuous_extra(server, exp))
     evaluate = evaluator(grid, fedcg, server.n_users, cfg.round_timeout)
